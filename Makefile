@@ -1,0 +1,25 @@
+# `make lab`: set up .venv and run the workshop.  `make test`: set up .venv and run every test.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+# Passed to `lab workshop`, e.g. make lab LAB_ARGS="--set train.max_steps=60"
+LAB_ARGS ?=
+
+.PHONY: lab test setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/lab workshop --config workshop-cpu $(LAB_ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,99 @@
+"""Atomic save and safe load of the full training state.
+
+Saving writes a temporary file beside the target, fsyncs it and renames it over
+the target, so a crash at any moment leaves either the previous checkpoint or the
+new one, never a torn file. Loading uses `torch.load(weights_only=True)`, which
+builds tensors and plain containers only and refuses to run code from the file.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lab.errors import CheckpointError
+
+FORMAT = 1
+LAST = "last.pt"
+
+
+def save(path: str | Path, state: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)  # make the rename itself durable
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint ({first[:200]})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a lab checkpoint of format {FORMAT}")
+    return state
+
+
+def check_matches(path: str | Path, state: dict, expected: dict[str, object]) -> None:
+    """Refuse a checkpoint whose recorded facts differ from this run's, naming each difference."""
+    recorded = state.get("compat", {})
+    diffs = [f"{key} is {recorded.get(key)!r} in the checkpoint but {value!r} now"
+             for key, value in expected.items() if recorded.get(key) != value]
+    if diffs:
+        raise CheckpointError(f"{path}: does not fit this run: {'; '.join(diffs)}")
+
+
+# ----------------------------------------------------------------------------- random state
+# Stored as tensors and plain values so weights_only loading accepts them.
+
+
+def rng_state() -> dict:
+    version, keys, gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": {"version": version, "keys": torch.tensor(keys, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": np_pos,
+                  "has_gauss": np_has_gauss, "gauss": np_gauss},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["keys"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["gauss"]))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

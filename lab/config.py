@@ -1,0 +1,339 @@
+"""Configuration: YAML files and `--set` overrides into frozen, validated dataclasses.
+
+Precedence, lowest first: the defaults declared below, then the YAML file, then
+each `--set section.key=value` in order. Every field is documented where it is
+declared; `lab train --help-config` prints them.
+
+>>> cfg = load(None, ["train.global_batch_size=64", "model.width=16"])
+>>> cfg.train.global_batch_size, cfg.model.width, cfg.model.norm
+(64, 16, 'batch')
+>>> load(None, ["train.global_batch_size=-4"])
+Traceback (most recent call last):
+...
+lab.errors.ConfigError: --set train.global_batch_size: -4 is out of range; expected an integer >= 1
+
+Cross-field rules that need the world size (the global batch must split evenly
+over ranks and accumulation steps) are checked by `check_layout` once it is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from lab.errors import ConfigError
+
+SHIPPED_DIR = Path(__file__).parent / "configs"
+
+
+def knob(default: Any, help: str, *, min: float | None = None, max: float | None = None) -> Any:
+    """A config field with its documentation and range, declared in one place."""
+    return field(default=default, metadata={"help": help, "min": min, "max": max})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = knob("train", "Label for the run; the run id starts with a time stamp and ends with it.")
+    id: str = knob("", "Run id; empty makes a new one. Reusing an id (with checkpoint.resume=auto) resumes that run.")
+    output_dir: str = knob("runs", "Directory that holds one sub-directory per run.")
+    seed: int = knob(0, "Seed for model initialisation, data order and augmentation.", min=0)
+    deterministic: bool = knob(False, "Deterministic kernels: two CPU runs with one seed give bit-identical losses.")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: Literal["auto", "cifar10", "synthetic"] = knob(
+        "auto", "auto: real CIFAR-10 when found under data.root, else synthetic CIFAR-shaped data.")
+    root: str = knob("data", "Directory holding cifar-10-batches-py/ (torchvision layout).")
+    synthetic_train_size: int = knob(50000, "Training images generated when the source is synthetic.", min=1)
+    synthetic_test_size: int = knob(10000, "Test images generated when the source is synthetic.", min=1)
+    synthetic_seed: int = knob(0, "Seed of the synthetic data set (independent of run.seed).", min=0)
+    augment: bool = knob(True, "Random crop (4-pixel zero padding) and horizontal flip, batched on the device.")
+    shuffle: bool = knob(True, "A new sample order every epoch (DistributedSampler semantics).")
+    uneven: Literal["pad", "drop", "join"] = knob(
+        "pad", "When samples do not split evenly over ranks: pad with repeats, drop the tail, "
+               "or join (no padding; DDP's Join context covers ranks that run out first).")
+    eval_batch_size_per_rank: int = knob(500, "Batch size per rank for evaluation.", min=1)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: Literal["resnet18"] = knob("resnet18", "torchvision ResNet-18 with a 3x3 stem and no max-pool for 32x32 inputs.")
+    width: int = knob(64, "Base channel count (64 is ResNet-18; 8-16 make fast test models).", min=1)
+    norm: Literal["batch", "group"] = knob("batch", "Normalisation layer: batch (BatchNorm) or group (GroupNorm).")
+    sync_batchnorm: bool = knob(False, "Convert BatchNorm to SyncBatchNorm (CUDA only, as in PyTorch).")
+    channels_last: bool = knob(False, "NHWC memory format for model and inputs (faster convolutions on GPUs).")
+    compile: bool = knob(False, "torch.compile the model (first steps are slow while it compiles).")
+    dtype: Literal["float32", "float64"] = knob(
+        "float32", "Parameter dtype. float64 exists for numerical-equivalence tests, not for training.")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = knob(1, "Passes over the training set.", min=1)
+    max_steps: int = knob(0, "Stop after this many optimizer steps (0: epochs decide); the schedule spans the steps run.", min=0)
+    stop_after_steps: int = knob(
+        0, "Checkpoint and stop after this many steps without shortening the schedule, to show resume (0: off).", min=0)
+    global_batch_size: int = knob(256, "Samples per optimizer step summed over all ranks and accumulation steps.", min=1)
+    grad_accum_steps: int = knob(1, "Micro-batches per optimizer step; DDP syncs only on the last (no_sync).", min=1)
+    lr: float = knob(0.2, "Peak learning rate for the global batch.", min=0.0)
+    momentum: float = knob(0.9, "SGD momentum.", min=0.0, max=1.0)
+    nesterov: bool = knob(True, "Nesterov momentum.")
+    weight_decay: float = knob(5e-4, "Weight decay on convolution and linear weights (not on norms and biases).", min=0.0)
+    label_smoothing: float = knob(0.0, "Label smoothing of the cross-entropy loss.", min=0.0, max=1.0)
+    schedule: Literal["cosine", "onecycle", "constant"] = knob(
+        "cosine", "Learning-rate schedule after warm-up: cosine to zero, one-cycle, or constant.")
+    warmup_steps: int = knob(0, "Linear warm-up steps (cosine and constant; one-cycle uses them as its rising phase).", min=0)
+    amp: Literal["auto", "off", "bf16", "fp16"] = knob(
+        "auto", "Mixed precision: auto is bf16 on GPUs that support it and off elsewhere; fp16 adds a GradScaler.")
+    log_every: int = knob(20, "Optimizer steps between log rows (the only host syncs of the step loop).", min=1)
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    device: Literal["auto", "cpu", "cuda"] = knob("auto", "auto: one CUDA device per process when present, else the CPU.")
+    backend: Literal["auto", "nccl", "gloo"] = knob("auto", "auto: nccl on CUDA, gloo on the CPU.")
+    timeout_seconds: float = knob(600.0, "Process-group timeout: a collective that waits longer fails the run.", min=1.0)
+    bucket_cap_mb: float = knob(25.0, "DDP gradient bucket size in MiB.", min=0.0)
+    gradient_as_bucket_view: bool = knob(True, "Gradients alias DDP's buckets (saves one copy and memory).")
+    static_graph: bool = knob(False, "DDP static_graph (the same parameters are used every step).")
+    broadcast_buffers: bool = knob(True, "Broadcast buffers (BatchNorm running stats) from rank 0 every forward.")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = knob(0, "Write runs/<id>/checkpoints/last.pt every this many steps (0: only at the end).", min=0)
+    resume: str = knob("auto", "auto: resume from this run id's last.pt when it exists; never; or a checkpoint path.")
+    save: bool = knob(True, "Write checkpoints at all.")
+
+
+@dataclass(frozen=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # Where the values came from, for error messages; not a config key.
+    origin: str = field(default="<defaults>", compare=False, repr=False)
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "origin"}
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def resolve_path(name_or_path: str) -> Path:
+    """A config path as given, or the name of a shipped config (`smoke`, `ddp`, ...)."""
+    path = Path(name_or_path)
+    if path.exists() or path.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        return path
+    shipped = SHIPPED_DIR / f"{name_or_path}.yaml"
+    return shipped if shipped.exists() else path
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.stem for p in SHIPPED_DIR.glob("*.yaml"))
+
+
+def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file at `path` (if any), then `overrides` ("a.b=v")."""
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    origin = "<defaults>"
+    if path is not None:
+        resolved = resolve_path(str(path))
+        origin = str(resolved)
+        for section, key, value in _read_yaml(resolved):
+            values[section][key] = _check(origin, section, key, value)
+    for item in overrides:
+        section, key, value = _parse_override(item)
+        values[section][key] = _check(f"--set {section}.{key}", section, key, value)
+    sections = {name: cls(**values[name]) for name, cls in SECTIONS.items()}
+    cfg = Config(**sections, origin=origin)
+    _check_consistency(cfg)
+    return cfg
+
+
+def _read_yaml(path: Path):
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found; give a path or one of: {', '.join(shipped_names())}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: {where}invalid YAML ({problem})") from None
+    if doc is None:
+        return
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections ({', '.join(SECTIONS)}), got {_kind(doc)}")
+    for section, body in doc.items():
+        _known(f"{path}: {section}", str(section), list(SECTIONS), "sections")
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(f"{path}: {section}: must be a mapping of keys, got {_kind(body)}")
+        for key, value in body.items():
+            yield section, str(key), value
+
+
+def _parse_override(item: str) -> tuple[str, str, Any]:
+    name, sep, raw = item.partition("=")
+    name = name.strip()
+    if not sep or "." not in name:
+        raise ConfigError(f"--set {item}: expected section.key=value, for example --set train.lr=0.1")
+    section, _, key = name.partition(".")
+    _known(f"--set {name}", section, list(SECTIONS), "sections")
+    hint = _resolve(_field(f"--set {name}", section, key).type)
+    # Text fields take the raw text, so `--set run.id=0042` stays a string.
+    if hint is str or typing.get_origin(hint) is Literal:
+        return section, key, raw
+    try:
+        return section, key, yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        return section, key, raw
+
+
+def _field(where: str, section: str, key: str) -> dataclasses.Field:
+    fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
+    _known(where, key, list(fields), f"keys in {section}")
+    return fields[key]
+
+
+def _known(where: str, name: str, valid: list[str], what: str) -> None:
+    """Raise unless `name` is one of `valid`; suggest the closest valid name."""
+    if name in valid:
+        return
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise ConfigError(f"{where}: unknown key; {hint}valid {what}: {', '.join(valid)}")
+
+
+def _resolve(hint: Any) -> Any:
+    # Field types are strings under `from __future__ import annotations`.
+    if isinstance(hint, str):
+        return eval(hint, {"Literal": Literal, "int": int, "float": float, "bool": bool, "str": str})  # noqa: S307
+    return hint
+
+
+def _check(origin: str, section: str, key: str, value: Any) -> Any:
+    """Return `value` converted to the field's type, or raise a ConfigError saying what is valid."""
+    where = origin if origin.startswith("--set") else f"{origin}: {section}.{key}"
+    fld = _field(where, section, key)
+    hint = _resolve(fld.type)
+    lo, hi = fld.metadata.get("min"), fld.metadata.get("max")
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{where}: {value!r} is not allowed; expected one of {', '.join(map(str, choices))}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {_show(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer{_range(lo, hi)}, got {_show(value)}")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number{_range(lo, hi)}, got {_show(value)}")
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{where}: expected a finite number{_range(lo, hi)}, got {value}")
+    elif hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {_show(value)}")
+        return value
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        noun = "an integer" if hint is int else "a number"
+        raise ConfigError(f"{where}: {value} is out of range; expected {noun}{_range(lo, hi)}")
+    return value
+
+
+def _range(lo: float | None, hi: float | None) -> str:
+    if lo is not None and hi is not None:
+        return f" in [{lo:g}, {hi:g}]"
+    if lo is not None:
+        return f" >= {lo:g}"
+    return f" <= {hi:g}" if hi is not None else ""
+
+
+def _show(value: Any) -> str:
+    return f"{_kind(value)} {value!r}" if not isinstance(value, (dict, list)) else _kind(value)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "text", bool: "a boolean", type(None): "nothing"}.get(
+        type(value), type(value).__name__)
+
+
+# ----------------------------------------------------------------------------- consistency
+
+
+def _check_consistency(cfg: Config) -> None:
+    """Rules between fields that do not depend on the world size."""
+    if cfg.data.uneven == "join" and cfg.train.grad_accum_steps != 1:
+        raise ConfigError(f"{cfg.origin}: data.uneven: join needs train.grad_accum_steps=1 "
+                          f"(got {cfg.train.grad_accum_steps}); use data.uneven=pad or drop with accumulation")
+    if cfg.train.global_batch_size % cfg.train.grad_accum_steps:
+        _indivisible(cfg, 1)
+    if cfg.model.sync_batchnorm and cfg.model.norm != "batch":
+        raise ConfigError(f"{cfg.origin}: model.sync_batchnorm: needs model.norm=batch (got {cfg.model.norm})")
+
+
+def check_layout(cfg: Config, world_size: int) -> None:
+    """The global batch must split into equal micro-batches over ranks and accumulation steps."""
+    if cfg.train.global_batch_size % (world_size * cfg.train.grad_accum_steps):
+        _indivisible(cfg, world_size)
+
+
+def _indivisible(cfg: Config, world_size: int) -> None:
+    b, a = cfg.train.global_batch_size, cfg.train.grad_accum_steps
+    unit = world_size * a
+    lower, upper = max(unit, b // unit * unit), (b // unit + 1) * unit
+    raise ConfigError(
+        f"{cfg.origin}: train.global_batch_size: {b} is not divisible by world size {world_size} x "
+        f"train.grad_accum_steps {a} = {unit}; use a multiple of {unit} such as {lower} or {upper}")
+
+
+def batch_size_per_rank(cfg: Config, world_size: int) -> int:
+    """Samples in one micro-batch on one rank."""
+    check_layout(cfg, world_size)
+    return cfg.train.global_batch_size // (world_size * cfg.train.grad_accum_steps)
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    return {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+
+
+def describe() -> str:
+    """Every key with its default and documentation, for `--help-config`."""
+    lines = []
+    for name, cls in SECTIONS.items():
+        lines.append(f"{name}:")
+        for f in dataclasses.fields(cls):
+            value = yaml.safe_dump(f.default, default_flow_style=True).strip().removesuffix("...").strip()
+            lines.append(f"  {f.name}: {value}  # {f.metadata['help']}")
+    return "\n".join(lines)
+
+
+def with_overrides(cfg: Config, **sections: dict[str, Any]) -> Config:
+    """A copy of `cfg` with some keys replaced, e.g. with_overrides(cfg, run={"id": "x"})."""
+    replaced = {name: dataclasses.replace(getattr(cfg, name), **values) for name, values in sections.items()}
+    return dataclasses.replace(cfg, **replaced)

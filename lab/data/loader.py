@@ -1,0 +1,59 @@
+"""Batches for one rank, cut from a data set that lives on the training device.
+
+The whole data set is one uint8 tensor on the device (CIFAR-10's training set is
+150 MiB), so a batch is an index, a gather, a batched crop/flip and a normalise:
+no worker processes, no per-sample Python, no host-to-device copy per step.
+
+>>> import torch
+>>> images, labels = torch.zeros(10, 3, 32, 32, dtype=torch.uint8), torch.arange(10)
+>>> loader = DeviceLoader(images, labels, world_size=2, rank=1, batch_size=2, seed=0, shuffle=False,
+...                       uneven="pad", augment=False, dtype=torch.float32)
+>>> [y.tolist() for _, y in loader.epoch(0)]
+[[1, 3], [5, 7]]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+from lab.data import augment as aug
+from lab.data.sharding import order, shard, shard_size
+
+
+class DeviceLoader:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, world_size: int, rank: int,
+                 batch_size: int, seed: int, shuffle: bool, uneven: str, augment: bool,
+                 dtype: torch.dtype, channels_last: bool = False, keep_partial: bool = False) -> None:
+        self.images, self.labels = images, labels
+        self.world_size, self.rank, self.batch_size = world_size, rank, batch_size
+        self.seed, self.shuffle, self.uneven, self.augment = seed, shuffle, uneven, augment
+        self.dtype, self.channels_last, self.keep_partial = dtype, channels_last, keep_partial
+
+    @property
+    def device(self) -> torch.device:
+        return self.images.device
+
+    def batches_per_epoch(self, rank: int | None = None) -> int:
+        """Batches `rank` (default: this one) gets per epoch; a pure function, so every rank knows every rank's."""
+        n = shard_size(len(self.labels), self.world_size, self.rank if rank is None else rank, self.uneven)
+        return math.ceil(n / self.batch_size) if self.keep_partial else n // self.batch_size
+
+    def indices(self, epoch: int) -> torch.Tensor:
+        """This rank's sample indices for `epoch`, in order."""
+        epoch_order = order(len(self.labels), self.seed, epoch, self.shuffle)
+        return shard(epoch_order, self.world_size, self.rank, self.uneven)
+
+    def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(inputs, labels) batches of `epoch`, beginning at batch `start` (for resume)."""
+        idx = self.indices(epoch).to(self.device, non_blocking=True)
+        if self.augment:
+            offsets, flips = (t.to(self.device, non_blocking=True) for t in aug.plan(len(self.labels), self.seed, epoch))
+        for i in range(start, self.batches_per_epoch()):
+            sel = idx[i * self.batch_size:(i + 1) * self.batch_size]
+            images = self.images[sel]
+            if self.augment:
+                images = aug.crop_flip(images, offsets[sel], flips[sel])
+            yield aug.normalize(images, self.dtype, self.channels_last), self.labels[sel]

@@ -1,0 +1,240 @@
+"""Who am I, on which device, talking over which backend.
+
+The only module that reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK). A process started without torchrun is world size 1:
+the single-device baseline is the same code with no process group.
+
+    ctx = init(cfg.dist)          # process group when WORLD_SIZE > 1
+    ...
+    teardown(ctx)
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as tdist
+
+from lab import cores
+from lab.config import DistConfig
+from lab.errors import LaunchError
+
+# Environment worth recording with every run: it changes what NCCL and gloo do.
+RECORDED_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES",
+                         "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_", "UCX_")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    global_rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    device: torch.device
+    backend: str | None  # None when there is no process group (world size 1)
+
+    @property
+    def is_primary(self) -> bool:
+        """Global rank 0: the one process that prints, writes checkpoints and records."""
+        return self.global_rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def launched_by_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def is_primary_process() -> bool:
+    """Rank 0 or not, before any process group exists (for printing errors once)."""
+    return _env_int("RANK", 0) == 0
+
+
+def elastic_restart_count() -> int:
+    """How many times torchrun restarted this worker group (0 on the first start)."""
+    return _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+
+
+def choose_device(preference: str, local_rank: int) -> torch.device:
+    if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise LaunchError("dist.device: cuda was asked for but no CUDA device is visible; use dist.device=auto or cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise LaunchError(f"dist.device: local rank {local_rank} has no GPU (this node has {count}); "
+                          f"start at most {count} processes per node")
+    return torch.device("cuda", local_rank)
+
+
+def choose_backend(preference: str, device: torch.device) -> str:
+    if preference == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if preference == "nccl" and device.type != "cuda":
+        raise LaunchError("dist.backend: nccl needs CUDA devices; this process runs on the CPU, use gloo or auto")
+    return preference
+
+
+def init(cfg: DistConfig) -> DistContext:
+    global_rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    world_size = _env_int("WORLD_SIZE", 1)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
+    node_rank = _env_int("GROUP_RANK", 0)
+    device = choose_device(cfg.device, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(cores.threads_per_process(local_world_size))
+    backend = None
+    if world_size > 1:
+        backend = choose_backend(cfg.backend, device)
+        tdist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=cfg.timeout_seconds),
+            device_id=device if device.type == "cuda" else None,
+        )
+    return DistContext(global_rank, local_rank, world_size, local_world_size, node_rank, device, backend)
+
+
+def teardown(ctx: DistContext) -> None:
+    if ctx.distributed and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- collectives
+# No-ops at world size 1, so the trainer has one code path.
+
+
+def all_reduce_sum(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
+    if ctx.distributed:
+        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        tdist.barrier(device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+def broadcast_object(ctx: DistContext, obj):
+    """Rank 0's `obj` on every rank."""
+    if not ctx.distributed:
+        return obj
+    holder = [obj]
+    tdist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def all_gather_object(ctx: DistContext, obj) -> list:
+    if not ctx.distributed:
+        return [obj]
+    gathered = [None] * ctx.world_size
+    tdist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_from_primary(ctx: DistContext, tensors: list[torch.Tensor]) -> None:
+    """Overwrite `tensors` on every rank with rank 0's values (in place)."""
+    if ctx.distributed:
+        for tensor in tensors:
+            tdist.broadcast(tensor.data, src=0)
+
+
+# ----------------------------------------------------------------------------- description
+
+
+def describe(ctx: DistContext) -> dict:
+    """This process's part of the run manifest."""
+    info = {"host": socket.gethostname(), "global_rank": ctx.global_rank, "local_rank": ctx.local_rank,
+            "node_rank": ctx.node_rank, "device": str(ctx.device), "threads": torch.get_num_threads()}
+    if ctx.device.type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(ctx.device)
+    else:
+        info["device_name"] = "cpu"
+    return info
+
+
+def recorded_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)}
+
+
+def versions() -> dict[str, str | None]:
+    import platform
+
+    import torchvision
+
+    cuda = torch.cuda.is_available()
+    nccl = None
+    if cuda and hasattr(torch.cuda, "nccl"):
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001 - a build without NCCL has no version to report
+            nccl = None
+    driver = None
+    if cuda:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:  # noqa: BLE001 - NVML is optional; the driver version is then unknown
+            driver = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "cudnn": str(torch.backends.cudnn.version()) if cuda and torch.backends.cudnn.is_available() else None,
+        "nccl": nccl,
+        "driver": driver,
+    }
+
+
+def primary_then_broadcast(ctx: DistContext, fn):
+    """Run `fn` on global rank 0 and give its result to every rank.
+
+    A LabError raised by `fn` is raised on every rank with the same message, so no
+    rank waits forever at the next collective for a peer that already gave up.
+    """
+    from lab.errors import LabError
+
+    payload = None
+    if ctx.is_primary:
+        try:
+            payload = ("ok", fn())
+        except LabError as exc:
+            payload = ("error", type(exc), str(exc))
+    payload = broadcast_object(ctx, payload)
+    if payload[0] == "error":
+        raise payload[1](payload[2])
+    return payload[1]
+
+
+def memory_bytes(device: torch.device) -> tuple[int, int]:
+    """(allocated now, peak) on `device`; on the CPU the process's resident memory."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+    try:
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no /proc (macOS): the peak is the best figure there is
+        resident = peak
+    return resident, peak

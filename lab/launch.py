@@ -1,0 +1,72 @@
+"""The torchrun command line, built in one place for the CLI, the workshop, compose and Ansible.
+
+>>> " ".join(torchrun_command(2, ["-m", "lab", "train", "--config", "ddp"], torchrun="torchrun"))
+'torchrun --standalone --nproc-per-node 2 -m lab train --config ddp'
+>>> rdzv = Rendezvous(endpoint="head:29400", nnodes="2", run_id="r1", max_restarts=1)
+>>> " ".join(torchrun_command(8, ["-m", "lab", "train"], rdzv, torchrun="torchrun"))
+'torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id r1 --max-restarts 1 -m lab train'
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab import cores
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes of one job meet. No endpoint means one node (`--standalone`, a free local port)."""
+
+    endpoint: str | None = None   # "host:port" of the c10d rendezvous (the head node)
+    nnodes: str = "1"             # "N", or "MIN:MAX" for an elastic job
+    run_id: str | None = None     # one id shared by every node of the job
+    max_restarts: int = 0         # times torchrun restarts the worker group after a failure
+    local_addr: str | None = None  # this node's address when it has several
+
+
+def torchrun_executable() -> str:
+    """The torchrun beside this Python (a venv's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "torchrun"
+    return str(beside) if beside.exists() else (shutil.which("torchrun") or "torchrun")
+
+
+def torchrun_command(nproc_per_node: int, target: list[str], rendezvous: Rendezvous | None = None,
+                     torchrun: str | None = None) -> list[str]:
+    """argv for torchrun starting `nproc_per_node` workers of `target` (e.g. ["-m", "lab", "train", ...])."""
+    rdzv = rendezvous or Rendezvous()
+    cmd = [torchrun or torchrun_executable()]
+    if rdzv.endpoint is None:
+        cmd += ["--standalone", "--nproc-per-node", str(nproc_per_node)]
+    else:
+        cmd += ["--nnodes", rdzv.nnodes, "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", rdzv.endpoint]
+        if rdzv.run_id:
+            cmd += ["--rdzv-id", rdzv.run_id]
+    if rdzv.max_restarts:
+        cmd += ["--max-restarts", str(rdzv.max_restarts)]
+    if rdzv.local_addr:
+        cmd += ["--local-addr", rdzv.local_addr]
+    return cmd + list(target)
+
+
+def worker_env(nproc_per_node: int, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for torchrun on one node: OMP_NUM_THREADS split over the workers (torchrun
+    would otherwise set 1 and warn), unless the user chose a value."""
+    env = dict(os.environ if env is None else env)
+    env.setdefault("OMP_NUM_THREADS", str(cores.threads_per_process(nproc_per_node)))
+    return env
+
+
+def lab_target(command: str, config: str | None, overrides: list[str]) -> list[str]:
+    """`-m lab <command> --config C --set k=v ...`: what each torchrun worker runs."""
+    target = ["-m", "lab", command]
+    if config:
+        target += ["--config", config]
+    for item in overrides:
+        target += ["--set", item]
+    return target

@@ -1,0 +1,117 @@
+"""Run records: the run id, the run directory and what is written into it.
+
+    runs/<run_id>/manifest.json    what ran: resolved config, versions, hosts, environment
+    runs/<run_id>/metrics.jsonl    one row per log interval (and per evaluation)
+    runs/<run_id>/summary.json     how it ended: final loss, accuracy, throughput, wall time, status
+    runs/<run_id>/checkpoints/     last.pt, written by global rank 0
+
+Only global rank 0 writes here. JSON files are replaced atomically, so a reader
+never sees half a file; metrics.jsonl is appended one flushed line at a time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import secrets
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from lab.errors import ConfigError, LabError
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def new_run_id(name: str) -> str:
+    """A sortable, unique id: time stamp, name, short random part.
+
+    >>> bool(RUN_ID_PATTERN.match(new_run_id("ddp")))
+    True
+    """
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
+    return f"{stamp}-{slug}-{secrets.token_hex(3)}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID_PATTERN.match(run_id):
+        raise ConfigError(f"run.id: {run_id!r} is not a valid run id; use letters, digits, '.', '_' and '-' "
+                          f"(at most 128, not starting with a separator)")
+    return run_id
+
+
+class RunDir:
+    def __init__(self, output_dir: str | Path, run_id: str) -> None:
+        self.run_id = check_run_id(run_id)
+        self.path = Path(output_dir) / run_id
+        self.manifest = self.path / "manifest.json"
+        self.metrics = self.path / "metrics.jsonl"
+        self.summary = self.path / "summary.json"
+        self.checkpoints = self.path / "checkpoints"
+
+    def create(self) -> RunDir:
+        """Create the directory and prove it writable now, not after an hour of training."""
+        try:
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            probe = self.path / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"\0" * 4096)
+            probe.unlink()
+        except OSError as exc:
+            raise LabError(f"run.output_dir: cannot write to {self.path} ({exc.strerror or exc}); "
+                           f"choose a writable directory with --set run.output_dir=DIR") from None
+        return self
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Write the manifest; on a resumed run keep the first one and add this start to its history."""
+        if self.manifest.exists():
+            previous = read_json(self.manifest)
+            starts = previous.get("starts", []) + manifest.get("starts", [])
+            manifest = {**previous, "starts": starts}
+        write_json(self.manifest, manifest)
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json(self.summary, summary)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def read_metrics(run_path: str | Path, kind: str = "train") -> list[dict[str, Any]]:
+    """The rows of a run's metrics.jsonl with `kind` ('train' or 'eval')."""
+    rows = []
+    with open(Path(run_path) / "metrics.jsonl") as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("kind") == kind:
+                rows.append(row)
+    return rows
+
+
+def git_revision() -> str | None:
+    """The lab's git revision: LAB_GIT_REVISION (set in images) or the checkout's HEAD, '+dirty' if modified."""
+    if os.environ.get("LAB_GIT_REVISION"):
+        return os.environ["LAB_GIT_REVISION"]
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{rev}+dirty" if dirty else rev

@@ -1,0 +1,48 @@
+"""Shared helpers: run the real `lab` CLI and real torchrun, from this venv."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+TIMEOUT = 600  # seconds: a hung collective must fail the test, not CI
+
+
+def run(cmd: list[str], cwd: Path | None = None, env: dict | None = None, check: bool = True,
+        timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(cmd, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+                             f"\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def lab(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return run([PYTHON, "-m", "lab", *args], **kwargs)
+
+
+def torchrun(nproc: int, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {"OMP_NUM_THREADS": "1", **kwargs.pop("env", {})}
+    return run([TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), *args], env=env, **kwargs)
+
+
+def metrics(run_dir: Path, kind: str = "train") -> list[dict]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+# A narrow ResNet-18 on a little synthetic data: seconds per run on 2 cores.
+TINY = ["--config", "smoke", "--set", "model.width=8"]
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    return tmp_path / "runs"

@@ -1,0 +1,46 @@
+"""A test rank: runs the lab's Trainer in this process and saves what the tests compare.
+
+    python tests/dist/worker.py fit OUT_DIR [section.key=value ...]          # world size 1
+    torchrun --standalone --nproc-per-node 2 tests/dist/worker.py fit OUT_DIR ...
+
+Modes: `fit` trains and saves each rank's log rows and final parameters (and momentum);
+`grads` runs the first micro-batch and saves each rank's gradients after DDP's all-reduce.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from lab import config, data, dist
+from lab.train import Trainer, set_determinism
+
+
+def main() -> None:
+    mode, out, overrides = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+    cfg = config.load("smoke", overrides)
+    ctx = dist.init(cfg.dist)
+    try:
+        set_determinism(cfg.run.deterministic)
+        rows: list[dict] = []
+        trainer = Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device), hooks=[rows.append])
+        rank = ctx.global_rank
+        if mode == "grads":
+            inputs, labels = next(trainer.train_loader.epoch(0))
+            trainer.forward_backward(inputs, labels)
+            torch.save({n: p.grad for n, p in trainer.model.named_parameters()}, out / f"grads{rank}.pt")
+        else:
+            trainer.fit()
+            momentum = {n: trainer.optimizer.state[p]["momentum_buffer"] for n, p in trainer.model.named_parameters()}
+            torch.save({"params": trainer.model.state_dict(), "momentum": momentum, "step": trainer.step},
+                       out / f"final{rank}.pt")
+            (out / f"rows{rank}.json").write_text(json.dumps(rows))
+    finally:
+        dist.teardown(ctx)
+
+
+if __name__ == "__main__":
+    main()

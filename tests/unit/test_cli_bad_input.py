@@ -1,0 +1,87 @@
+"""Bad input through the real `lab` command: exit 2, one line on stderr, no traceback, nothing lost."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY, lab
+
+
+def _bad_yaml(tmp: Path) -> str:
+    (tmp / "bad.yaml").write_text("train:\n  lr: [0.1\n")
+    return str(tmp / "bad.yaml")
+
+
+def _unknown_key(tmp: Path) -> str:
+    (tmp / "typo.yaml").write_text("train:\n  learning_rate: 0.1\n")
+    return str(tmp / "typo.yaml")
+
+
+def _truncated_cifar(tmp: Path) -> str:
+    lab("data", "synth", "--root", str(tmp / "d"), "--train-size", "50", "--test-size", "10")
+    batch = tmp / "d" / "cifar-10-batches-py" / "data_batch_1"
+    batch.write_bytes(batch.read_bytes()[:1000])
+    return str(tmp / "d")
+
+
+CASES = {
+    "unknown subcommand": (lambda t: ["fly"], "invalid choice: 'fly'"),
+    "unknown option": (lambda t: ["train", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+    "missing config file": (lambda t: ["train", "--config", str(t / "nope.yaml")], "nope.yaml: config file not found"),
+    "unreadable yaml": (lambda t: ["train", "--config", _bad_yaml(t)], "bad.yaml: line 3, column 1: invalid YAML"),
+    "unknown key": (lambda t: ["train", "--config", _unknown_key(t)], "typo.yaml: train.learning_rate: unknown key"),
+    "wrong type": (lambda t: ["train", "--set", "train.epochs=two"], "--set train.epochs: expected an integer >= 1"),
+    "negative batch": (lambda t: ["train", "--set", "train.global_batch_size=-8"], "-8 is out of range"),
+    "malformed --set": (lambda t: ["train", "--set", "epochs"], "--set epochs: expected section.key=value"),
+    "indivisible batch": (lambda t: ["train", *TINY, "--nproc-per-node", "3"],
+                          "train.global_batch_size: 64 is not divisible by world size 3"),
+    "no processes": (lambda t: ["train", *TINY, "--nproc-per-node", "0"], "--nproc-per-node: 0 is not a process count"),
+    "cifar10 without data": (lambda t: ["train", *TINY, "--set", "data.source=cifar10", "--set", f"data.root={t}"],
+                             "data.root: no CIFAR-10 under"),
+    "truncated batch file": (lambda t: ["train", *TINY, "--set", "data.source=cifar10",
+                                        "--set", f"data.root={_truncated_cifar(t)}"],
+                             "data_batch_1: truncated or not a CIFAR-10 batch file"),
+    "missing resume checkpoint": (lambda t: ["train", *TINY, "--set", f"checkpoint.resume={t}/none.pt",
+                                             "--set", f"run.output_dir={t}/runs"],
+                                  "none.pt does not exist; give an existing file, auto or never"),
+    "sync batchnorm on cpu": (lambda t: ["train", *TINY, "--set", "model.sync_batchnorm=true",
+                                         "--set", f"run.output_dir={t}/runs"],
+                              "model.sync_batchnorm: SyncBatchNorm runs only on CUDA devices"),
+    "unwritable output dir": (lambda t: ["train", *TINY, "--set", f"run.output_dir={_a_file(t)}/runs"],
+                              "run.output_dir: cannot write to"),
+    "bad run id": (lambda t: ["train", *TINY, "--set", "run.id=../escape"], "run.id: '../escape' is not a valid run id"),
+    "synth of no images": (lambda t: ["data", "synth", "--root", str(t), "--train-size", "0"], "--train-size: 0 images"),
+    "workshop of one process": (lambda t: ["workshop", "--nproc-per-node", "1"], "the workshop compares 1 process"),
+}
+
+
+def _a_file(tmp: Path) -> str:
+    (tmp / "file").write_text("not a directory")
+    return str(tmp / "file")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_exits_2_with_one_line(tmp_path, case):
+    make_args, expected = CASES[case]
+    proc = lab(*make_args(tmp_path), check=False, timeout=120, cwd=tmp_path)  # nothing lands in the repo
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("lab: error: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_checkpoint_of_another_model_is_refused_and_left_intact(tmp_path):
+    runs = tmp_path / "runs"
+    lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={runs}", "--set", "run.id=r1")
+    ckpt = runs / "r1" / "checkpoints" / "last.pt"
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (runs / "r1").rglob("*") if p.is_file()}
+    proc = lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={runs}", "--set", "run.id=r1",
+               "--set", "model.width=16", check=False)
+    assert proc.returncode == 2
+    assert f"{ckpt}: does not fit this run: width is 8 in the checkpoint but 16 now" in proc.stderr
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in (runs / "r1").rglob("*") if p.is_file()}
+    assert after == before  # nothing already written was touched

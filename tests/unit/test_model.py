@@ -1,0 +1,36 @@
+"""ResNet-18 adapted to 32x32: the stem keeps the resolution, width scales, options apply."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lab.config import ModelConfig
+from lab.model import build
+
+
+def test_cifar_stem_and_output():
+    model = build(ModelConfig(width=8))
+    assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
+    assert isinstance(model.maxpool, nn.Identity)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_full_width_is_resnet18_sized():
+    # 11.17M parameters: torchvision's ResNet-18 minus the 7x7 stem's extra weights, with a 10-way head.
+    assert sum(p.numel() for p in build(ModelConfig()).parameters()) == 11_173_962
+
+
+def test_group_norm_and_float64_and_channels_last():
+    model = build(ModelConfig(width=8, norm="group", dtype="float64", channels_last=True))
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_same_seed_same_initialisation():
+    torch.manual_seed(0)
+    a = build(ModelConfig(width=8))
+    torch.manual_seed(0)
+    b = build(ModelConfig(width=8))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
