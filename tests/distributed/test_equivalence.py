@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import ROOT, run, torchrun
 
-WORKER = str(ROOT / "tests" / "dist" / "worker.py")
+WORKER = str(ROOT / "tests" / "distributed" / "worker.py")
 EXACT = ["model.norm=group", "model.width=8", "train.global_batch_size=32", "train.max_steps=10",
          "train.log_every=1", "data.synthetic_train_size=256", "run.deterministic=true", "checkpoint.save=false"]
 

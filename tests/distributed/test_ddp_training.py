@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import ROOT, TINY, lab, metrics, run, torchrun
 
-WORKER = str(ROOT / "tests" / "dist" / "worker.py")
+WORKER = str(ROOT / "tests" / "distributed" / "worker.py")
 
 
 def test_two_process_batchnorm_run_learns(runs_dir):

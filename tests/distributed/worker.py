@@ -1,7 +1,7 @@
 """A test rank: runs the lab's Trainer in this process and saves what the tests compare.
 
-    python tests/dist/worker.py fit OUT_DIR [section.key=value ...]          # world size 1
-    torchrun --standalone --nproc-per-node 2 tests/dist/worker.py fit OUT_DIR ...
+    python tests.distributed.ibuted/worker.py fit OUT_DIR [section.key=value ...]          # world size 1
+    torchrun --standalone --nproc-per-node 2 tests.distributed.ibuted/worker.py fit OUT_DIR ...
 
 Modes: `fit` trains and saves each rank's log rows and final parameters (and momentum);
 `grads` runs the first micro-batch and saves each rank's gradients after DDP's all-reduce.
