@@ -108,13 +108,15 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _launch_train(args: argparse.Namespace, cfg) -> int:
-    from lab import config, launch, runs
+    from lab import config, data, launch, runs
 
     if args.nproc_per_node < 1:
         raise LabError(f"--nproc-per-node: {args.nproc_per_node} is not a process count; use 1 or more")
     if "LOCAL_RANK" in os.environ:
         raise LabError("--nproc-per-node: already running under torchrun; drop the option")
+    # Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report.
     config.check_layout(cfg, args.nproc_per_node)
+    data.check_source(cfg.data)
     overrides = list(args.overrides)
     if not cfg.run.id:  # one id, chosen here, so a restarted worker group finds its checkpoint
         overrides.append(f"run.id={runs.new_run_id(cfg.run.name)}")

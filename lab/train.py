@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from lab import checkpoint, data, dist, model as models
 from lab.config import Config, batch_size_per_rank, check_layout, to_dict
 from lab.console import Console, SilentConsole
-from lab.errors import CheckpointError, LaunchError
+from lab.errors import CheckpointError, ConfigError, LaunchError
 from lab.runs import RunDir, git_revision, new_run_id
 
 Hook = Callable[[dict[str, Any]], None]
@@ -81,8 +81,9 @@ class Trainer:
         self.steps_per_epoch = max(per_rank)
         self.common_steps = min(per_rank)  # steps every rank takes: collectives are safe up to here
         if self.common_steps < 1:
-            raise LaunchError(
-                f"train.global_batch_size: {t.global_batch_size} is larger than a rank's share of the training set "
+            raise ConfigError(
+                f"{cfg.origin}: train.global_batch_size: {t.global_batch_size} is larger than a rank's share of the "
+                f"training set "
                 f"({len(dataset.train_labels)} samples over {ctx.world_size} ranks); use a smaller global batch or "
                 f"more data (data.synthetic_train_size)")
         self.total_steps = t.epochs * self.steps_per_epoch
@@ -128,10 +129,11 @@ class Trainer:
         t, total = self.cfg.train, self.total_steps
         if t.schedule == "onecycle":
             if total < 2:
-                raise LaunchError("train.schedule: onecycle needs at least 2 steps; use cosine or more steps")
-            warm = min(max(t.warmup_steps, 1), total - 1) if t.warmup_steps else max(1, round(0.3 * total))
+                raise ConfigError(f"{self.cfg.origin}: train.schedule: onecycle needs at least 2 steps, this run has "
+                                  f"{total}; use cosine or more steps")
+            rising = min(max(t.warmup_steps or round(0.3 * total), 1), total - 1)  # 0.3 is OneCycleLR's default
             return torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=t.lr, total_steps=total,
-                                                       pct_start=min(warm, total - 1) / total)
+                                                       pct_start=rising / total)
         warm = t.warmup_steps
 
         def factor(step: int) -> float:  # step = optimizer steps taken so far

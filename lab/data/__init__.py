@@ -16,7 +16,7 @@ from lab.data import cifar, synthetic
 from lab.data.loader import DeviceLoader
 from lab.errors import DataError
 
-__all__ = ["Dataset", "DeviceLoader", "load", "from_files", "write_synthetic"]
+__all__ = ["Dataset", "DeviceLoader", "check_source", "load", "from_files", "write_synthetic"]
 
 SYNTHETIC_MARK = "lab_synthetic_seed"  # key in batches.meta of files written by `lab data synth`
 
@@ -35,11 +35,16 @@ class Dataset:
         return Dataset(**move, source=self.source, description=self.description)
 
 
+def check_source(cfg: DataConfig) -> None:
+    """Refuse data.source=cifar10 without its files; cheap, so launchers call it before starting processes."""
+    if cfg.source == "cifar10" and not cifar.present(cfg.root):
+        raise DataError(f"data.root: no CIFAR-10 under {cifar.folder(cfg.root)}; run "
+                        f"`lab data prepare --root {cfg.root}` or set data.source=synthetic")
+
+
 def load(cfg: DataConfig) -> Dataset:
+    check_source(cfg)
     if cfg.source == "cifar10" or (cfg.source == "auto" and cifar.present(cfg.root)):
-        if not cifar.present(cfg.root):
-            raise DataError(f"data.root: no CIFAR-10 under {cifar.folder(cfg.root)}; run "
-                            f"`lab data prepare --root {cfg.root}` or set data.source=synthetic")
         return from_files(cfg.root)
     train = synthetic.generate(cfg.synthetic_train_size, cfg.synthetic_seed, "train")
     test = synthetic.generate(cfg.synthetic_test_size, cfg.synthetic_seed, "test")
