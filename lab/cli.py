@@ -1,7 +1,8 @@
 """Command line: parse arguments, dispatch, and turn errors into exit codes.
 
 Exit codes: 0 ok; 1 a run failed (its traceback is printed); 2 bad input (one line
-on stderr naming the file or argument, the key and what would be valid).
+on stderr naming the file or argument, the key and what would be valid); 3 a
+benchmark gate was missed (e.g. --min-busbw).
 torch is imported only by the commands that need it, so bad input is refused fast.
 """
 
@@ -16,7 +17,7 @@ import sys
 from lab import __version__
 from lab.errors import LabError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_GATE_MISSED = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,8 +47,58 @@ def build_parser() -> argparse.ArgumentParser:
 
     workshop = commands.add_parser("workshop", help="baseline, then DDP with the same global batch, then compare")
     _config_args(workshop)
-    workshop.add_argument("--nproc-per-node", type=int, default=2, metavar="N", help="DDP processes (default 2)")
+    workshop.add_argument("--nproc-per-node", type=int, metavar="N",
+                          help="DDP processes (default: 2 on a CPU; 2, 4, 8 ... up to the GPUs present)")
     workshop.add_argument("--output-dir", default="runs", metavar="DIR", help="where the workshop folder goes")
+
+    bench = commands.add_parser("bench", help="benchmarks: all-reduce bandwidth, scaling")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser, metavar="NAME")
+    allreduce = bench_commands.add_parser("allreduce", help="all-reduce bus bandwidth with nccl-tests' columns")
+    allreduce.add_argument("-b", "--minbytes", default="8", help="smallest size, bytes with K/M/G (default 8)")
+    allreduce.add_argument("-e", "--maxbytes", default="256M", help="largest size (default 256M)")
+    allreduce.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplication factor (default 2)")
+    allreduce.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
+    allreduce.add_argument("-w", "--warmup-iters", type=int, default=5, help="warm-up iterations (default 5)")
+    allreduce.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    allreduce.add_argument("--op", default="sum", choices=["sum", "avg", "max"])
+    allreduce.add_argument("--json", metavar="PATH", help="write rows and environment as JSON")
+    allreduce.add_argument("--min-busbw", type=float, metavar="GBPS", help="exit 3 when the average busbw is lower")
+    allreduce.add_argument("--link", help="reference link for the busbw ratio (nvlink4, ndr-ib, pcie5, ...)")
+    allreduce.add_argument("--nproc-per-node", type=int, metavar="N", help="start torchrun with N processes")
+
+    scaling = bench_commands.add_parser("scaling", help="strong/weak scaling of the training step over 1..N processes")
+    _config_args(scaling)
+    scaling.add_argument("--mode", default="weak", choices=["weak", "strong"],
+                         help="weak: batch per rank fixed; strong: global batch fixed (default weak)")
+    scaling.add_argument("--max-world-size", type=int, metavar="N", help="largest N (default: GPUs, else CPU cores)")
+    scaling.add_argument("--batch-per-rank", type=int, default=64, help="weak mode: samples per rank (default 64)")
+    scaling.add_argument("--global-batch", type=int, default=128, help="strong mode: global batch (default 128)")
+    scaling.add_argument("--steps", type=int, default=20, help="timed steps per world size (default 20)")
+    scaling.add_argument("--warmup", type=int, default=5, help="warm-up steps per world size (default 5)")
+    scaling.add_argument("--json", metavar="PATH", help="write the table as JSON")
+    scaling.add_argument("--plot", metavar="PNG", help="write throughput and efficiency against N")
+
+    memory = commands.add_parser("memory", help="memory per device: DDP vs ZeRO-1/2/3 and FSDP")
+    memory.add_argument("--params", type=float, default=7e9, help="parameter count (default 7e9)")
+    memory.add_argument("--world-size", type=int, default=8, help="devices (default 8)")
+    memory.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd-momentum", "sgd"])
+    memory.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"],
+                        help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)")
+    memory.add_argument("--convention", default="zero", choices=["zero", "hf"],
+                        help="bytes per parameter: zero (16 for mixed Adam) or hf (18) (default zero)")
+    memory.add_argument("--node-size", type=int, help="devices per node, for FSDP hybrid shard")
+    memory.add_argument("--device", choices=["h100", "h200", "a100-80", "a100-40"], help="device to fit on")
+    memory.add_argument("--device-memory", type=float, metavar="GB", help="device memory in GB (instead of --device)")
+    for name in ("seq-len", "micro-batch", "hidden", "heads", "layers"):
+        memory.add_argument(f"--{name}", type=int, help="transformer activation term (give all five)")
+    memory.add_argument("--measure", action="store_true", help="also measure ResNet-18: 1 process, DDP and FSDP")
+    memory.add_argument("--measure-width", type=int, default=64, help="ResNet-18 width for --measure (default 64)")
+    memory.add_argument("--json", metavar="PATH")
+    memory.add_argument("--plot", metavar="PNG", help="stacked bars of the estimate")
+
+    report = commands.add_parser("report", help="report.md with plots from run directories and benchmark results")
+    report.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories, workshop folders, result JSONs")
+    report.add_argument("--out", metavar="DIR", help="where report.md and the PNGs go (default: the first folder)")
 
     data = commands.add_parser("data", help="prepare real CIFAR-10 or write synthetic data")
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser, metavar="ACTION")
@@ -62,8 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
         args = build_parser().parse_args(argv)
+        args.argv = argv
         return _dispatch(args)
     except LabError as exc:
         if _is_primary():
@@ -87,6 +140,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         return workshop.run(args.config or "workshop-cpu", args.overrides, args.nproc_per_node, args.output_dir)
     if args.command == "data":
         return _data(args)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "report":
+        from lab import report
+
+        print(f"report: {report.build(args.paths, args.out)}")
+        return EXIT_OK
+    if args.command == "memory":
+        from lab import memory
+
+        return memory.run(args)
     raise LabError(f"unknown command {args.command}")  # argparse refuses these first
 
 
@@ -140,3 +204,59 @@ def _data(args: argparse.Namespace) -> int:
     print(f"synthetic CIFAR-shaped data ({args.train_size} train / {args.test_size} test, seed {args.seed}) "
           f"written to {where}")
     return EXIT_OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "scaling":
+        from lab.bench import scaling
+
+        for name in ("steps", "batch_per_rank", "global_batch"):
+            if getattr(args, name) < 1:
+                raise LabError(f"--{name.replace('_', '-')}: {getattr(args, name)}; use 1 or more")
+        if args.warmup < 0:
+            raise LabError(f"--warmup: {args.warmup}; use 0 or more")
+        return scaling.run(args)
+    if args.nproc_per_node is not None:
+        return _relaunch(args)
+    from lab.bench import allreduce
+
+    return allreduce.run(args)
+
+
+def _relaunch(args: argparse.Namespace) -> int:
+    """Run this same command under torchrun with --nproc-per-node workers; benchmark gates are judged here,
+    from the result file, because torchrun reports any worker's non-zero exit as its own failure."""
+    import json
+    import tempfile
+
+    from lab import launch
+
+    if args.nproc_per_node < 1:
+        raise LabError(f"--nproc-per-node: {args.nproc_per_node} is not a process count; use 1 or more")
+    if "LOCAL_RANK" in os.environ:
+        raise LabError("--nproc-per-node: already running under torchrun; drop the option")
+    tail = _without_option(args.argv, "--nproc-per-node")
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = args.json or os.path.join(tmp, "result.json")
+        if not args.json:
+            tail += ["--json", result_path]
+        command = launch.torchrun_command(args.nproc_per_node, ["-m", "lab", *tail])
+        print(f"$ {shlex.join(command)}", flush=True)
+        env = {**launch.worker_env(args.nproc_per_node), "LAB_GATE_IN_PARENT": "1"}
+        if subprocess.call(command, env=env) != 0:
+            return EXIT_FAILED
+        with open(result_path) as f:
+            return EXIT_GATE_MISSED if json.load(f).get("gate_missed") else EXIT_OK
+
+
+def _without_option(argv: list[str], option: str) -> list[str]:
+    """argv without `option VALUE` / `option=VALUE`."""
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == option:
+            skip = True
+        elif not item.startswith(option + "="):
+            out.append(item)
+    return out

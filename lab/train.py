@@ -231,7 +231,7 @@ class Trainer:
                 for micro in range(accum):
                     inputs, labels = next(batches)
                     self.forward_backward(inputs, labels, sync=micro == accum - 1, scale=1.0 / accum)
-                self._optimizer_step()
+                self.optimizer_step()
                 self.step += 1
                 self.step_in_epoch += 1
                 self.console.advance()
@@ -264,7 +264,7 @@ class Trainer:
         self._correct += (logits.detach().argmax(dim=1) == labels).sum()
         self._samples += len(labels)
 
-    def _optimizer_step(self) -> None:
+    def optimizer_step(self) -> None:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)

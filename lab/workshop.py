@@ -1,13 +1,16 @@
 """The default lab: `make lab` and `docker compose up lab` run this.
 
-1. the baseline: one process, the whole global batch;
-2. DDP: N processes under torchrun, the same global batch split over them;
-3. a comparison, printed and saved: loss at matching steps, final accuracy, images/s.
+1. the baseline: one process (one GPU), the whole global batch;
+2. DDP with the same global batch split over N processes: N = 2 on a CPU; 2, 4, 8 GPUs
+   (as many as the host has) on a GPU server, each run on the first N devices;
+3. a comparison of the runs, printed and saved: loss at matching steps, final accuracy, images/s;
+4. the all-reduce benchmark over the largest N (nccl-tests' algbw and busbw);
+5. weak scaling of the training step over 1..N processes;
+6. the memory footprint of a 7B model under DDP vs ZeRO/FSDP, and ResNet-18 measured;
+7. a report with plots.
 
-Both runs use the same seed, data order and augmentation per sample, so their
-loss curves agree up to BatchNorm's per-rank batch statistics and floating-point
-reduction order, while the throughput shows what the extra processes buy.
-Everything lands in one folder: runs/<workshop id>/{baseline,ddp-N,comparison.md,comparison.json}.
+Everything lands in one folder: runs/<workshop id>/{baseline, ddp-N, comparison.md,
+allreduce.json, scaling.json, memory.json, report.md, *.png}.
 """
 
 from __future__ import annotations
@@ -22,52 +25,102 @@ from lab import config, launch, runs
 from lab.errors import LabError
 
 
-def run(config_name: str, overrides: list[str], nproc_per_node: int, output_dir: str) -> int:
-    if nproc_per_node < 2:
+def ddp_sizes(requested: int | None, gpus: int) -> list[int]:
+    """World sizes for the DDP runs: the one asked for, else 2, 4, 8, ... up to the GPUs present.
+
+    >>> ddp_sizes(None, 0), ddp_sizes(None, 8), ddp_sizes(None, 6), ddp_sizes(3, 8)
+    ([2], [2, 4, 8], [2, 4, 6], [3])
+    """
+    if requested is not None:
+        return [requested]
+    if gpus < 2:
+        return [2]
+    sizes = [n for n in (2, 4, 8, 16, 32) if n <= gpus]
+    return sizes if sizes[-1] == gpus else [*sizes, gpus]
+
+
+def run(config_name: str, overrides: list[str], nproc_per_node: int | None, output_dir: str) -> int:
+    import torch
+
+    if nproc_per_node is not None and nproc_per_node < 2:
         raise LabError(f"--nproc-per-node: {nproc_per_node}; the workshop compares 1 process with 2 or more")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    sizes = ddp_sizes(nproc_per_node, gpus)
+    if gpus and sizes[-1] > gpus:
+        raise LabError(f"--nproc-per-node: {sizes[-1]} processes but this host has {gpus} GPU(s)")
     cfg = config.load(config_name, overrides)  # refuse bad input before anything runs
-    config.check_layout(cfg, nproc_per_node)
+    for n in sizes:
+        config.check_layout(cfg, n)
     workshop_id = runs.new_run_id("workshop")
     folder = Path(output_dir) / workshop_id
     folder.mkdir(parents=True)
-    names = {"baseline": "baseline", "ddp": f"ddp-{nproc_per_node}"}
     print(f"workshop {workshop_id}: config {cfg.origin}; results in {folder}", flush=True)
 
-    def target(name: str) -> list[str]:
-        return launch.lab_target("train", config_name,
-                                 [*overrides, f"run.output_dir={folder}", f"run.id={name}"])
+    def train_target(name: str) -> list[str]:
+        return launch.lab_target("train", config_name, [*overrides, f"run.output_dir={folder}", f"run.id={name}"])
 
-    steps = [
-        ("1/3 baseline: 1 process", 1, [sys.executable, *target(names["baseline"])]),
-        (f"2/3 DDP: {nproc_per_node} processes, same global batch", nproc_per_node,
-         launch.torchrun_command(nproc_per_node, target(names["ddp"]))),
-    ]
-    for title, processes, command in steps:
-        print(f"\n== {title}\n$ {shlex.join(command)}", flush=True)
-        if subprocess.call(command, env=launch.worker_env(processes)) != 0:
+    largest = sizes[-1]
+    on_gpu = gpus > 0
+    steps: list[tuple[str, int, list[str]]] = [("baseline: 1 process", 1, [sys.executable, *train_target("baseline")])]
+    for n in sizes:
+        steps.append((f"DDP: {n} processes, same global batch", n, launch.torchrun_command(n, train_target(f"ddp-{n}"))))
+    steps.append((f"all-reduce bus bandwidth over {largest} ranks", largest, launch.torchrun_command(
+        largest, ["-m", "lab", "bench", "allreduce", "-b", "8", "-e", "1G" if on_gpu else "64M",
+                  "-n", "20" if on_gpu else "10", "-w", "5" if on_gpu else "2", "--json", str(folder / "allreduce.json")])))
+    set_args = [x for o in overrides for x in ("--set", o)]
+    steps.append((f"weak scaling over 1..{largest} processes", 1, [
+        sys.executable, "-m", "lab", "bench", "scaling", "--config", config_name, *set_args, "--mode", "weak",
+        "--max-world-size", str(largest), "--steps", "40" if on_gpu else "12", "--warmup", "10" if on_gpu else "3",
+        "--json", str(folder / "scaling.json")]))
+    device = "h200" if on_gpu and "H200" in torch.cuda.get_device_name(0) else "h100"
+    steps.append(("memory: a 7B model under DDP vs ZeRO/FSDP, and ResNet-18 measured", 1, [
+        sys.executable, "-m", "lab", "memory", "--params", "7e9", "--world-size", "8", "--device", device,
+        "--measure", "--json", str(folder / "memory.json")]))
+
+    total = len(steps) + 2  # + comparison + report
+    for index, (title, processes, command) in enumerate(steps, start=1):
+        print(f"\n== {index}/{total} {title}\n$ {shlex.join(command)}", flush=True)
+        if subprocess.call(command, env=_env(processes, on_gpu)) != 0:
             print(f"workshop: step '{title}' failed; see the output above", file=sys.stderr)
             return 1
-    print("\n== 3/3 comparison", flush=True)
-    result = compare(folder / names["baseline"], folder / names["ddp"])
+        if index == len(sizes) + 1:  # right after the last training run: the comparison the course is about
+            print(f"\n== {index + 1}/{total} comparison", flush=True)
+            _compare_and_save(folder, sizes)
+    print(f"\n== {total}/{total} report", flush=True)
+    from lab import report
+
+    path = report.build([str(folder)])
+    print(f"report: {path}", flush=True)
+    return 0
+
+
+def _env(processes: int, on_gpu: bool) -> dict[str, str]:
+    env = launch.worker_env(processes)
+    if on_gpu:  # the first N devices, as CUDA_VISIBLE_DEVICES=0..N-1 would give
+        env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(processes))))
+    return env
+
+
+def _compare_and_save(folder: Path, sizes: list[int]) -> None:
+    result = compare(folder / "baseline", {f"ddp-{n}": folder / f"ddp-{n}" for n in sizes})
     text = render(result)
     print(text, flush=True)
     (folder / "comparison.md").write_text(text + "\n")
     runs.write_json(folder / "comparison.json", result)
-    print(f"\nsaved {folder / 'comparison.md'} and comparison.json", flush=True)
-    return 0
 
 
-def compare(baseline_dir: Path, ddp_dir: Path) -> dict[str, Any]:
-    """Loss at the steps both runs logged, final accuracy and throughput of each."""
-    summaries = {name: runs.read_json(d / "summary.json") for name, d in (("baseline", baseline_dir), ("ddp", ddp_dir))}
-    manifests = {name: runs.read_json(d / "manifest.json") for name, d in (("baseline", baseline_dir), ("ddp", ddp_dir))}
-    losses = {name: {r["step"]: r["loss"] for r in runs.read_metrics(d)}
-              for name, d in (("baseline", baseline_dir), ("ddp", ddp_dir))}
-    steps = sorted(set(losses["baseline"]) & set(losses["ddp"]))
-    rows = [{"step": s, "baseline": losses["baseline"][s], "ddp": losses["ddp"][s],
-             "relative_difference": abs(losses["ddp"][s] - losses["baseline"][s]) / abs(losses["baseline"][s])}
+def compare(baseline_dir: Path, ddp_dirs: dict[str, Path]) -> dict[str, Any]:
+    """Loss at the steps every run logged, final accuracy and throughput of each."""
+    dirs = {"baseline": baseline_dir, **ddp_dirs}
+    summaries = {name: runs.read_json(d / "summary.json") for name, d in dirs.items()}
+    manifests = {name: runs.read_json(d / "manifest.json") for name, d in dirs.items()}
+    losses = {name: {r["step"]: r["loss"] for r in runs.read_metrics(d)} for name, d in dirs.items()}
+    steps = sorted(set.intersection(*(set(v) for v in losses.values())))
+    base = losses["baseline"]
+    rows = [{"step": s, **{name: losses[name][s] for name in dirs},
+             "max_relative_difference": max(abs(losses[name][s] - base[s]) / abs(base[s]) for name in ddp_dirs)}
             for s in steps]
-    base_sps, ddp_sps = summaries["baseline"]["samples_per_second"], summaries["ddp"]["samples_per_second"]
+    base_sps = summaries["baseline"]["samples_per_second"]
     return {
         "data": manifests["baseline"]["data"]["description"],
         "global_batch_size": summaries["baseline"]["global_batch_size"],
@@ -76,35 +129,34 @@ def compare(baseline_dir: Path, ddp_dir: Path) -> dict[str, Any]:
                         "device": manifests[name]["ranks"][0]["device_name"],
                         "test_accuracy": summaries[name]["test_accuracy"],
                         "final_loss": summaries[name]["final_loss"],
-                        "samples_per_second": summaries[name]["samples_per_second"]}
-                 for name, d in (("baseline", baseline_dir), ("ddp", ddp_dir))},
+                        "samples_per_second": summaries[name]["samples_per_second"],
+                        "throughput_ratio_to_baseline": summaries[name]["samples_per_second"] / base_sps}
+                 for name, d in dirs.items()},
         "loss_at_matching_steps": rows,
-        "max_relative_loss_difference": max((r["relative_difference"] for r in rows), default=None),
-        "throughput_ratio_ddp_over_baseline": ddp_sps / base_sps if base_sps and ddp_sps else None,
     }
 
 
 def render(result: dict[str, Any]) -> str:
-    b, d = result["runs"]["baseline"], result["runs"]["ddp"]
-    n = d["world_size"]
-    lines = [f"data: {result['data']}; global batch {result['global_batch_size']} in both runs", "",
-             f"| step | baseline loss | DDP x{n} loss | relative difference |", "|---:|---:|---:|---:|"]
+    names = list(result["runs"])
+    titles = {name: "baseline" if name == "baseline" else f"DDP x{result['runs'][name]['world_size']}" for name in names}
+    lines = [f"data: {result['data']}; global batch {result['global_batch_size']} in every run", "",
+             "| step | " + " | ".join(f"{titles[n]} loss" for n in names) + " | largest relative difference |",
+             "|---:|" + "---:|" * (len(names) + 1)]
     for r in result["loss_at_matching_steps"]:
-        lines.append(f"| {r['step']} | {r['baseline']:.4f} | {r['ddp']:.4f} | {r['relative_difference']:.1e} |")
-    ratio = result["throughput_ratio_ddp_over_baseline"]
-    lines += [
-        "",
-        f"| run | processes x threads | device | final loss | test accuracy | images/s |",
-        "|---|---|---|---:|---:|---:|",
-        f"| baseline | 1 x {b['threads_per_process']} | {b['device']} | {b['final_loss']:.4f} | "
-        f"{b['test_accuracy']:.2%} | {b['samples_per_second']:.0f} |",
-        f"| DDP | {n} x {d['threads_per_process']} | {d['device']} | {d['final_loss']:.4f} | "
-        f"{d['test_accuracy']:.2%} | {d['samples_per_second']:.0f} |",
-        "",
-        f"DDP x{n} / baseline throughput: {ratio:.2f}x (images/s after the first log interval, which holds warm-up).",
-    ]
-    if b["device"] == "cpu":
-        lines.append("On a CPU both runs share the same cores, so DDP cannot be faster here; on GPUs each process "
+        lines.append(f"| {r['step']} | " + " | ".join(f"{r[n]:.4f}" for n in names) +
+                     f" | {r['max_relative_difference']:.1e} |")
+    lines += ["", "| run | processes x threads | device | final loss | test accuracy | images/s | vs baseline |",
+              "|---|---|---|---:|---:|---:|---:|"]
+    for name in names:
+        r = result["runs"][name]
+        lines.append(f"| {titles[name]} | {r['world_size']} x {r['threads_per_process']} | {r['device']} | "
+                     f"{r['final_loss']:.4f} | {r['test_accuracy']:.2%} | {r['samples_per_second']:.0f} | "
+                     f"{r['throughput_ratio_to_baseline']:.2f}x |")
+    lines.append("")
+    lines.append("images/s are counted after the first log interval, which holds the warm-up.")
+    if result["runs"]["baseline"]["device"] == "cpu":
+        lines.append("On a CPU all runs share the same cores, so DDP cannot be faster here; on GPUs each process "
                      "has its own device and the ratio approaches the process count.")
     lines.append("Loss curves differ slightly because BatchNorm normalises each rank's part of the batch on its own.")
     return "\n".join(lines)
+

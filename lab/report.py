@@ -1,0 +1,144 @@
+"""`lab report DIR...`: report.md and PNG plots from run directories and benchmark results.
+
+A DIR is a run directory (it has manifest.json), a folder of them (a workshop), or
+a benchmark result JSON (`lab bench allreduce --json`, `lab bench scaling --json`,
+`lab memory --json`); folders are searched one level down for both. Every figure
+says what was measured, its units, and on what: data source, device, world size.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from lab import __version__, plots, runs
+from lab.errors import LabError
+
+
+def collect(paths: list[str]) -> tuple[list[Path], dict[str, dict[str, Any]]]:
+    """(training run directories, benchmark results by kind) found under `paths`."""
+    run_dirs: list[Path] = []
+    benchmarks: dict[str, dict[str, Any]] = {}
+
+    def add_json(path: Path) -> None:
+        try:
+            doc = runs.read_json(path)
+        except (OSError, ValueError) as exc:
+            raise LabError(f"{path}: not a readable result file ({exc})") from None
+        if isinstance(doc, dict) and doc.get("benchmark") in ("allreduce", "scaling", "memory"):
+            benchmarks[doc["benchmark"]] = doc
+
+    for name in paths:
+        path = Path(name)
+        if path.is_file():
+            add_json(path)
+        elif (path / "manifest.json").exists():
+            run_dirs.append(path)
+        elif path.is_dir():
+            run_dirs += sorted(p.parent for p in path.glob("*/manifest.json"))
+            for candidate in sorted(path.glob("*.json")):
+                add_json(candidate)
+        else:
+            raise LabError(f"{path}: no such run directory or result file")
+    for run_dir in run_dirs:
+        if not (run_dir / "summary.json").exists() or not (run_dir / "metrics.jsonl").exists():
+            raise LabError(f"{run_dir}: summary.json or metrics.jsonl is missing; is the run finished?")
+    if not run_dirs and not benchmarks:
+        raise LabError(f"{', '.join(paths)}: no run directories or benchmark results found")
+    return run_dirs, benchmarks
+
+
+def build(paths: list[str], out_dir: str | None = None) -> Path:
+    run_dirs, benchmarks = collect(paths)
+    out = Path(out_dir or (paths[0] if Path(paths[0]).is_dir() else Path(paths[0]).parent))
+    out.mkdir(parents=True, exist_ok=True)
+    sections = [f"# Report\n\nGenerated {datetime.datetime.now():%Y-%m-%d %H:%M} by lab {__version__} "
+                f"(git {runs.git_revision() or 'unknown'}).\n"]
+    if run_dirs:
+        sections.append(_training(run_dirs, out))
+    if "allreduce" in benchmarks:
+        sections.append(_allreduce(benchmarks["allreduce"], out))
+    if "scaling" in benchmarks:
+        sections.append(_scaling(benchmarks["scaling"], out))
+    if "memory" in benchmarks:
+        sections.append(_memory(benchmarks["memory"], out))
+    report = out / "report.md"
+    runs_text = "\n".join(sections)
+    report.write_text(runs_text)
+    return report
+
+
+def _training(run_dirs: list[Path], out: Path) -> str:
+    info = []
+    for d in run_dirs:
+        manifest, summary = runs.read_json(d / "manifest.json"), runs.read_json(d / "summary.json")
+        info.append((d, manifest, summary))
+    lines = ["## Training runs", "",
+             "| run | world size | data | device | steps | final loss | test accuracy | images/s | status |",
+             "|---|---:|---|---|---:|---:|---:|---:|---|"]
+    for d, m, s in info:
+        lines.append(f"| {d.name} | {m['world_size']} | {m['data']['source']} | {m['ranks'][0]['device_name']} | "
+                     f"{s['steps']} | {_num(s.get('final_loss'), '.4f')} | {_pct(s.get('test_accuracy'))} | "
+                     f"{_num(s.get('samples_per_second'), '.0f')} | {s['status']} |")
+    data_sources = sorted({m["data"]["description"] for _, m, _ in info})
+    devices = sorted({m["ranks"][0]["device_name"] for _, m, _ in info})
+    context = f"data: {'; '.join(data_sources)} | device: {', '.join(devices)}"
+    series = {f"{d.name} ({m['world_size']} rank{'s' if m['world_size'] > 1 else ''})":
+              [(r["step"], r["loss"]) for r in runs.read_metrics(d)] for d, m, _ in info}
+    plots.loss_curves(series, context, out / "loss.png")
+    throughput = {f"{d.name}\n({m['world_size']} x {m['ranks'][0]['device_name']})": s["samples_per_second"]
+                  for d, m, s in info if s.get("samples_per_second")}
+    lines += ["", f"Data: {'; '.join(data_sources)}.", "", "![Training loss](loss.png)", ""]
+    if throughput:
+        plots.throughput_bars(throughput, context, out / "throughput.png")
+        lines += ["![Training throughput](throughput.png)", ""]
+    return "\n".join(lines)
+
+
+def _allreduce(result: dict[str, Any], out: Path) -> str:
+    devices = ", ".join(sorted(set(result.get("devices", [])))) or "unknown"
+    context = (f"{result['world_size']} ranks, {result['backend']}, {result['dtype']} {result['op']}, "
+               f"devices: {devices}")
+    plots.bus_bandwidth(result["rows"], result.get("link_gbps"), result.get("link"), context, out / "allreduce.png")
+    best = max(result["rows"], key=lambda r: r["ip_busbw"])
+    lines = ["## All-reduce bus bandwidth", "",
+             f"{context}. Average bus bandwidth {result['avg_busbw']:.3g} GB/s over {len(result['rows'])} sizes "
+             f"(nccl-tests' definition: busbw = algbw x 2(n-1)/n); best in-place {best['ip_busbw']:.3g} GB/s "
+             f"at {best['size']} B."]
+    if result.get("link_gbps"):
+        lines.append(f"Reference link {result['link']}: {result['link_gbps']:g} GB/s; the best size reaches "
+                     f"{best['ip_busbw'] / result['link_gbps']:.1%} of it.")
+    lines += ["", "![All-reduce bus bandwidth](allreduce.png)", ""]
+    return "\n".join(lines)
+
+
+def _scaling(result: dict[str, Any], out: Path) -> str:
+    from lab.bench import scaling
+
+    plots.scaling(result["rows"], result["mode"], result["context"], out / "scaling.png")
+    return "\n".join(["## Scaling", "", scaling.render(result["rows"], result["mode"], result["context"]), "",
+                      "![Scaling](scaling.png)", ""])
+
+
+def _memory(result: dict[str, Any], out: Path) -> str:
+    from lab import memory
+
+    device_gb = result.get("device_memory_gb")
+    plots.memory_bars(result["rows"], device_gb, result["title"], out / "memory.png")
+    lines = ["## Memory per device", "", memory.render(result["rows"], result["title"],
+                                                      device_gb * 1e9 if device_gb else None), ""]
+    if result.get("recommendation"):
+        lines += [f"Recommendation ({device_gb:g} GB per device): {result['recommendation']}", ""]
+    lines += ["![Memory per device](memory.png)", ""]
+    if "measured" in result:
+        lines += [memory.render_measured(result["measured"]), ""]
+    return "\n".join(lines)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2%}"
