@@ -6,6 +6,7 @@ Every figure says what was measured, in which units, on what: the caller passes 
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,12 @@ matplotlib.use("Agg")  # files only; no display on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _wrap(context: str) -> str:
+    return "\n".join(textwrap.wrap(context, 90))
+
+
 def _finish(fig, ax, title: str, context: str, path: Path) -> Path:
-    ax.set_title(f"{title}\n{context}", fontsize=10)
+    ax.set_title(f"{title}\n{_wrap(context)}", fontsize=10)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -79,7 +84,7 @@ def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path) -> 
     ax2.legend()
     ax2.grid(True, alpha=0.3)
     ax2.set_title("Scaling efficiency", fontsize=10)
-    fig.suptitle(f"{mode.capitalize()} scaling of the training step\n{context}", fontsize=10)
+    fig.suptitle(f"{mode.capitalize()} scaling of the training step\n{_wrap(context)}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -61,14 +61,16 @@ def run(config_name: str, overrides: list[str], nproc_per_node: int | None, outp
 
     largest = sizes[-1]
     on_gpu = gpus > 0
-    steps: list[tuple[str, int, list[str]]] = [("baseline: 1 process", 1, [sys.executable, *train_target("baseline")])]
+    steps: list[tuple[str, int, Any]] = [("baseline: 1 process", 1, [sys.executable, *train_target("baseline")])]
     for n in sizes:
         steps.append((f"DDP: {n} processes, same global batch", n, launch.torchrun_command(n, train_target(f"ddp-{n}"))))
+    steps.append(("comparison", 0, lambda: _compare_and_save(folder, sizes)))
     steps.append((f"all-reduce bus bandwidth over {largest} ranks", largest, launch.torchrun_command(
         largest, ["-m", "lab", "bench", "allreduce", "-b", "8", "-e", "1G" if on_gpu else "64M",
                   "-n", "20" if on_gpu else "10", "-w", "5" if on_gpu else "2", "--json", str(folder / "allreduce.json")])))
     set_args = [x for o in overrides for x in ("--set", o)]
-    steps.append((f"weak scaling over 1..{largest} processes", 1, [
+    # The scaling step gives each process the threads of `largest` processes at every world size (fair CPU split).
+    steps.append((f"weak scaling over 1..{largest} processes", largest, [
         sys.executable, "-m", "lab", "bench", "scaling", "--config", config_name, *set_args, "--mode", "weak",
         "--max-world-size", str(largest), "--steps", "40" if on_gpu else "12", "--warmup", "10" if on_gpu else "3",
         "--json", str(folder / "scaling.json")]))
@@ -77,15 +79,16 @@ def run(config_name: str, overrides: list[str], nproc_per_node: int | None, outp
         sys.executable, "-m", "lab", "memory", "--params", "7e9", "--world-size", "8", "--device", device,
         "--measure", "--json", str(folder / "memory.json")]))
 
-    total = len(steps) + 2  # + comparison + report
+    total = len(steps) + 1  # + the report
     for index, (title, processes, command) in enumerate(steps, start=1):
+        if callable(command):  # a step of this process
+            print(f"\n== {index}/{total} {title}", flush=True)
+            command()
+            continue
         print(f"\n== {index}/{total} {title}\n$ {shlex.join(command)}", flush=True)
         if subprocess.call(command, env=_env(processes, on_gpu)) != 0:
             print(f"workshop: step '{title}' failed; see the output above", file=sys.stderr)
             return 1
-        if index == len(sizes) + 1:  # right after the last training run: the comparison the course is about
-            print(f"\n== {index + 1}/{total} comparison", flush=True)
-            _compare_and_save(folder, sizes)
     print(f"\n== {total}/{total} report", flush=True)
     from lab import report
 
