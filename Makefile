@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Passed to `lab workshop`, e.g. make lab LAB_ARGS="--set train.max_steps=60"
 LAB_ARGS ?=
 
-.PHONY: lab test setup clean
+.PHONY: lab test test-tools setup clean
 
 setup: $(STAMP)
 
@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml constraints.txt
 lab: $(STAMP)
 	$(BIN)/lab workshop --config workshop-cpu $(LAB_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) test-tools
 	$(BIN)/python -m pytest
+
+# Prometheus, promtool and the Pushgateway for the infrastructure tests (Debian packages).
+test-tools:
+	@scripts/install-test-tools.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     allreduce.add_argument("--min-busbw", type=float, metavar="GBPS", help="exit 3 when the average busbw is lower")
     allreduce.add_argument("--link", help="reference link for the busbw ratio (nvlink4, ndr-ib, pcie5, ...)")
     allreduce.add_argument("--nproc-per-node", type=int, metavar="N", help="start torchrun with N processes")
+    allreduce.add_argument("--pushgateway", metavar="HOST:PORT", help="push busbw per size to a Prometheus Pushgateway")
 
     scaling = bench_commands.add_parser("scaling", help="strong/weak scaling of the training step over 1..N processes")
     _config_args(scaling)
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     scaling.add_argument("--warmup", type=int, default=5, help="warm-up steps per world size (default 5)")
     scaling.add_argument("--json", metavar="PATH", help="write the table as JSON")
     scaling.add_argument("--plot", metavar="PNG", help="write throughput and efficiency against N")
+    scaling.add_argument("--pushgateway", metavar="HOST:PORT", help="push the table to a Prometheus Pushgateway")
 
     memory = commands.add_parser("memory", help="memory per device: DDP vs ZeRO-1/2/3 and FSDP")
     memory.add_argument("--params", type=float, default=7e9, help="parameter count (default 7e9)")
@@ -99,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="report.md with plots from run directories and benchmark results")
     report.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories, workshop folders, result JSONs")
     report.add_argument("--out", metavar="DIR", help="where report.md and the PNGs go (default: the first folder)")
+
+    overhead = bench_commands.add_parser("metrics-overhead", help="training step time with the exporter on vs off")
+    _config_args(overhead)
+    overhead.add_argument("--rounds", type=int, default=3, help="on/off block pairs (default 3)")
+    overhead.add_argument("--steps", type=int, default=20, help="steps per block (default 20)")
+    overhead.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
+    overhead.add_argument("--json", metavar="PATH")
 
     data = commands.add_parser("data", help="prepare real CIFAR-10 or write synthetic data")
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser, metavar="ACTION")
@@ -216,6 +225,10 @@ def _bench(args: argparse.Namespace) -> int:
         if args.warmup < 0:
             raise LabError(f"--warmup: {args.warmup}; use 0 or more")
         return scaling.run(args)
+    if args.bench_command == "metrics-overhead":
+        from lab.bench import metrics_overhead
+
+        return metrics_overhead.run(args)
     if args.nproc_per_node is not None:
         return _relaunch(args)
     from lab.bench import allreduce

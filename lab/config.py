@@ -114,6 +114,17 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    port_base: int = knob(0, "Each rank serves Prometheus /metrics on port_base + local_rank (0: no exporter).",
+                          min=0, max=65535)
+    bind_address: str = knob("127.0.0.1", "Address the exporters listen on; 0.0.0.0 to be scraped from other hosts.")
+    pushgateway: str = knob("", "host:port of a Prometheus Pushgateway for the run summary (empty: no push).")
+    targets_dir: str = knob("", "Also write the run's Prometheus file_sd target file here (a directory Prometheus "
+                                "globs); empty: only runs/<id>/prometheus-targets.json.")
+    job: str = knob("lab", "The job label of pushed summaries.")
+
+
+@dataclass(frozen=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -121,6 +132,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     # Where the values came from, for error messages; not a config key.
     origin: str = field(default="<defaults>", compare=False, repr=False)
 

@@ -20,6 +20,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab import checkpoint, data, dist, model as models
+from lab import checkpoint, data, dist, metrics, model as models
 from lab.config import Config, batch_size_per_rank, check_layout, to_dict
 from lab.console import Console, SilentConsole
 from lab.errors import CheckpointError, ConfigError, LaunchError
@@ -109,7 +110,7 @@ class Trainer:
         self._correct = torch.zeros((), dtype=torch.int64, device=ctx.device)
         self._samples = 0  # known on the host without asking the device
         self._last_log_step = self.step
-        self._last_log_time: float | None = None
+        self._last_log_time = time.perf_counter()
         self._timed = {"samples": 0.0, "seconds": 0.0, "intervals": 0, "first": None}
         self.last_row: dict[str, Any] | None = None
 
@@ -243,7 +244,7 @@ class Trainer:
         if self.join_mode:
             self._resync_after_join()
         epoch_done = self.step_in_epoch == self.steps_per_epoch
-        self._flush_log()
+        self.flush_log()
         if epoch_done:
             self.evaluate()
             self.epoch += 1
@@ -289,15 +290,15 @@ class Trainer:
         """Where all ranks are in step: log, checkpoint and stop here, never in a ragged tail."""
         t, c = self.cfg.train, self.cfg.checkpoint
         if self.step % t.log_every == 0:
-            self._flush_log()
+            self.flush_log()
         if c.every_steps and self.step % c.every_steps == 0 and self.step < self.total_steps:
             self.save_checkpoint()
         if t.stop_after_steps and self.step >= t.stop_after_steps and self.step < self.total_steps:
-            self._flush_log()
+            self.flush_log()
             self.save_checkpoint()
             self.stopped = True
 
-    def _flush_log(self) -> None:
+    def flush_log(self) -> None:
         """Reduce the accumulators across ranks (one host sync) and hand a row to the hooks."""
         if self.step == self._last_log_step:
             return
@@ -312,6 +313,7 @@ class Trainer:
             "kind": "train", "step": self.step, "epoch": self.epoch, "total_steps": self.total_steps,
             "loss": loss_sum / samples, "accuracy": correct / samples, "lr": self.optimizer.param_groups[0]["lr"],
             "samples_per_second": samples / seconds, "step_time_seconds": seconds / steps,
+            "rank_samples": self._samples, "rank_samples_per_second": self._samples / seconds,
             "device_memory_allocated_bytes": allocated, "device_memory_peak_bytes": peak,
             "world_size": self.ctx.world_size, "time": time.time(),
         }
@@ -436,9 +438,14 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
         trainer = Trainer(cfg, ctx, dataset, console=console, hooks=rank_hooks, run_dir=run_dir,
                           resume=(resume_state, resume_path) if resume_state is not None else None)
         ranks = dist.all_gather_object(ctx, dist.describe(ctx))
+        exporter = metrics.start(cfg.metrics, ctx, run_dir.run_id,
+                                 metrics.run_info(ctx, dist.versions(), dataset.source), say=console.say)
+        trainer.hooks.append(exporter)
+        targets = dist.all_gather_object(ctx, exporter.target())
         if ctx.is_primary:
             run_dir.write_manifest(_manifest(cfg, ctx, run_dir, dataset, trainer, ranks, resume_path))
             _announce(console, cfg, ctx, run_dir, dataset, trainer, resume_path)
+            _publish_targets(cfg, run_dir, targets, console)
             console.begin(trainer.total_steps, trainer.step)
         try:
             results = trainer.fit()
@@ -447,8 +454,16 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
                 run_dir.write_summary(_summary(cfg, ctx, run_dir, dataset, trainer.results(), wall_start,
                                                status="failed", error=f"{type(exc).__name__}: {exc}"))
             raise
+        finally:
+            exporter.close()
+            if ctx.is_primary and cfg.metrics.targets_dir:  # the run's ranks are gone: stop scraping them
+                (Path(cfg.metrics.targets_dir) / f"{run_dir.run_id}.json").unlink(missing_ok=True)
         summary = _summary(cfg, ctx, run_dir, dataset, results, wall_start,
                            status="stopped" if trainer.stopped else "completed")
+        if cfg.metrics.pushgateway:  # each rank: its own peak memory under grouping key (job, run_id, rank)
+            _, peak = dist.memory_bytes(ctx.device)
+            metrics.push_run_summary(cfg.metrics, run_dir.run_id, ctx.global_rank,
+                                     {**summary, "device_memory_peak_bytes": peak})
         if ctx.is_primary:
             run_dir.write_summary(summary)
             console.say(f"run {run_dir.run_id} {summary['status']}: test accuracy {_pct(summary['test_accuracy'])}, "
@@ -458,6 +473,17 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
         return summary
     finally:
         dist.teardown(ctx)
+
+
+def _publish_targets(cfg: Config, run_dir: RunDir, targets: list, console: Console) -> None:
+    """file_sd target files listing every rank's endpoint, so Prometheus finds the run without a config edit."""
+    written = metrics.write_targets(run_dir.path / "prometheus-targets.json", targets)
+    if written is None:
+        return
+    if cfg.metrics.targets_dir:
+        metrics.write_targets(Path(cfg.metrics.targets_dir) / f"{run_dir.run_id}.json", targets)
+    endpoints = ", ".join(f"http://{t['targets'][0]}/metrics" for t in targets if t)
+    console.say(f"metrics: {endpoints} (Prometheus file_sd targets: {written})")
 
 
 def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, resume_path) -> dict[str, Any]:

@@ -257,6 +257,11 @@ def run(args) -> int:
             print(render(rows, ctx.world_size, ctx.backend, link), flush=True)
             if args.json:
                 runs.write_json(args.json, result(ctx, ranks, rows, args, link, avg, gate_missed))
+            if args.pushgateway:
+                from lab import metrics
+
+                metrics.push_allreduce(args.pushgateway, runs.new_run_id("allreduce"), [asdict(r) for r in rows],
+                                       args.dtype, args.op)
             if gate_missed:
                 print(f"# FAILED: average bus bandwidth {avg:g} GB/s is below --min-busbw {args.min_busbw:g}",
                       flush=True)

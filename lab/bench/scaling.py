@@ -103,6 +103,10 @@ def run(args) -> int:
               "threads_per_process": threads, "steps": args.steps, "warmup": args.warmup}
     if args.json:
         runs.write_json(args.json, result)
+    if args.pushgateway:
+        from lab import metrics
+
+        metrics.push_scaling(args.pushgateway, runs.new_run_id("scaling"), rows, args.mode)
     if args.plot:
         plots.scaling(rows, args.mode, context, Path(args.plot))
         print(f"plot: {args.plot}", flush=True)

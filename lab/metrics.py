@@ -1,0 +1,266 @@
+"""Every Prometheus metric of the lab, defined once; the per-rank exporter; Pushgateway summaries.
+
+Names follow Prometheus conventions: the `lab_` prefix, base units (`_seconds`,
+`_bytes`, `_ratio`), `_total` on counters, `_info` for metadata. Labels are bounded:
+`run_id`, `rank` (global rank), `node` (host name) — never a step or a value — so a
+sum over `rank` is the run's total:
+
+    sum by (run_id) (lab_train_samples_per_second)       # images/s of the whole run
+
+Each rank serves /metrics on `metrics.port_base + local_rank`. The trainer calls the
+exporter at log intervals with numbers it has already synced: no extra host sync.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, push_to_gateway, start_http_server
+
+from lab import __version__
+
+LABELS = ("run_id", "rank", "node")
+GPU_LABELS = (*LABELS, "gpu")
+
+
+class _Definitions:
+    """The metric families of one registry (one per exporter, so tests and ranks never share state)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str, doc: str, labels=LABELS) -> Gauge:
+            return Gauge(name, doc, labels, registry=registry)
+
+        self.samples_per_second = gauge("lab_train_samples_per_second",
+                                        "Training images per second processed by this rank over the last log interval")
+        self.step_duration = gauge("lab_train_step_duration_seconds",
+                                   "Mean optimizer-step time of this rank over the last log interval")
+        self.loss = gauge("lab_train_loss", "Training loss (mean over all ranks) over the last log interval")
+        self.accuracy = gauge("lab_train_accuracy_ratio", "Training accuracy (all ranks) over the last log interval")
+        self.learning_rate = gauge("lab_train_learning_rate", "Learning rate after the last optimizer step")
+        self.epoch = gauge("lab_train_epoch", "Current epoch (0-based)")
+        self.steps = Counter("lab_train_steps", "Optimizer steps taken by this rank", LABELS, registry=registry)
+        self.samples = Counter("lab_train_samples", "Training images processed by this rank", LABELS,
+                               registry=registry)
+        self.eval_loss = gauge("lab_eval_loss", "Test loss at the last evaluation")
+        self.eval_accuracy = gauge("lab_eval_accuracy_ratio", "Test accuracy at the last evaluation")
+        # On a CPU the device is the host: allocated and reserved hold the process's resident memory, peak its peak.
+        self.memory_allocated = gauge("lab_device_memory_allocated_bytes",
+                                      "Device memory held by tensors (torch.cuda); process resident memory on a CPU")
+        self.memory_reserved = gauge("lab_device_memory_reserved_bytes",
+                                     "Device memory reserved by the caching allocator; process resident memory on a CPU")
+        self.memory_peak = gauge("lab_device_memory_peak_bytes",
+                                 "Peak device memory held by tensors; peak resident memory of the process on a CPU")
+        self.gpu_used = gauge("lab_gpu_memory_used_bytes", "GPU memory in use (NVML, all processes)", GPU_LABELS)
+        self.gpu_total = gauge("lab_gpu_memory_total_bytes", "GPU memory in total (NVML)", GPU_LABELS)
+        self.gpu_utilization = gauge("lab_gpu_utilization_ratio", "GPU busy time over the last sample period (NVML)",
+                                     GPU_LABELS)
+        self.heartbeat = gauge("lab_train_last_log_timestamp_seconds", "Unix time of this rank's last log interval")
+        self.info = Info("lab_run", "The run's versions and layout", LABELS, registry=registry)
+
+
+# ----------------------------------------------------------------------------- the per-rank exporter
+
+
+class NullExporter:
+    """What ranks get when metrics are off: accepts rows, does nothing."""
+
+    endpoint = None
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        pass
+
+    def target(self) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class RankExporter(NullExporter):
+    def __init__(self, port: int, bind_address: str, labels: dict[str, str], device, info: dict[str, str],
+                 say=print) -> None:
+        self.registry = CollectorRegistry()
+        self.m = _Definitions(self.registry)
+        self.labels, self.device = labels, device
+        self.server, self._thread = start_http_server(port, addr=bind_address, registry=self.registry)
+        self.port = self.server.server_port
+        host = bind_address if bind_address not in ("0.0.0.0", "::", "") else socket.getfqdn()
+        self.endpoint = f"http://{host}:{self.port}/metrics"
+        self._address = f"{host}:{self.port}"
+        self.m.info.labels(**labels).info(info)
+        self._nvml = _Nvml(device, say) if device.type == "cuda" else None
+        self._last_step = 0
+        self._sample_device()
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        """The trainer's log hook: every value here was synced by the trainer already."""
+        m, lab = self.m, self.labels
+        if row["kind"] == "eval":
+            m.eval_loss.labels(**lab).set(row["test_loss"])
+            m.eval_accuracy.labels(**lab).set(row["test_accuracy"])
+            return
+        m.samples_per_second.labels(**lab).set(row["rank_samples_per_second"])
+        m.step_duration.labels(**lab).set(row["step_time_seconds"])
+        m.loss.labels(**lab).set(row["loss"])
+        m.accuracy.labels(**lab).set(row["accuracy"])
+        m.learning_rate.labels(**lab).set(row["lr"])
+        m.epoch.labels(**lab).set(row["epoch"])
+        m.steps.labels(**lab).inc(max(0, row["step"] - self._last_step))
+        m.samples.labels(**lab).inc(row["rank_samples"])
+        m.heartbeat.labels(**lab).set(row["time"])
+        self._last_step = row["step"]
+        self._sample_device()
+
+    def _sample_device(self) -> None:
+        import torch
+
+        from lab import dist
+
+        m, lab = self.m, self.labels
+        allocated, peak = dist.memory_bytes(self.device)
+        m.memory_allocated.labels(**lab).set(allocated)
+        m.memory_peak.labels(**lab).set(peak)
+        cuda = self.device.type == "cuda"
+        m.memory_reserved.labels(**lab).set(torch.cuda.memory_reserved(self.device) if cuda else allocated)
+        if self._nvml:
+            self._nvml.sample(m, lab)
+
+    def target(self) -> dict[str, Any]:
+        """This rank's entry of a Prometheus file_sd target file."""
+        return {"targets": [self._address], "labels": dict(self.labels)}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _Nvml:
+    """Per-GPU memory and utilisation from NVML (nvidia-ml-py), when it is there."""
+
+    def __init__(self, device, say) -> None:
+        self.handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.pynvml = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(device.index))
+            self.gpu = str(_physical_index(device.index))
+        except Exception as exc:  # noqa: BLE001 - NVML is optional: one notice, no failure
+            say(f"metrics: NVML not available ({type(exc).__name__}); per-GPU utilisation is not exported")
+
+    def sample(self, m: _Definitions, labels: dict[str, str]) -> None:
+        if self.handle is None:
+            return
+        memory = self.pynvml.nvmlDeviceGetMemoryInfo(self.handle)
+        utilization = self.pynvml.nvmlDeviceGetUtilizationRates(self.handle)
+        gpu = {**labels, "gpu": self.gpu}
+        m.gpu_used.labels(**gpu).set(memory.used)
+        m.gpu_total.labels(**gpu).set(memory.total)
+        m.gpu_utilization.labels(**gpu).set(utilization.gpu / 100)
+
+
+def _physical_index(index: int) -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    ids = [v for v in visible.split(",") if v.strip()]
+    return int(ids[index]) if index < len(ids) and ids[index].strip().isdigit() else index
+
+
+def start(cfg, ctx, run_id: str, info: dict[str, str], say=print) -> NullExporter:
+    """This rank's exporter, or a null one when metrics are off or its port is taken (one warning)."""
+    if not cfg.port_base:
+        return NullExporter()
+    port = cfg.port_base + ctx.local_rank
+    labels = {"run_id": run_id, "rank": str(ctx.global_rank), "node": socket.gethostname()}
+    try:
+        return RankExporter(port, cfg.bind_address, labels, ctx.device, info, say)
+    except OSError as exc:
+        print(f"warning: metrics: rank {ctx.global_rank} cannot serve on {cfg.bind_address}:{port} ({exc.strerror}); "
+              f"training goes on without its exporter", file=sys.stderr, flush=True)
+        return NullExporter()
+
+
+def write_targets(path: Path, targets: list[dict[str, Any] | None]) -> Path | None:
+    """A Prometheus file_sd file listing every rank's endpoint, written atomically."""
+    entries = [t for t in targets if t]
+    if not entries:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(entries, indent=2) + "\n")
+    os.replace(tmp, path)  # Prometheus never reads half a file
+    return path
+
+
+# ----------------------------------------------------------------------------- Pushgateway
+
+
+def push(gateway: str, job: str, grouping: dict[str, str], values: list[tuple[str, str, dict[str, str], float]],
+         what: str, warn: bool = True) -> bool:
+    """Push gauges (name, help, labels, value) under `grouping`; an unreachable gateway costs one warning line
+    (from the rank that has `warn`), never the run."""
+    registry = CollectorRegistry()
+    families: dict[str, Gauge] = {}
+    for name, doc, labels, value in values:
+        if name not in families:
+            families[name] = Gauge(name, doc, list(labels), registry=registry)
+        families[name].labels(**labels).set(value)
+    try:
+        push_to_gateway(gateway, job=job, grouping_key=grouping, registry=registry, timeout=5)
+        return True
+    except Exception as exc:  # noqa: BLE001 - URLError, timeouts, HTTP errors: never the run's failure
+        reason = getattr(exc, "reason", exc)
+        if warn:
+            print(f"warning: metrics: could not push {what} to the Pushgateway at {gateway} ({reason})",
+                  file=sys.stderr, flush=True)
+        return False
+
+
+def push_run_summary(cfg, run_id: str, rank: int, summary: dict[str, Any]) -> bool:
+    labels = {"node": socket.gethostname()}
+    values = [
+        ("lab_run_samples_per_second", "Training images per second of the whole run (after warm-up)",
+         labels, summary.get("samples_per_second")),
+        ("lab_run_final_loss", "Training loss at the last log interval", labels, summary.get("final_loss")),
+        ("lab_run_test_accuracy_ratio", "Test accuracy at the end", labels, summary.get("test_accuracy")),
+        ("lab_run_device_memory_peak_bytes", "Peak memory of this rank (device, or process on CPU)", labels,
+         summary.get("device_memory_peak_bytes")),
+        ("lab_run_wall_time_seconds", "Wall time of the run", labels, summary.get("wall_time_seconds")),
+    ]
+    if summary.get("status") == "completed":
+        values.append(("lab_run_last_success_timestamp_seconds", "Unix time the run last completed", labels,
+                       time.time()))
+    values = [v for v in values if v[3] is not None]
+    return push(cfg.pushgateway, cfg.job, {"run_id": run_id, "rank": str(rank)}, values, "the run summary",
+                warn=rank == 0)
+
+
+def run_info(ctx, versions: dict[str, Any], data_source: str) -> dict[str, str]:
+    """The labels of lab_run_info: versions and layout (constant for a run, so bounded)."""
+    return {"lab_version": __version__, "world_size": str(ctx.world_size), "backend": ctx.backend or "none",
+            "data_source": data_source, **{k: str(v) for k, v in versions.items() if v is not None}}
+
+
+def push_allreduce(gateway: str, bench_id: str, rows: list[dict[str, Any]], dtype: str, op: str) -> bool:
+    """Bus bandwidth per message size, out-of-place and in-place, in bytes/s (base units)."""
+    doc = "All-reduce bus bandwidth (nccl-tests' busbw) by message size"
+    values = [("lab_allreduce_bus_bandwidth_bytes_per_second", doc,
+               {"size_bytes": str(r["size"]), "placement": placement, "dtype": dtype, "op": op}, r[key] * 1e9)
+              for r in rows for placement, key in (("out-of-place", "oop_busbw"), ("in-place", "ip_busbw"))]
+    return push(gateway, "lab-bench", {"run_id": bench_id, "rank": "0"}, values, "all-reduce results")
+
+
+def push_scaling(gateway: str, bench_id: str, rows: list[dict[str, Any]], mode: str) -> bool:
+    values = []
+    for r in rows:
+        labels = {"world_size": str(r["world_size"]), "mode": mode}
+        values.append(("lab_scaling_samples_per_second", "Training images per second at this world size", labels,
+                       r["samples_per_second"]))
+        values.append(("lab_scaling_efficiency_ratio", "thr_N / (N thr_1)", labels, r["efficiency"]))
+    return push(gateway, "lab-bench", {"run_id": bench_id, "rank": "0"}, values, "scaling results")

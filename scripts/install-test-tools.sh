@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Debian tools the infrastructure tests run for real: Prometheus (with promtool) and the Pushgateway.
+# Installs them with apt-get when this is a Debian/Ubuntu machine and we are root (as in CI);
+# elsewhere says what is missing, and those tests skip (they fail instead when CI=true).
+set -u
+need=()
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v prometheus-pushgateway >/dev/null 2>&1 || command -v pushgateway >/dev/null 2>&1 || need+=(prometheus-pushgateway)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing ${need[*]} (Debian packages) for the infrastructure tests"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y --no-install-recommends "${need[@]}" >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null && apt-get install -y --no-install-recommends "${need[@]}" >/dev/null; } \
+    || { echo "could not install ${need[*]}"; exit 1; }
+else
+  echo "note: ${need[*]} not installed (needs root and apt-get); the Prometheus tests will skip"
+fi

@@ -1,0 +1,229 @@
+"""A real Prometheus and Pushgateway on 127.0.0.1, a real 2-rank training run, queries over HTTP.
+
+Prometheus runs the shipped monitoring/prometheus.yml and rules with only what a test
+must change: its ports, a 1 s scrape interval and where the file_sd targets live.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import PYTHON, ROOT, TINY, lab
+
+MONITORING = ROOT / "monitoring"
+PUSHGATEWAY = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
+
+
+def _require(binary: str | None, name: str) -> str:
+    if binary:
+        return binary
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is not installed; `make test` installs it (scripts/install-test-tools.sh)")
+    pytest.skip(f"{name} is not installed (scripts/install-test-tools.sh installs it as root with apt-get)")
+
+
+def _free_port(count: int = 1) -> int:
+    """A port p such that p..p+count-1 are free on 127.0.0.1."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count > 65535:
+            continue
+        try:
+            for offset in range(1, count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free ports")
+
+
+def _wait_http(url: str, seconds: float = 20) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} did not come up")
+
+
+@pytest.fixture
+def stack(tmp_path):
+    """Prometheus + Pushgateway, started for the test and stopped after it."""
+    prometheus = _require(shutil.which("prometheus"), "prometheus")
+    pushgateway = _require(PUSHGATEWAY, "prometheus-pushgateway")
+    prom_port, push_port = _free_port(), _free_port()
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config["rule_files"] = [str(MONITORING / "rules" / "*.rules.yml")]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    jobs["lab"]["file_sd_configs"] = [{"files": [str(targets / "*.json")], "refresh_interval": "1s"}]
+    jobs["pushgateway"]["static_configs"] = [{"targets": [f"127.0.0.1:{push_port}"]}]
+    config["scrape_configs"] = [jobs["lab"], jobs["pushgateway"]]  # no dcgm/node exporters on this machine
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    procs = [
+        subprocess.Popen([pushgateway, f"--web.listen-address=127.0.0.1:{push_port}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+    ]
+    try:
+        _wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
+        _wait_http(f"http://127.0.0.1:{push_port}/metrics")
+        yield {"prometheus": f"http://127.0.0.1:{prom_port}", "pushgateway": f"127.0.0.1:{push_port}",
+               "targets": targets}
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
+def query(base: str, expr: str) -> list[dict]:
+    url = f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = json.load(response)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def wait_for(base: str, expr: str, count: int, seconds: float = 30) -> list[dict]:
+    deadline = time.time() + seconds
+    while True:
+        result = query(base, expr)
+        if len(result) >= count or time.time() > deadline:
+            return result
+        time.sleep(0.5)
+
+
+def test_two_rank_run_is_scraped_summed_and_its_summary_outlives_it(stack, tmp_path):
+    port_base = _free_port(2)
+    run_id = "promtest"
+    args = [PYTHON, "-m", "lab", "train", *TINY, "--nproc-per-node", "2", "--set", f"run.output_dir={tmp_path}/runs",
+            "--set", f"run.id={run_id}", "--set", "train.epochs=6", "--set", "train.log_every=1",
+            "--set", f"metrics.port_base={port_base}", "--set", f"metrics.targets_dir={stack['targets']}",
+            "--set", f"metrics.pushgateway={stack['pushgateway']}"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    endpoints = [f"http://127.0.0.1:{port_base + r}/metrics" for r in range(2)]
+    for url in endpoints:
+        _wait_http(url, 120)
+    scrape_text = urllib.request.urlopen(endpoints[1], timeout=5).read().decode()
+
+    # 50 concurrent scrapes while training runs: every one answers.
+    def scrape(i: int) -> int:
+        with urllib.request.urlopen(endpoints[i % 2], timeout=10) as response:
+            return response.status
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        statuses = list(pool.map(scrape, range(50)))
+    assert statuses == [200] * 50
+
+    # While the run goes on, Prometheus finds both ranks through the file_sd file.
+    live = wait_for(stack["prometheus"], f'lab_train_samples_per_second{{run_id="{run_id}"}}', 2)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert f"metrics: {endpoints[0]}, {endpoints[1]}" in stdout  # the endpoints are printed at start
+    assert {r["metric"]["rank"] for r in live} == {"0", "1"}
+    assert all(r["metric"]["node"] == socket.gethostname() and r["metric"]["job"] == "lab" for r in live)
+
+    prom = stack["prometheus"]
+    window = f'{{run_id="{run_id}"}}[10m]'
+    per_rank = query(prom, f"last_over_time(lab_train_samples_per_second{window})")
+    memory = query(prom, f"last_over_time(lab_device_memory_allocated_bytes{window})")
+    peak = query(prom, f"last_over_time(lab_device_memory_peak_bytes{window})")
+    assert {r["metric"]["rank"] for r in per_rank} == {r["metric"]["rank"] for r in memory} == {"0", "1"}
+    assert all(float(r["value"][1]) > 1e6 for r in memory + peak)  # resident bytes of a torch process
+    # The recording rule's run total: the sum over ranks, so never above the ranks' best values added up.
+    total = query(prom, f"max_over_time(run_id:lab_train_samples_per_second:sum{window})")
+    best = query(prom, f"max_over_time(lab_train_samples_per_second{window})")
+    assert len(total) == 1, "the recording rule produced nothing"
+    assert 0 < float(total[0]["value"][1]) <= sum(float(r["value"][1]) for r in best) * 1.000001
+    steps = query(prom, f"last_over_time(lab_train_steps_total{window})")
+    assert all(1 <= float(r["value"][1]) <= 48 for r in steps)  # 6 epochs x 8 steps
+
+    # The run is over and its targets are gone; the pushed summary is still there.
+    assert not (stack["targets"] / f"{run_id}.json").exists()
+    assert (tmp_path / "runs" / run_id / "prometheus-targets.json").exists()
+    pushed = wait_for(prom, f'lab_run_samples_per_second{{run_id="{run_id}"}}', 2)
+    assert {r["metric"]["rank"] for r in pushed} == {"0", "1"}
+    assert all(r["metric"]["job"] == "lab" for r in pushed)
+    success = wait_for(prom, f'lab_run_last_success_timestamp_seconds{{run_id="{run_id}"}}', 2)
+    assert all(abs(float(r["value"][1]) - time.time()) < 600 for r in success)
+
+    # promtool's naming lint on a real scrape: no complaints.
+    promtool = shutil.which("promtool")
+    check = subprocess.run([promtool, "check", "metrics"], input=scrape_text, capture_output=True, text=True)
+    assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
+    assert 'lab_run_info{' in scrape_text and f'run_id="{run_id}"' in scrape_text
+
+
+def test_an_unreachable_pushgateway_costs_one_warning_line(tmp_path):
+    dead = _free_port()
+    proc = lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={tmp_path}",
+               "--set", f"metrics.pushgateway=127.0.0.1:{dead}", "--nproc-per-node", "2")
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: metrics:")]
+    assert len(warnings) == 1 and "could not push the run summary" in warnings[0], proc.stderr
+
+
+def test_a_taken_port_costs_one_warning_and_training_goes_on(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={tmp_path}",
+                   "--set", f"metrics.port_base={port}")
+    assert "warning: metrics: rank 0 cannot serve on 127.0.0.1" in proc.stderr
+    assert json.loads(next(Path(tmp_path).glob("*/summary.json")).read_text())["status"] == "completed"
+
+
+def test_promtool_accepts_the_shipped_config_and_rules():
+    promtool = _require(shutil.which("promtool"), "promtool")
+    for args in (["check", "config", "prometheus.yml"], ["check", "rules", "rules/lab.rules.yml"],
+                 ["test", "rules", "tests/lab.rules.test.yml"]):
+        proc = subprocess.run([promtool, *args], cwd=MONITORING, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "SUCCESS" in proc.stdout + proc.stderr
+
+
+def test_metrics_overhead_benchmark_prints_an_interleaved_ratio(tmp_path):
+    proc = lab("bench", "metrics-overhead", "--set", "model.width=8", "--set", "train.log_every=2", "--rounds", "2",
+               "--steps", "4", "--scrape-interval", "0.2", "--json", str(tmp_path / "o.json"))
+    result = json.loads((tmp_path / "o.json").read_text())
+    assert len(result["block_seconds_on"]) == len(result["block_seconds_off"]) == 2
+    assert result["ratio_on_over_off"] == pytest.approx(sum(result["block_seconds_on"]) /
+                                                        sum(result["block_seconds_off"]))
+    assert result["scrape_failures"] == 0
+    assert "exporter on / off:" in proc.stdout
+
+
+def test_dashboard_uses_the_lab_metrics_and_a_run_variable():
+    from lab import metrics
+
+    dashboard = json.loads((MONITORING / "grafana" / "dashboards" / "lab.json").read_text())
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["run_id"]
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    source = Path(metrics.__file__).read_text()
+    for name in set(re.findall(r"\blab_[a-z_]+\b", exprs)):
+        base = name.removesuffix("_total")
+        assert f'"{base}"' in source, f"{name} in the dashboard is not defined in lab/metrics.py"
+    for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "run_id:lab_train_samples_per_second:sum",
+                 "lab_allreduce_bus_bandwidth_bytes_per_second", "lab_device_memory_allocated_bytes"):
+        assert name in exprs
