@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc-per-node", type=int, metavar="N",
                        help="start torchrun with N processes on this node and print its command line")
     train.add_argument("--help-config", action="store_true", help="list every config key with its default")
+    train.add_argument("--profile", action="store_true",
+                       help="write a torch.profiler trace of 5 steps after warm-up (same as --set train.profile_steps=5)")
 
     workshop = commands.add_parser("workshop", help="baseline, then DDP with the same global batch, then compare")
     _config_args(workshop)
@@ -101,6 +103,22 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="report.md with plots from run directories and benchmark results")
     report.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories, workshop folders, result JSONs")
     report.add_argument("--out", metavar="DIR", help="where report.md and the PNGs go (default: the first folder)")
+
+    pipeline = bench_commands.add_parser("pipeline", help="the lab's data path vs a torchvision DataLoader path")
+    _config_args(pipeline)
+    pipeline.add_argument("--batch-size", type=int, default=256, help="images per batch for both paths (default 256)")
+    pipeline.add_argument("--num-workers", type=int, default=2, help="DataLoader worker processes (default 2)")
+    pipeline.add_argument("--batches", type=int, default=10, help="batches per timed block (default 10)")
+    pipeline.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    pipeline.add_argument("--settle-seconds", type=float, default=0.5,
+                          help="pause before each block so DataLoader prefetching ends (default 0.5)")
+    pipeline.add_argument("--json", metavar="PATH")
+
+    gpu_check = bench_commands.add_parser("gpu-check", help="the one-call check on one H100/H200 (a table last)")
+    gpu_check.add_argument("--epochs", type=int, default=5, help="epochs of synthetic data to time (default 5)")
+    gpu_check.add_argument("--json", metavar="PATH")
+    gpu_check.add_argument("--quick", action="store_true", help="toy sizes (to test the command itself)")
+    gpu_check.add_argument("--allow-cpu", action="store_true", help="run without a GPU (with --quick, for tests)")
 
     overhead = bench_commands.add_parser("metrics-overhead", help="training step time with the exporter on vs off")
     _config_args(overhead)
@@ -169,6 +187,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.help_config:
         print(config.describe())
         return EXIT_OK
+    if args.profile:
+        args.overrides = ["train.profile_steps=5", *args.overrides]
     cfg = config.load(args.config, args.overrides)
     if args.nproc_per_node is not None:
         return _launch_train(args, cfg)
@@ -225,6 +245,14 @@ def _bench(args: argparse.Namespace) -> int:
         if args.warmup < 0:
             raise LabError(f"--warmup: {args.warmup}; use 0 or more")
         return scaling.run(args)
+    if args.bench_command == "gpu-check":
+        from lab.bench import gpu_check
+
+        return gpu_check.run(args)
+    if args.bench_command == "pipeline":
+        from lab.bench import pipeline
+
+        return pipeline.run(args)
     if args.bench_command == "metrics-overhead":
         from lab.bench import metrics_overhead
 

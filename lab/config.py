@@ -93,6 +93,8 @@ class TrainConfig:
     amp: Literal["auto", "off", "bf16", "fp16"] = knob(
         "auto", "Mixed precision: auto is bf16 on GPUs that support it and off elsewhere; fp16 adds a GradScaler.")
     log_every: int = knob(20, "Optimizer steps between log rows (the only host syncs of the step loop).", min=1)
+    profile_steps: int = knob(0, "Record a torch.profiler trace of this many steps after 3 warm-up steps into the "
+                                 "run directory (trace-rank<r>.json, Chrome/Perfetto); 0: off.", min=0)
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,14 @@ def _training(run_dirs: list[Path], out: Path) -> str:
     throughput = {f"{d.name}\n({m['world_size']} x {m['ranks'][0]['device_name']})": s["samples_per_second"]
                   for d, m, s in info if s.get("samples_per_second")}
     lines += ["", f"Data: {'; '.join(data_sources)}.", "", "![Training loss](loss.png)", ""]
+    for d, m, _ in info:
+        if (d / "profile-summary.json").exists():
+            p = runs.read_json(d / "profile-summary.json")
+            trace = Path(_relative(d / p["trace"], out))
+            lines += [f"Profile of {d.name} ({p['steps']} steps, {p['clock']} time): communication operators "
+                      f"{p['communication_us'] / 1e3:.1f} ms, everything else {p['compute_us'] / 1e3:.1f} ms "
+                      f"({p['communication_share']:.1%} communication); trace: [{trace}]({trace}) "
+                      f"(open in ui.perfetto.dev: DDP's all-reduce buckets overlap the backward pass).", ""]
     if throughput:
         plots.throughput_bars(throughput, context, out / "throughput.png")
         lines += ["![Training throughput](throughput.png)", ""]
@@ -134,6 +142,12 @@ def _memory(result: dict[str, Any], out: Path) -> str:
     if "measured" in result:
         lines += [memory.render_measured(result["measured"]), ""]
     return "\n".join(lines)
+
+
+def _relative(path: Path, start: Path) -> str:
+    import os
+
+    return os.path.relpath(path, start)
 
 
 def _num(value: float | None, fmt: str) -> str:

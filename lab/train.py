@@ -113,6 +113,7 @@ class Trainer:
         self._last_log_time = time.perf_counter()
         self._timed = {"samples": 0.0, "seconds": 0.0, "intervals": 0, "first": None}
         self.last_row: dict[str, Any] | None = None
+        self._profiler = None
 
     # ------------------------------------------------------------------------- set-up
 
@@ -213,14 +214,24 @@ class Trainer:
         """Train to `total_steps` (or `stop_after_steps`); returns the run's summary numbers."""
         self.model.train()
         self._last_log_time = time.perf_counter()
-        while self.step < self.total_steps and not self.stopped:
-            self._train_epoch()
+        with self._profiling() as self._profiler:
+            while self.step < self.total_steps and not self.stopped:
+                self._train_epoch()
         if not self.stopped:  # a stopped run saved its checkpoint where it stopped
             if self.last_eval is None or self.last_eval["step"] != self.step:
                 self.evaluate()
             self.save_checkpoint()
         self.console.close()
         return self.results()
+
+    def _profiling(self) -> contextlib.AbstractContextManager:
+        """A torch.profiler over `train.profile_steps` steps after warm-up, or nothing."""
+        steps = self.cfg.train.profile_steps
+        if not steps or self.run_dir is None:
+            return contextlib.nullcontext()
+        from lab import profiling
+
+        return profiling.profiler(steps, self.ctx, self.run_dir.path, self.console)
 
     def _train_epoch(self) -> None:
         t = self.cfg.train
@@ -236,6 +247,8 @@ class Trainer:
                 self.step += 1
                 self.step_in_epoch += 1
                 self.console.advance()
+                if self._profiler is not None:
+                    self._profiler.step()
                 last_of_epoch = self.step_in_epoch == self.steps_per_epoch or self.step == self.total_steps
                 if self.step_in_epoch <= self.common_steps and not last_of_epoch:
                     self._sync_point()

@@ -27,7 +27,9 @@ class DeviceLoader:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, world_size: int, rank: int,
                  batch_size: int, seed: int, shuffle: bool, uneven: str, augment: bool,
                  dtype: torch.dtype, channels_last: bool = False, keep_partial: bool = False) -> None:
-        self.images, self.labels = images, labels
+        # Augmenting: keep the data set zero-padded once (1.56x the bytes) instead of padding every batch.
+        self.images = aug.pad(images) if augment else images
+        self.labels = labels
         self.world_size, self.rank, self.batch_size = world_size, rank, batch_size
         self.seed, self.shuffle, self.uneven, self.augment = seed, shuffle, uneven, augment
         self.dtype, self.channels_last, self.keep_partial = dtype, channels_last, keep_partial
@@ -55,5 +57,5 @@ class DeviceLoader:
             sel = idx[i * self.batch_size:(i + 1) * self.batch_size]
             images = self.images[sel]
             if self.augment:
-                images = aug.crop_flip(images, offsets[sel], flips[sel])
+                images = aug.crop_flip_padded(images, offsets[sel], flips[sel])
             yield aug.normalize(images, self.dtype, self.channels_last), self.labels[sel]

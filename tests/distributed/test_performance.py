@@ -1,0 +1,52 @@
+"""Performance tooling through the real command line: pipeline A/B, profiler trace, the GPU check's own code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import TINY, lab
+
+
+def test_pipeline_benchmark_interleaves_both_paths(tmp_path):
+    proc = lab("bench", "pipeline", "--config", "smoke", "--set", "model.width=8", "--batch-size", "32",
+               "--batches", "2", "--rounds", "2", "--num-workers", "1", "--settle-seconds", "0.1",
+               "--json", str(tmp_path / "p.json"))
+    result = json.loads((tmp_path / "p.json").read_text())
+    samples = result["images_per_second"]
+    assert all(len(samples[k]) == 2 for k in ("lab_data", "torchvision_data", "lab_train", "torchvision_train"))
+    median = result["median_images_per_second"]
+    assert result["data_ratio_lab_over_torchvision"] == pytest.approx(median["lab_data"] / median["torchvision_data"])
+    assert result["data_ratio_lab_over_torchvision"] > 1  # even at toy sizes the device path wins
+    assert "| data path alone |" in proc.stdout and "lab / torchvision" in proc.stdout
+
+
+def test_profile_writes_a_trace_per_rank_and_a_summary(tmp_path):
+    runs = tmp_path / "runs"
+    proc = lab("train", *TINY, "--profile", "--nproc-per-node", "2", "--set", f"run.output_dir={runs}",
+               "--set", "run.id=prof")
+    run_dir = runs / "prof"
+    for rank in (0, 1):
+        trace = json.loads((run_dir / f"trace-rank{rank}.json").read_text())
+        names = {e.get("name", "") for e in trace["traceEvents"]}
+        assert any("backward" in n.lower() or "autograd" in n.lower() for n in names)
+    summary = json.loads((run_dir / "profile-summary.json").read_text())
+    assert summary["steps"] == 5 and summary["communication_us"] > 0 and summary["compute_us"] > 0
+    assert "profile:" in proc.stdout
+    lab("report", str(run_dir), "--out", str(tmp_path / "rep"))
+    assert "trace-rank0.json" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_cpu(tmp_path):
+    proc = lab("bench", "gpu-check", "--quick", "--allow-cpu", "--json", str(tmp_path / "g.json"))
+    result = json.loads((tmp_path / "g.json").read_text())
+    assert {"pipeline", "training", "sync_guard", "memory", "metrics_overhead", "versions"} <= set(result)
+    assert result["memory"]["ratio"] == pytest.approx(1.0)  # on a CPU: tensor bytes, exactly the estimate
+    last = proc.stdout.strip().splitlines()[-9:]
+    assert last[0].startswith("device") and last[-1].startswith("metrics overhead")
+
+
+def test_gpu_check_refuses_without_a_gpu():
+    proc = lab("bench", "gpu-check", check=False)
+    assert proc.returncode == 2 and "no CUDA device is visible" in proc.stderr

@@ -1,0 +1,89 @@
+"""No host sync inside the step loop except at log intervals (and evaluation, and checkpoints).
+
+Every call that makes the host wait for the device (.item, .tolist, .cpu, .numpy, and
+Python's bool/float/int of a tensor) is counted while real training steps run, and
+attributed to where it happened. On a GPU the same rule is enforced by
+torch.cuda.set_sync_debug_mode("error") in `lab bench gpu-check`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import pytest
+import torch
+
+from lab import config, data, dist
+from lab.train import Trainer
+
+SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+ALLOWED = ("flush_log", "evaluate", "save_checkpoint")
+
+
+class SyncCounter:
+    def __init__(self) -> None:
+        self.inside_allowed = 0
+        self.allowed_calls = 0
+        self.violations: list[str] = []
+
+    @contextlib.contextmanager
+    def installed(self, monkeypatch):
+        for name in SYNCING:
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._wrap(name, original))
+        for name in ALLOWED:
+            original = getattr(Trainer, name)
+            monkeypatch.setattr(Trainer, name, self._allow(original))
+        yield self
+
+    def _wrap(self, name, original):
+        @functools.wraps(original)
+        def counted(tensor, *args, **kwargs):
+            if self.inside_allowed:
+                self.allowed_calls += 1
+            else:
+                self.violations.append(name)
+            return original(tensor, *args, **kwargs)
+        return counted
+
+    def _allow(self, original):
+        @functools.wraps(original)
+        def allowed(*args, **kwargs):
+            self.inside_allowed += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.inside_allowed -= 1
+        return allowed
+
+
+@pytest.fixture
+def trainer():
+    cfg = config.load("smoke", ["model.width=8", "train.epochs=1", "train.log_every=4", "data.synthetic_train_size=512"])
+    ctx = dist.init(cfg.dist)
+    return Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device))
+
+
+def test_training_steps_do_not_sync_between_log_intervals(trainer, monkeypatch):
+    rows = []
+    trainer.hooks = [rows.append]
+    with SyncCounter().installed(monkeypatch) as counter:
+        trainer.fit()
+    assert trainer.step == 8 and len([r for r in rows if r["kind"] == "train"]) == 2
+    assert counter.violations == [], f"host syncs inside the step loop: {counter.violations}"
+    assert counter.allowed_calls > 0  # the log intervals did read values back, where they may
+
+
+def test_the_guard_notices_a_sync(trainer, monkeypatch):
+    # Prove the counter works: a step loop that reads the loss every step is caught.
+    original = Trainer.forward_backward
+
+    def forward_backward_with_item(self, inputs, labels, sync=True, scale=1.0):
+        original(self, inputs, labels, sync, scale)
+        self._loss_sum.item()  # the habit the lab avoids
+
+    monkeypatch.setattr(Trainer, "forward_backward", forward_backward_with_item)
+    with SyncCounter().installed(monkeypatch) as counter:
+        trainer.fit()
+    assert counter.violations.count("item") == 8
