@@ -9,6 +9,8 @@ by step.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -33,21 +35,35 @@ def pad(images: torch.Tensor) -> torch.Tensor:
     return F.pad(images, (PAD, PAD, PAD, PAD))
 
 
-def crop_flip_padded(padded: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
-    """Per-sample 32x32 crops at `offsets` of padded images, mirrored where `flips`, as one gather.
+def choices(offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+    """Each sample's (row offset, column offset, flip) as one id in 0..161 (9 x 9 x 2 possibilities)."""
+    return (offsets[:, 0] * (2 * PAD + 1) + offsets[:, 1]) * 2 + flips.long()
 
-    The flip is folded into the column index, so crop and flip cost one pass over the batch."""
+
+@functools.lru_cache(maxsize=8)
+def _index_table(device: torch.device) -> torch.Tensor:
+    """For every choice id, the 32x32 source positions in a flattened 40x40 padded image (162 x 1024).
+
+    With only 162 distinct crops-and-flips, looking the index up is cheaper than computing it per batch;
+    the flip is folded into the column order."""
+    side, ar = SIZE + 2 * PAD, torch.arange(SIZE, device=device)
+    rows = [(dy + ar) * side for dy in range(2 * PAD + 1)]
+    cols = [[dx + ar, dx + SIZE - 1 - ar] for dx in range(2 * PAD + 1)]
+    return torch.stack([(rows[dy][:, None] + cols[dx][flip][None, :]).flatten()
+                        for dy in range(2 * PAD + 1) for dx in range(2 * PAD + 1) for flip in (0, 1)])
+
+
+def crop_flip_padded(padded: torch.Tensor, choice_ids: torch.Tensor) -> torch.Tensor:
+    """Per-sample 32x32 crops (and mirrors) of zero-padded images (B x 3 x 40 x 40), as one gather."""
     b, c, side = padded.shape[0], padded.shape[1], padded.shape[-1]
-    ar = torch.arange(SIZE, device=padded.device)
-    cols = offsets[:, 1, None] + torch.where(flips[:, None], SIZE - 1 - ar, ar)  # B x 32
-    rows = (offsets[:, 0, None] + ar) * side                                      # B x 32
-    index = (rows[:, :, None] + cols[:, None, :]).view(b, 1, SIZE * SIZE).expand(b, c, SIZE * SIZE)
+    index = torch.index_select(_index_table(padded.device), 0, choice_ids)
+    index = index.view(b, 1, SIZE * SIZE).expand(b, c, SIZE * SIZE)
     return torch.gather(padded.reshape(b, c, side * side), 2, index).view(b, c, SIZE, SIZE)
 
 
 def crop_flip(images: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
     """Random crop with 4-pixel zero padding and horizontal flip of a uint8 batch (B x 3 x 32 x 32)."""
-    return crop_flip_padded(pad(images), offsets, flips)
+    return crop_flip_padded(pad(images), choices(offsets, flips))
 
 
 def normalize(images: torch.Tensor, dtype: torch.dtype, channels_last: bool) -> torch.Tensor:

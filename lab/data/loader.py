@@ -52,10 +52,11 @@ class DeviceLoader:
         """(inputs, labels) batches of `epoch`, beginning at batch `start` (for resume)."""
         idx = self.indices(epoch).to(self.device, non_blocking=True)
         if self.augment:
-            offsets, flips = (t.to(self.device, non_blocking=True) for t in aug.plan(len(self.labels), self.seed, epoch))
+            choice_ids = aug.choices(*aug.plan(len(self.labels), self.seed, epoch)).to(self.device, non_blocking=True)
         for i in range(start, self.batches_per_epoch()):
             sel = idx[i * self.batch_size:(i + 1) * self.batch_size]
-            images = self.images[sel]
+            # index_select, not tensor[sel]: the same gather, many times faster for whole images on a CPU
+            images = torch.index_select(self.images, 0, sel)
             if self.augment:
-                images = aug.crop_flip_padded(images, offsets[sel], flips[sel])
-            yield aug.normalize(images, self.dtype, self.channels_last), self.labels[sel]
+                images = aug.crop_flip_padded(images, torch.index_select(choice_ids, 0, sel))
+            yield aug.normalize(images, self.dtype, self.channels_last), torch.index_select(self.labels, 0, sel)
