@@ -39,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lab {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
+    for add in (_add_train, _add_workshop, _add_bench, _add_memory, _add_report, _add_data):
+        add(commands)
+    return parser
+
+
+def _add_train(commands) -> None:
     train = commands.add_parser("train", help="train ResNet-18 (DDP under torchrun)")
     _config_args(train)
     train.add_argument("--nproc-per-node", type=int, metavar="N",
@@ -47,13 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--profile", action="store_true",
                        help="write a torch.profiler trace of 5 steps after warm-up (same as --set train.profile_steps=5)")
 
+
+def _add_workshop(commands) -> None:
     workshop = commands.add_parser("workshop", help="baseline, then DDP with the same global batch, then compare")
     _config_args(workshop)
     workshop.add_argument("--nproc-per-node", type=int, metavar="N",
                           help="DDP processes (default: 2 on a CPU; 2, 4, 8 ... up to the GPUs present)")
     workshop.add_argument("--output-dir", default="runs", metavar="DIR", help="where the workshop folder goes")
 
-    bench = commands.add_parser("bench", help="benchmarks: all-reduce bandwidth, scaling")
+
+def _add_bench(commands) -> None:
+    bench = commands.add_parser("bench", help="benchmarks: all-reduce, scaling, data pipeline, metrics overhead, GPU check")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser, metavar="NAME")
     allreduce = bench_commands.add_parser("allreduce", help="all-reduce bus bandwidth with nccl-tests' columns")
     allreduce.add_argument("-b", "--minbytes", default="8", help="smallest size, bytes with K/M/G (default 8)")
@@ -82,28 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
     scaling.add_argument("--plot", metavar="PNG", help="write throughput and efficiency against N")
     scaling.add_argument("--pushgateway", metavar="HOST:PORT", help="push the table to a Prometheus Pushgateway")
 
-    memory = commands.add_parser("memory", help="memory per device: DDP vs ZeRO-1/2/3 and FSDP")
-    memory.add_argument("--params", type=float, default=7e9, help="parameter count (default 7e9)")
-    memory.add_argument("--world-size", type=int, default=8, help="devices (default 8)")
-    memory.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd-momentum", "sgd"])
-    memory.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"],
-                        help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)")
-    memory.add_argument("--convention", default="zero", choices=["zero", "hf"],
-                        help="bytes per parameter: zero (16 for mixed Adam) or hf (18) (default zero)")
-    memory.add_argument("--node-size", type=int, help="devices per node, for FSDP hybrid shard")
-    memory.add_argument("--device", choices=["h100", "h200", "a100-80", "a100-40"], help="device to fit on")
-    memory.add_argument("--device-memory", type=float, metavar="GB", help="device memory in GB (instead of --device)")
-    for name in ("seq-len", "micro-batch", "hidden", "heads", "layers"):
-        memory.add_argument(f"--{name}", type=int, help="transformer activation term (give all five)")
-    memory.add_argument("--measure", action="store_true", help="also measure ResNet-18: 1 process, DDP and FSDP")
-    memory.add_argument("--measure-width", type=int, default=64, help="ResNet-18 width for --measure (default 64)")
-    memory.add_argument("--json", metavar="PATH")
-    memory.add_argument("--plot", metavar="PNG", help="stacked bars of the estimate")
-
-    report = commands.add_parser("report", help="report.md with plots from run directories and benchmark results")
-    report.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories, workshop folders, result JSONs")
-    report.add_argument("--out", metavar="DIR", help="where report.md and the PNGs go (default: the first folder)")
-
     pipeline = bench_commands.add_parser("pipeline", help="the lab's data path vs a torchvision DataLoader path")
     _config_args(pipeline)
     pipeline.add_argument("--batch-size", type=int, default=256, help="images per batch for both paths (default 256)")
@@ -127,6 +115,34 @@ def build_parser() -> argparse.ArgumentParser:
     overhead.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
     overhead.add_argument("--json", metavar="PATH")
 
+
+def _add_memory(commands) -> None:
+    memory = commands.add_parser("memory", help="memory per device: DDP vs ZeRO-1/2/3 and FSDP")
+    memory.add_argument("--params", type=float, default=7e9, help="parameter count (default 7e9)")
+    memory.add_argument("--world-size", type=int, default=8, help="devices (default 8)")
+    memory.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd-momentum", "sgd"])
+    memory.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"],
+                        help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)")
+    memory.add_argument("--convention", default="zero", choices=["zero", "hf"],
+                        help="bytes per parameter: zero (16 for mixed Adam) or hf (18) (default zero)")
+    memory.add_argument("--node-size", type=int, help="devices per node, for FSDP hybrid shard")
+    memory.add_argument("--device", choices=["h100", "h200", "a100-80", "a100-40"], help="device to fit on")
+    memory.add_argument("--device-memory", type=float, metavar="GB", help="device memory in GB (instead of --device)")
+    for name in ("seq-len", "micro-batch", "hidden", "heads", "layers"):
+        memory.add_argument(f"--{name}", type=int, help="transformer activation term (give all five)")
+    memory.add_argument("--measure", action="store_true", help="also measure ResNet-18: 1 process, DDP and FSDP")
+    memory.add_argument("--measure-width", type=int, default=64, help="ResNet-18 width for --measure (default 64)")
+    memory.add_argument("--json", metavar="PATH")
+    memory.add_argument("--plot", metavar="PNG", help="stacked bars of the estimate")
+
+
+def _add_report(commands) -> None:
+    report = commands.add_parser("report", help="report.md with plots from run directories and benchmark results")
+    report.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories, workshop folders, result JSONs")
+    report.add_argument("--out", metavar="DIR", help="where report.md and the PNGs go (default: the first folder)")
+
+
+def _add_data(commands) -> None:
     data = commands.add_parser("data", help="prepare real CIFAR-10 or write synthetic data")
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser, metavar="ACTION")
     prepare = data_commands.add_parser("prepare", help="download and verify CIFAR-10 (needs internet or the archive)")
@@ -136,7 +152,6 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--train-size", type=int, default=50000)
     synth.add_argument("--test-size", type=int, default=10000)
     synth.add_argument("--seed", type=int, default=0)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
     lab bench metrics-overhead --config smoke --rounds 3 --steps 20
 
-One process trains; blocks of steps alternate between "on" (the exporter hook updates
+One process trains; blocks of steps alternate (ABBA) between "on" (the exporter hook updates
 its gauges at every log interval and a scraper fetches /metrics every
 `--scrape-interval` seconds, as Prometheus would) and "off" (no hook, no scraper).
 Interleaving gives both the same machine; the ratio of mean block times is the
@@ -63,9 +63,10 @@ def run(args) -> int:
 
         block(False)  # warm-up
         on, off = [], []
-        for _ in range(args.rounds):
-            on.append(block(True))
-            off.append(block(False))
+        for round_index in range(args.rounds):
+            # ABBA order: neither setting always runs first, so drifts (clocks, caches) cancel
+            for exporter_on in ((True, False) if round_index % 2 == 0 else (False, True)):
+                (on if exporter_on else off).append(block(exporter_on))
         scraper.stop()
         exporter.close()
     finally:
