@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import sys
 
-from lab import __version__
+from lab import __version__, torchrun_env
 from lab.errors import LabError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_GATE_MISSED = 0, 1, 2, 3
@@ -161,16 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         args.argv = argv
         return _dispatch(args)
     except LabError as exc:
-        if _is_primary():
+        if torchrun_env.is_primary_process():  # under torchrun every rank sees the same bad input
             print(f"lab: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
-
-
-def _is_primary() -> bool:
-    # Under torchrun every rank sees the same bad input; one line is enough.
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -220,7 +215,7 @@ def _launch_train(args: argparse.Namespace, cfg) -> int:
 
     if args.nproc_per_node < 1:
         raise LabError(f"--nproc-per-node: {args.nproc_per_node} is not a process count; use 1 or more")
-    if "LOCAL_RANK" in os.environ:
+    if torchrun_env.launched_by_torchrun():
         raise LabError("--nproc-per-node: already running under torchrun; drop the option")
     # Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report.
     config.check_layout(cfg, args.nproc_per_node)
@@ -289,7 +284,7 @@ def _relaunch(args: argparse.Namespace) -> int:
 
     if args.nproc_per_node < 1:
         raise LabError(f"--nproc-per-node: {args.nproc_per_node} is not a process count; use 1 or more")
-    if "LOCAL_RANK" in os.environ:
+    if torchrun_env.launched_by_torchrun():
         raise LabError("--nproc-per-node: already running under torchrun; drop the option")
     tail = _without_option(args.argv, "--nproc-per-node")
     with tempfile.TemporaryDirectory() as tmp:

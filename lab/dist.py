@@ -1,7 +1,7 @@
 """Who am I, on which device, talking over which backend.
 
-The only module that reads torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, GROUP_RANK). A process started without torchrun is world size 1:
+torchrun's environment comes from lab.torchrun_env (the one place that reads it).
+A process started without torchrun is world size 1:
 the single-device baseline is the same code with no process group.
 
     ctx = init(cfg.dist)          # process group when WORLD_SIZE > 1
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from lab import cores
+from lab import cores, torchrun_env
 from lab.config import DistConfig
 from lab.errors import LaunchError
 
@@ -48,25 +48,6 @@ class DistContext:
         return self.backend is not None
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else default
-
-
-def launched_by_torchrun() -> bool:
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def is_primary_process() -> bool:
-    """Rank 0 or not, before any process group exists (for printing errors once)."""
-    return _env_int("RANK", 0) == 0
-
-
-def elastic_restart_count() -> int:
-    """How many times torchrun restarted this worker group (0 on the first start)."""
-    return _env_int("TORCHELASTIC_RESTART_COUNT", 0)
-
-
 def choose_device(preference: str, local_rank: int) -> torch.device:
     if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
@@ -88,11 +69,7 @@ def choose_backend(preference: str, device: torch.device) -> str:
 
 
 def init(cfg: DistConfig) -> DistContext:
-    global_rank = _env_int("RANK", 0)
-    local_rank = _env_int("LOCAL_RANK", 0)
-    world_size = _env_int("WORLD_SIZE", 1)
-    local_world_size = _env_int("LOCAL_WORLD_SIZE", 1)
-    node_rank = _env_int("GROUP_RANK", 0)
+    global_rank, local_rank, world_size, local_world_size, node_rank = torchrun_env.layout()
     device = choose_device(cfg.device, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab import checkpoint, data, dist, metrics, model as models
+from lab import checkpoint, data, dist, metrics, model as models, torchrun_env
 from lab.config import Config, batch_size_per_rank, check_layout, to_dict
 from lab.console import Console, SilentConsole
 from lab.errors import CheckpointError, ConfigError, LaunchError
@@ -501,7 +501,7 @@ def _publish_targets(cfg: Config, run_dir: RunDir, targets: list, console: Conso
 
 def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, resume_path) -> dict[str, Any]:
     start = {"time": time.time(), "step": trainer.step, "world_size": ctx.world_size,
-             "restart_count": dist.elastic_restart_count(), "resumed_from": resume_path}
+             "restart_count": torchrun_env.restart_count(), "resumed_from": resume_path}
     return {
         "run_id": run_dir.run_id, "config": to_dict(cfg), "config_origin": cfg.origin, "seed": cfg.run.seed,
         "data": {"source": dataset.source, "description": dataset.description,
@@ -518,7 +518,7 @@ def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, resume_path) -> dict[s
 def _summary(cfg, ctx, run_dir, dataset, results, wall_start, status, error=None) -> dict[str, Any]:
     summary = {"run_id": run_dir.run_id, "status": status, "data_source": dataset.source,
                "world_size": ctx.world_size, "global_batch_size": cfg.train.global_batch_size,
-               "wall_time_seconds": time.time() - wall_start, "restart_count": dist.elastic_restart_count(),
+               "wall_time_seconds": time.time() - wall_start, "restart_count": torchrun_env.restart_count(),
                "host": socket.gethostname(), **results}
     if error:
         summary["error"] = error

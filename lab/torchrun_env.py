@@ -1,0 +1,43 @@
+"""torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, ...), read in this one place.
+
+torch-free on purpose: the CLI asks "am I under torchrun, am I rank 0?" before it
+imports torch, so bad input is refused in a fraction of a second. A process started
+without torchrun is rank 0 of a world of 1.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+
+class Layout(NamedTuple):
+    global_rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+
+
+def _int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def layout() -> Layout:
+    return Layout(_int("RANK", 0), _int("LOCAL_RANK", 0), _int("WORLD_SIZE", 1), _int("LOCAL_WORLD_SIZE", 1),
+                  _int("GROUP_RANK", 0))
+
+
+def launched_by_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def is_primary_process() -> bool:
+    """Global rank 0 (or no torchrun at all): the process that prints errors and records."""
+    return _int("RANK", 0) == 0
+
+
+def restart_count() -> int:
+    """How many times torchrun restarted this worker group (0 on the first start)."""
+    return _int("TORCHELASTIC_RESTART_COUNT", 0)
