@@ -40,7 +40,8 @@ def knob(default: Any, help: str, *, min: float | None = None, max: float | None
 @dataclass(frozen=True)
 class RunConfig:
     name: str = knob("train", "Label for the run; the run id starts with a time stamp and ends with it.")
-    id: str = knob("", "Run id; empty makes a new one. Reusing an id (with checkpoint.resume=auto) resumes that run.")
+    id: str = knob("", "Run id; empty: under torchrun <name>-<rendezvous id> (stable across restarts), else a new "
+                       "time-stamped id. Reusing an id (with checkpoint.resume=auto) resumes that run.")
     output_dir: str = knob("runs", "Directory that holds one sub-directory per run.")
     seed: int = knob(0, "Seed for model initialisation, data order and augmentation.", min=0)
     deterministic: bool = knob(False, "Deterministic kernels: two CPU runs with one seed give bit-identical losses.")

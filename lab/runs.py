@@ -36,6 +36,17 @@ def new_run_id(name: str) -> str:
     return f"{stamp}-{slug}-{secrets.token_hex(3)}"
 
 
+def rendezvous_run_id(name: str, rendezvous_id: str) -> str:
+    """The run id of a torchrun job: its name and rendezvous id, the same on every node and after
+    every restart of the worker group, so `checkpoint.resume: auto` finds the group's checkpoint.
+
+    >>> rendezvous_run_id("ddp", "job/42")
+    'ddp-job-42'
+    """
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{name}-{rendezvous_id}").strip("-.")
+    return slug[:128]
+
+
 def check_run_id(run_id: str) -> str:
     if not RUN_ID_PATTERN.match(run_id):
         raise ConfigError(f"run.id: {run_id!r} is not a valid run id; use letters, digits, '.', '_' and '-' "

@@ -41,3 +41,11 @@ def is_primary_process() -> bool:
 def restart_count() -> int:
     """How many times torchrun restarted this worker group (0 on the first start)."""
     return _int("TORCHELASTIC_RESTART_COUNT", 0)
+
+
+def rendezvous_id() -> str | None:
+    """The job's rendezvous id (`--rdzv-id`; a random UUID under `--standalone`), None outside torchrun.
+
+    It is the same for every node and survives restarts of the worker group."""
+    value = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return value if value and value != "none" else None

@@ -32,7 +32,7 @@ from lab import checkpoint, data, dist, metrics, model as models, torchrun_env
 from lab.config import Config, batch_size_per_rank, check_layout, to_dict
 from lab.console import Console, SilentConsole
 from lab.errors import CheckpointError, ConfigError, LaunchError
-from lab.runs import RunDir, git_revision, new_run_id
+from lab.runs import RunDir, git_revision, new_run_id, rendezvous_run_id
 
 Hook = Callable[[dict[str, Any]], None]
 
@@ -417,8 +417,14 @@ def set_determinism(deterministic: bool) -> None:
 
 
 def resolve_run_id(cfg: Config, ctx: dist.DistContext) -> str:
-    """run.id when given, else a new id made on rank 0 and shared with all ranks."""
-    return cfg.run.id or dist.broadcast_object(ctx, new_run_id(cfg.run.name) if ctx.is_primary else None)
+    """run.id when given; under torchrun, the name and the rendezvous id (stable across restarts, so a
+    restarted group resumes its own checkpoint); else a new time-stamped id made on rank 0."""
+    if cfg.run.id:
+        return cfg.run.id
+    rendezvous = torchrun_env.rendezvous_id()
+    if rendezvous:
+        return rendezvous_run_id(cfg.run.name, rendezvous)
+    return dist.broadcast_object(ctx, new_run_id(cfg.run.name) if ctx.is_primary else None)
 
 
 def find_resume_state(cfg: Config, run_dir: RunDir) -> tuple[dict | None, str | None]:

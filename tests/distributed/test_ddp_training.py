@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 
 import torch
 
-from tests.conftest import ROOT, TINY, lab, metrics, run, torchrun
+from tests.conftest import ROOT, TINY, TORCHRUN, lab, metrics, run, torchrun
 
 WORKER = str(ROOT / "tests" / "distributed" / "worker.py")
 
@@ -73,3 +74,20 @@ def test_uneven_inputs_with_join_keep_ranks_identical(tmp_path):
             assert torch.equal(value, rank1[part][name]), f"{part} {name} differs between ranks"
     rows = [r for r in json.loads((tmp_path / "rows0.json").read_text()) if r["kind"] == "eval"]
     assert [r["step"] for r in rows] == [7, 14] and rows[-1]["test_samples"] == 256
+
+
+def test_a_torchrun_job_is_named_by_its_rendezvous_id_and_resumes_under_it(tmp_path):
+    # What a restarted worker group sees: the same --rdzv-id, so the same run directory and checkpoint.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job42", "-m", "lab", "train", *TINY,
+              "--set", f"run.output_dir={tmp_path}"]
+    run([*launch, "--set", "train.stop_after_steps=3"], env={"OMP_NUM_THREADS": "1"})
+    run_dir = tmp_path / "smoke-job42"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"
+    again = run(launch, env={"OMP_NUM_THREADS": "1"})
+    assert "at step 3" in again.stdout
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert [p.name for p in tmp_path.iterdir()] == ["smoke-job42"]
