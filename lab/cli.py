@@ -210,13 +210,17 @@ def _train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_launchable(nproc_per_node: int) -> None:
+    if nproc_per_node < 1:
+        raise LabError(f"--nproc-per-node: {nproc_per_node} is not a process count; use 1 or more")
+    if torchrun_env.launched_by_torchrun():
+        raise LabError("--nproc-per-node: already running under torchrun; drop the option")
+
+
 def _launch_train(args: argparse.Namespace, cfg) -> int:
     from lab import config, data, launch, runs
 
-    if args.nproc_per_node < 1:
-        raise LabError(f"--nproc-per-node: {args.nproc_per_node} is not a process count; use 1 or more")
-    if torchrun_env.launched_by_torchrun():
-        raise LabError("--nproc-per-node: already running under torchrun; drop the option")
+    _check_launchable(args.nproc_per_node)
     # Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report.
     config.check_layout(cfg, args.nproc_per_node)
     data.check_source(cfg.data)
@@ -282,10 +286,7 @@ def _relaunch(args: argparse.Namespace) -> int:
 
     from lab import launch
 
-    if args.nproc_per_node < 1:
-        raise LabError(f"--nproc-per-node: {args.nproc_per_node} is not a process count; use 1 or more")
-    if torchrun_env.launched_by_torchrun():
-        raise LabError("--nproc-per-node: already running under torchrun; drop the option")
+    _check_launchable(args.nproc_per_node)
     tail = _without_option(args.argv, "--nproc-per-node")
     with tempfile.TemporaryDirectory() as tmp:
         result_path = args.json or os.path.join(tmp, "result.json")

@@ -30,6 +30,8 @@ from typing import Any
 from lab.errors import LabError
 
 OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}  # fp32 state per parameter
+# What --measure trains: fp32 parameters and gradients, SGD with momentum (the lab's own optimizer).
+MEASURED_RECIPE = ("sgd-momentum", "fp32", "zero")
 DEVICES_GB = {"h100": 80.0, "h200": 141.0, "a100-80": 80.0, "a100-40": 40.0}
 
 
@@ -158,13 +160,13 @@ def measure(width: int) -> dict[str, Any]:
         else:
             result["two_ranks"] = {"error": "the 2-rank DDP/FSDP measurement failed to run here"}
     params = result["single"]["parameter_count"]
-    result["estimate"] = {r["strategy"]: r for r in estimate(params, 2, "sgd-momentum", "fp32", "zero")}
+    result["estimate"] = {r["strategy"]: r for r in estimate(params, 2, *MEASURED_RECIPE)}
     return result
 
 
 def render_measured(m: dict[str, Any]) -> str:
     single, params = m["single"], m["single"]["parameter_count"]
-    estimate_1 = estimate(params, 1, "sgd-momentum", "fp32", "zero")[0]["total_bytes"]
+    estimate_1 = estimate(params, 1, *MEASURED_RECIPE)[0]["total_bytes"]
     what = "torch.cuda.max_memory_allocated" if single["device"] == "cuda" else "bytes of parameter, gradient " \
         "and optimizer-state tensors"
     lines = [f"# measured: ResNet-18 ({params / 1e6:.2f}M parameters), SGD with momentum, fp32; measured = {what}",

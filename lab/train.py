@@ -278,6 +278,13 @@ class Trainer:
         self._correct += (logits.detach().argmax(dim=1) == labels).sum()
         self._samples += len(labels)
 
+    def train_step(self, inputs: torch.Tensor, labels: torch.Tensor, sync: bool = True) -> None:
+        """One optimizer step on one batch, no accumulation: what the benchmarks time.
+        With sync=False the gradients stay local (DDP's no_sync), to time a step without communication."""
+        self.forward_backward(inputs, labels, sync=sync)
+        self.optimizer_step()
+        self.step += 1
+
     def optimizer_step(self) -> None:
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -457,12 +464,14 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
         trainer = Trainer(cfg, ctx, dataset, console=console, hooks=rank_hooks, run_dir=run_dir,
                           resume=(resume_state, resume_path) if resume_state is not None else None)
         ranks = dist.all_gather_object(ctx, dist.describe(ctx))
-        exporter = metrics.start(cfg.metrics, ctx, run_dir.run_id,
-                                 metrics.run_info(ctx, dist.versions(), dataset.source), say=console.say)
+        versions = dist.versions()
+        exporter = metrics.start(cfg.metrics, ctx, run_dir.run_id, metrics.run_info(ctx, versions, dataset.source),
+                                 say=console.say)
         trainer.hooks.append(exporter)
-        targets = dist.all_gather_object(ctx, exporter.target())
+        # Every rank has the same config, so all or none take part in this gather.
+        targets = dist.all_gather_object(ctx, exporter.target()) if cfg.metrics.port_base else []
         if ctx.is_primary:
-            run_dir.write_manifest(_manifest(cfg, ctx, run_dir, dataset, trainer, ranks, resume_path))
+            run_dir.write_manifest(_manifest(cfg, ctx, run_dir, dataset, trainer, ranks, versions, resume_path))
             _announce(console, cfg, ctx, run_dir, dataset, trainer, resume_path)
             _publish_targets(cfg, run_dir, targets, console)
             console.begin(trainer.total_steps, trainer.step)
@@ -505,7 +514,7 @@ def _publish_targets(cfg: Config, run_dir: RunDir, targets: list, console: Conso
     console.say(f"metrics: {endpoints} (Prometheus file_sd targets: {written})")
 
 
-def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, resume_path) -> dict[str, Any]:
+def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, versions, resume_path) -> dict[str, Any]:
     start = {"time": time.time(), "step": trainer.step, "world_size": ctx.world_size,
              "restart_count": torchrun_env.restart_count(), "resumed_from": resume_path}
     return {
@@ -515,7 +524,7 @@ def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, resume_path) -> dict[s
         "world_size": ctx.world_size, "backend": ctx.backend, "batch_size_per_rank": trainer.batch_size,
         "steps_per_epoch": trainer.steps_per_epoch, "total_steps": trainer.total_steps,
         "amp": str(trainer.amp_dtype).replace("torch.", "") if trainer.amp_dtype else "off",
-        "versions": dist.versions(), "git_revision": git_revision(),
+        "versions": versions, "git_revision": git_revision(),
         "hosts": sorted({r["host"] for r in ranks}), "ranks": ranks, "environment": dist.recorded_env(),
         "starts": [start],
     }

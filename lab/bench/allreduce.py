@@ -122,6 +122,8 @@ def measure(ctx, size: int, dtype_name: str, op: str, iters: int, warmup: int, c
     import torch
     import torch.distributed as tdist
 
+    from lab import dist
+
     dtype = getattr(torch, dtype_name)
     count = size // torch.tensor([], dtype=dtype).element_size()
     if count == 0:
@@ -136,7 +138,7 @@ def measure(ctx, size: int, dtype_name: str, op: str, iters: int, warmup: int, c
     def timed(body) -> float:
         for _ in range(warmup):
             body()
-        barrier(ctx)
+        dist.barrier(ctx)
         if ctx.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -176,12 +178,6 @@ def measure(ctx, size: int, dtype_name: str, op: str, iters: int, warmup: int, c
               ip_time_us=ip * 1e6, ip_algbw=algbw(nbytes, ip), ip_busbw=busbw(algbw(nbytes, ip), ctx.world_size),
               ip_wrong=wrong(False))
     return row
-
-
-def barrier(ctx) -> None:
-    from lab import dist
-
-    dist.barrier(ctx)
 
 
 # ----------------------------------------------------------------------------- output

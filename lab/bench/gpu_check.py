@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from lab.errors import LabError
+from lab.memory import MEASURED_RECIPE
+from lab.memory import estimate as estimate_memory
 
 TARGET_IMAGES_PER_SECOND = 60_000
 TARGET_PIPELINE_RATIO = 10.0
@@ -75,7 +77,7 @@ def run(args) -> int:
         lab("memory", "--measure", "--measure-width", "8" if quick else "64", "--world-size", "1",
             "--json", str(tmp_path / "memory.json"))
         memory = runs.read_json(tmp_path / "memory.json")["measured"]["single"]
-        estimate = memory["parameter_count"] * 12  # fp32 parameters, gradients, SGD momentum
+        estimate = estimate_memory(memory["parameter_count"], 1, *MEASURED_RECIPE)[0]["total_bytes"]
         results["memory"] = {"measured_bytes": memory["measured_bytes"], "estimate_bytes": estimate,
                              "ratio": memory["measured_bytes"] / estimate}
 
@@ -102,24 +104,21 @@ def sync_guard(config_name: str, common: list[str], quick: bool) -> dict[str, An
     ctx = dist.init(cfg.dist)
     try:
         trainer = Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device))
-        batches = trainer.train_loader.epoch(0)
+        batches = trainer.train_loader.epoch(0)  # 16 batches: no epoch boundary inside the guarded steps
         steps = 4 if quick else 12
         for _ in range(2):  # warm-up (compilation syncs)
-            trainer.forward_backward(*next(batches))
-            trainer.optimizer_step()
+            trainer.train_step(*next(batches))
         if ctx.device.type != "cuda":
             return {"checked": False, "reason": "no CUDA device (the CPU test counts syncs instead)"}
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
             for _ in range(steps):
-                trainer.forward_backward(*next(batches))
-                trainer.optimizer_step()
+                trainer.train_step(*next(batches))
         except RuntimeError as exc:
             return {"checked": True, "passed": False, "error": str(exc).splitlines()[0]}
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        trainer.step += steps + 2
         trainer.flush_log()  # the one sync, outside the guarded loop
         return {"checked": True, "passed": True, "steps": steps}
     finally:

@@ -38,23 +38,14 @@ def run(args) -> int:
         exporter = metrics.RankExporter(0, "127.0.0.1", {"run_id": "overhead", "rank": "0", "node": "local"},
                                         ctx.device, {"lab_version": "bench"})
         scraper = _Scraper(exporter.endpoint, args.scrape_interval)
-        epoch, batches = 0, trainer.train_loader.epoch(0)
+        batches = trainer.train_loader.forever()
 
         def block(exporter_on: bool) -> float:
-            nonlocal epoch, batches
             trainer.hooks = [exporter] if exporter_on else []
             scraper.active = exporter_on
             t0 = time.perf_counter()
             for step in range(1, args.steps + 1):
-                try:
-                    inputs, labels = next(batches)
-                except StopIteration:
-                    epoch += 1
-                    batches = trainer.train_loader.epoch(epoch)
-                    inputs, labels = next(batches)
-                trainer.forward_backward(inputs, labels)
-                trainer.optimizer_step()
-                trainer.step += 1
+                trainer.train_step(*next(batches))
                 if step % cfg.train.log_every == 0:
                     trainer.flush_log()
             if ctx.device.type == "cuda":

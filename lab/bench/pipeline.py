@@ -14,6 +14,7 @@ lab's data path at least 10x the DataLoader's at equal batch size.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from typing import Any
@@ -75,16 +76,11 @@ def run(args) -> int:
                                        args.num_workers, ctx.device.type == "cuda", cfg.run.seed)
         device, dtype = ctx.device, trainer.dtype
         memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-        epochs = {"lab": 0, "torchvision": 0}
-        iterators = {"lab": iter(lab_loader.epoch(0)), "torchvision": iter(tv_loader)}
+        streams = {"lab": lab_loader.forever(),
+                   "torchvision": itertools.chain.from_iterable(itertools.repeat(tv_loader))}
 
         def next_batch(path: str):
-            try:
-                inputs, labels = next(iterators[path])
-            except StopIteration:
-                epochs[path] += 1
-                iterators[path] = iter(lab_loader.epoch(epochs[path]) if path == "lab" else tv_loader)
-                inputs, labels = next(iterators[path])
+            inputs, labels = next(streams[path])
             if path == "torchvision":  # the copy to the device is part of this path's cost
                 inputs = inputs.to(device, dtype=dtype, memory_format=memory_format, non_blocking=True)
                 labels = labels.to(device, non_blocking=True)
@@ -103,8 +99,7 @@ def run(args) -> int:
             for _ in range(args.batches):
                 inputs, labels = next_batch(path)
                 if train:
-                    trainer.forward_backward(inputs, labels)
-                    trainer.optimizer_step()
+                    trainer.train_step(inputs, labels)
             sync()
             return args.batch_size * args.batches / (time.perf_counter() - t0)
 

@@ -163,19 +163,13 @@ def worker(argv: list[str]) -> None:
         set_determinism(False)
         dataset = data.load(cfg.data).to(ctx.device)
         trainer = Trainer(cfg, ctx, dataset)
-        batches = trainer.train_loader.epoch(0)
+        batches = trainer.train_loader.forever()
 
         def block(steps: int, sync: bool) -> float:
             dist.barrier(ctx)
             t0 = time.perf_counter()
             for _ in range(steps):
-                inputs, labels = next(batches)
-                if sync or trainer.ddp is None:
-                    trainer.forward_backward(inputs, labels)
-                else:
-                    with trainer.ddp.no_sync():
-                        trainer.forward_backward(inputs, labels)
-                trainer.optimizer_step()
+                trainer.train_step(*next(batches), sync=sync)
             if ctx.device.type == "cuda":
                 torch.cuda.synchronize(ctx.device)
             return time.perf_counter() - t0

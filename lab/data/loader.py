@@ -14,6 +14,7 @@ no worker processes, no per-sample Python, no host-to-device copy per step.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 
@@ -47,6 +48,10 @@ class DeviceLoader:
         """This rank's sample indices for `epoch`, in order."""
         epoch_order = order(len(self.labels), self.seed, epoch, self.shuffle)
         return shard(epoch_order, self.world_size, self.rank, self.uneven)
+
+    def forever(self, epoch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches of `epoch`, then of the next epochs, without end (for benchmarks that time steps)."""
+        return itertools.chain.from_iterable(self.epoch(e) for e in itertools.count(epoch))
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(inputs, labels) batches of `epoch`, beginning at batch `start` (for resume)."""
