@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lab {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    for add in (_add_train, _add_workshop, _add_bench, _add_memory, _add_report, _add_data):
+    for add in (_add_train, _add_workshop, _add_launch, _add_bench, _add_memory, _add_report, _add_data):
         add(commands)
     return parser
 
@@ -52,6 +52,27 @@ def _add_train(commands) -> None:
     train.add_argument("--help-config", action="store_true", help="list every config key with its default")
     train.add_argument("--profile", action="store_true",
                        help="write a torch.profiler trace of 5 steps after warm-up (same as --set train.profile_steps=5)")
+
+
+def _add_launch(commands) -> None:
+    launch = commands.add_parser(
+        "launch", help="start torchrun on this node (one node, or one of a multi-node c10d rendezvous)",
+        description="Start torchrun on this node with the command line the lab builds, e.g. "
+                    "`lab launch --nnodes 2 --nproc-per-node 8 --rdzv-endpoint head:29400 --rdzv-id r1 "
+                    "-- -m lab train --config ddp`. What follows `--` is what every worker runs: a module "
+                    "(-m ...) or a script and its arguments.")
+    launch.add_argument("--nproc-per-node", type=int, default=1, metavar="N", help="workers on this node")
+    launch.add_argument("--nnodes", default="1", metavar="N|MIN:MAX", help="nodes in the job (MIN:MAX: elastic)")
+    launch.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="the head node's c10d rendezvous (multi-node)")
+    launch.add_argument("--rdzv-id", metavar="ID", help="one id for every node of the job (the run id)")
+    launch.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                        help="restart the worker group up to K times after a failure")
+    launch.add_argument("--join-timeout", type=int, metavar="SECONDS",
+                        help="fail when not every node arrived within this time (torchrun's default: 600)")
+    launch.add_argument("--local-addr", metavar="ADDR", help="this node's address, when it has several")
+    launch.add_argument("--dry-run", action="store_true", help="print the torchrun command line and exit")
+    launch.add_argument("target", nargs=argparse.REMAINDER, metavar="-- TARGET",
+                        help="what every worker runs, e.g. -- -m lab train --config ddp")
 
 
 def _add_workshop(commands) -> None:
@@ -175,6 +196,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from lab import workshop
 
         return workshop.run(args.config or "workshop-cpu", args.overrides, args.nproc_per_node, args.output_dir)
+    if args.command == "launch":
+        return _launch(args)
     if args.command == "data":
         return _data(args)
     if args.command == "bench":
@@ -230,6 +253,43 @@ def _launch_train(args: argparse.Namespace, cfg) -> int:
     command = launch.torchrun_command(args.nproc_per_node, launch.lab_target("train", args.config, overrides))
     print(f"$ {shlex.join(command)}", flush=True)
     return EXIT_OK if subprocess.call(command, env=launch.worker_env(args.nproc_per_node)) == 0 else EXIT_FAILED
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from lab import launch
+
+    target = args.target[1:] if args.target[:1] == ["--"] else args.target
+    if not target:
+        raise LabError("nothing to run; end with `-- -m lab train --config ddp` or `-- SCRIPT.py ARGS`")
+    _check_launchable(args.nproc_per_node)
+    rdzv = launch.Rendezvous(endpoint=args.rdzv_endpoint, nnodes=args.nnodes, run_id=args.rdzv_id,
+                             max_restarts=args.max_restarts, local_addr=args.local_addr,
+                             join_timeout=args.join_timeout)
+    _check_rendezvous(rdzv)
+    command = launch.torchrun_command(args.nproc_per_node, target, rdzv)
+    if args.dry_run:
+        print(shlex.join(command))
+        return EXIT_OK
+    return EXIT_OK if launch.run(command, args.nproc_per_node, rdzv) == 0 else EXIT_FAILED
+
+
+def _check_rendezvous(rdzv) -> None:
+    bounds = rdzv.nnodes.split(":")
+    if not (1 <= len(bounds) <= 2 and all(b.isdigit() and int(b) >= 1 for b in bounds)
+            and int(bounds[0]) <= int(bounds[-1])):
+        raise LabError(f"--nnodes: {rdzv.nnodes!r} is not a node count; use N or MIN:MAX with 1 <= MIN <= MAX")
+    if rdzv.endpoint is not None:
+        host, _, port = rdzv.endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise LabError(f"--rdzv-endpoint: {rdzv.endpoint!r} is not HOST:PORT; e.g. head-node:29400")
+    elif bounds != ["1"]:
+        raise LabError(f"--nnodes {rdzv.nnodes} needs --rdzv-endpoint HOST:PORT (the head node's rendezvous)")
+    if rdzv.endpoint is None and (rdzv.run_id or rdzv.join_timeout or rdzv.local_addr):
+        raise LabError("--rdzv-id, --join-timeout and --local-addr are for multi-node jobs; add --rdzv-endpoint")
+    if rdzv.max_restarts < 0:
+        raise LabError(f"--max-restarts: {rdzv.max_restarts}; use 0 or more")
+    if rdzv.join_timeout is not None and rdzv.join_timeout < 1:
+        raise LabError(f"--join-timeout: {rdzv.join_timeout} s; use 1 or more")
 
 
 def _data(args: argparse.Namespace) -> int:

@@ -5,11 +5,15 @@
 >>> rdzv = Rendezvous(endpoint="head:29400", nnodes="2", run_id="r1", max_restarts=1)
 >>> " ".join(torchrun_command(8, ["-m", "lab", "train"], rdzv, torchrun="torchrun"))
 'torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id r1 --max-restarts 1 -m lab train'
+>>> rdzv = Rendezvous(endpoint="head:29400", nnodes="2", run_id="r1", join_timeout=60)
+>>> " ".join(torchrun_command(1, ["train.py"], rdzv, torchrun="torchrun"))
+'torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id r1 --rdzv-conf join_timeout=60,read_timeout=60 train.py'
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -27,6 +31,11 @@ class Rendezvous:
     run_id: str | None = None     # one id shared by every node of the job
     max_restarts: int = 0         # times torchrun restarts the worker group after a failure
     local_addr: str | None = None  # this node's address when it has several
+    join_timeout: int | None = None  # seconds for every node to arrive (torchrun's default: 600)
+
+    @property
+    def min_nodes(self) -> int:
+        return int(self.nnodes.split(":")[0])
 
 
 def torchrun_executable() -> str:
@@ -47,6 +56,9 @@ def torchrun_command(nproc_per_node: int, target: list[str], rendezvous: Rendezv
                 "--rdzv-endpoint", rdzv.endpoint]
         if rdzv.run_id:
             cmd += ["--rdzv-id", rdzv.run_id]
+        if rdzv.join_timeout:
+            # read_timeout bounds a non-head node's wait to reach the head's store at all
+            cmd += ["--rdzv-conf", f"join_timeout={rdzv.join_timeout},read_timeout={rdzv.join_timeout}"]
     if rdzv.max_restarts:
         cmd += ["--max-restarts", str(rdzv.max_restarts)]
     if rdzv.local_addr:
@@ -70,3 +82,42 @@ def lab_target(command: str, config: str | None, overrides: list[str]) -> list[s
     for item in overrides:
         target += ["--set", item]
     return target
+
+
+def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None = None) -> int:
+    """Run torchrun and return its exit status. A multi-node run that fails before every node arrived
+    says so: how many nodes were expected, how many reached the rendezvous."""
+    import subprocess
+
+    from lab.rollcall import RollCall
+
+    rdzv = rendezvous or Rendezvous()
+    print(f"$ {shlex.join(command)}", flush=True)
+    proc = subprocess.Popen(command, env=worker_env(nproc_per_node))
+    roll_call = None
+    if rdzv.endpoint is not None:
+        roll_call = RollCall(rdzv.endpoint, rdzv.run_id or "default", rdzv.join_timeout or 600,
+                             alive=lambda: proc.poll() is None).start()
+    status = proc.wait()
+    if roll_call is not None:
+        roll_call.stop()
+        if status != 0 and (roll_call.arrived or 0) < rdzv.min_nodes:
+            print(rendezvous_failure(rdzv, roll_call.arrived), file=sys.stderr, flush=True)
+    return status
+
+
+def rendezvous_failure(rdzv: Rendezvous, arrived: int | None) -> str:
+    """The one line a node prints when its rendezvous did not complete.
+
+    >>> print(rendezvous_failure(Rendezvous("10.0.0.1:29400", "2", "r7", join_timeout=30), 1))
+    lab launch: rendezvous 'r7' at 10.0.0.1:29400 did not complete within 30 s: expected 2 nodes, 1 arrived
+    >>> print(rendezvous_failure(Rendezvous("10.0.0.1:29400", "2:4", "r7"), None))
+    lab launch: rendezvous 'r7' at 10.0.0.1:29400 was never reached from this node within 600 s: expected 2 to 4 nodes; check the head node is started and its port is open
+    """
+    expected = rdzv.nnodes.replace(":", " to ")
+    within = rdzv.join_timeout or 600
+    where = f"lab launch: rendezvous '{rdzv.run_id or 'default'}' at {rdzv.endpoint}"
+    if arrived is None:
+        return (f"{where} was never reached from this node within {within} s: expected {expected} nodes; "
+                f"check the head node is started and its port is open")
+    return f"{where} did not complete within {within} s: expected {expected} nodes, {arrived} arrived"

@@ -59,6 +59,15 @@ CASES = {
                               "run.output_dir: cannot write to"),
     "bad run id": (lambda t: ["train", *TINY, "--set", "run.id=../escape"], "run.id: '../escape' is not a valid run id"),
     "synth of no images": (lambda t: ["data", "synth", "--root", str(t), "--train-size", "0"], "--train-size: 0 images"),
+    "launch with nothing to run": (lambda t: ["launch", "--nproc-per-node", "2"], "nothing to run"),
+    "launch of two nodes without a rendezvous": (lambda t: ["launch", "--nnodes", "2", "--", "x.py"],
+                                                 "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+    "launch with a bad node count": (lambda t: ["launch", "--nnodes", "4:2", "--rdzv-endpoint", "h:29400", "--", "x.py"],
+                                     "--nnodes: '4:2' is not a node count"),
+    "launch with an endpoint without port": (lambda t: ["launch", "--nnodes", "2", "--rdzv-endpoint", "head",
+                                                        "--", "x.py"], "--rdzv-endpoint: 'head' is not HOST:PORT"),
+    "launch with a zero join timeout": (lambda t: ["launch", "--nnodes", "2", "--rdzv-endpoint", "h:1",
+                                                   "--join-timeout", "0", "--", "x.py"], "--join-timeout: 0 s"),
     "workshop of one process": (lambda t: ["workshop", "--nproc-per-node", "1"], "the workshop compares 1 process"),
 }
 

@@ -1,0 +1,51 @@
+"""Counting the nodes that reached a multi-node rendezvous, so a join timeout can say how many arrived.
+
+torchrun's c10d rendezvous gives up with a bare `RendezvousTimeoutError`. Every node's
+launcher therefore also connects to the store torchrun serves at the rendezvous endpoint
+and adds itself to a counter there; while torchrun runs it keeps the last count it saw.
+When the rendezvous fails, that count is what the launcher reports.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+
+
+class RollCall:
+    """Background observer of one rendezvous; `arrived` is None until the store was reached."""
+
+    def __init__(self, endpoint: str, run_id: str, timeout_s: float, alive=lambda: True):
+        host, _, port = endpoint.rpartition(":")
+        self.host, self.port = host, int(port)
+        self.key = f"lab/roll_call/{run_id}"
+        self.timeout_s = timeout_s
+        self.alive = alive  # torchrun still running: once it has ended the store may be gone, so stop asking
+        self.arrived: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="lab-roll-call", daemon=True)
+
+    def start(self) -> "RollCall":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _watch(self) -> None:
+        # This process only observes: c10d's own warning (with C++ frames) when the store closes under
+        # it would bury the one line that matters. Set before torch loads; the workers are not affected.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        from torch.distributed import TCPStore
+
+        try:
+            # A client only: the head's torchrun owns the server. It may not be up yet; the client retries
+            # until timeout_s, the same bound torchrun's own connection has.
+            store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
+            self.arrived = store.add(self.key, 1)
+            while not self._stop.wait(1.0) and self.alive():
+                self.arrived = store.add(self.key, 0)
+        except Exception:  # noqa: BLE001 - an observer: the store going away (torchrun ended) ends the watch
+            return
