@@ -27,3 +27,12 @@ test-tools:
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The images and compose files: static checks, then a real Docker engine (root + apt-get; see tests/infra/test_container.py).
+.PHONY: test-container clean-container
+test-container: $(STAMP)
+	$(BIN)/python -m pytest tests/infra/test_compose.py tests/infra/test_container.py
+
+# The container test's engine keeps its data root (~6 GB) in build/container/ as a cache.
+clean-container:
+	scripts/container-base.sh clean
