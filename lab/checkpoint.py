@@ -9,9 +9,7 @@ builds tensors and plain containers only and refuses to run code from the file.
 from __future__ import annotations
 
 import os
-import pickle
 import random
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,10 @@ from lab.errors import CheckpointError
 
 FORMAT = 1
 LAST = "last.pt"
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (the run fails; what was saved before is untouched)."""
 
 
 def save(path: str | Path, state: dict) -> Path:
@@ -33,6 +35,9 @@ def save(path: str | Path, state: dict) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    except OSError as exc:  # a full disk, a vanished mount: say so, and that nothing older was touched
+        kept = "the previous checkpoint is intact" if path.exists() else "there is no earlier checkpoint"
+        raise CheckpointWriteError(f"{path}: checkpoint not written ({exc.strerror or exc}); {kept}") from exc
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)  # make the rename itself durable
@@ -53,7 +58,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - torch's unpickler raises many kinds (IndexError on plain text, ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint ({first[:200]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:

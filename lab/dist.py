@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import socket
 from dataclasses import dataclass
 
@@ -37,6 +38,10 @@ class DistContext:
     node_rank: int
     device: torch.device
     backend: str | None  # None when there is no process group (world size 1)
+    timeout_seconds: float = 600.0
+    # A second, gloo group used only after a collective timed out, to find the rank(s) that stopped
+    # answering: the default group's connections are closed by then.
+    watchdog: object | None = None
 
     @property
     def is_primary(self) -> bool:
@@ -83,7 +88,38 @@ def init(cfg: DistConfig) -> DistContext:
             timeout=datetime.timedelta(seconds=cfg.timeout_seconds),
             device_id=device if device.type == "cuda" else None,
         )
-    return DistContext(global_rank, local_rank, world_size, local_world_size, node_rank, device, backend)
+        watchdog = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_seconds))
+    return DistContext(global_rank, local_rank, world_size, local_world_size, node_rank, device, backend,
+                       cfg.timeout_seconds, watchdog if world_size > 1 else None)
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective waited longer than dist.timeout_seconds; the message names the ranks that did not answer."""
+
+
+def is_collective_timeout(exc: BaseException) -> bool:
+    """gloo raises a RuntimeError 'Timed out waiting ...'; c10d's own waits say 'timeout'."""
+    return isinstance(exc, RuntimeError) and not isinstance(exc, CollectiveTimeout) and (
+        "timed out" in str(exc).lower() or "timeout" in str(exc).lower())
+
+
+def explain_timeout(ctx: DistContext) -> CollectiveTimeout:
+    """After a collective timed out, meet at a monitored barrier on the watchdog group: rank 0 learns which
+    ranks never come (stuck or dead) and names them. Every rank that timed out takes part."""
+    limit = min(ctx.timeout_seconds, 60.0)  # the others time out at about the same moment; do not wait long
+    stuck = None
+    try:
+        tdist.monitored_barrier(group=ctx.watchdog, timeout=datetime.timedelta(seconds=limit), wait_all_ranks=True)
+    except RuntimeError as exc:
+        found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", str(exc))
+        stuck = found.group(1).strip() if found else None
+    what = f"rank {ctx.global_rank}: a collective did not complete within {ctx.timeout_seconds:g} s (dist.timeout_seconds)"
+    if not ctx.is_primary:
+        return CollectiveTimeout(f"{what}; rank 0's error names the rank(s) that stopped answering")
+    if stuck is None:
+        return CollectiveTimeout(f"{what}; every rank answered a check afterwards, so one was slow, not stuck: "
+                                 f"raise dist.timeout_seconds if that is expected")
+    return CollectiveTimeout(f"{what}; rank(s) {stuck} did not answer within {limit:g} s more: stuck or dead")
 
 
 def teardown(ctx: DistContext) -> None:

@@ -6,9 +6,18 @@ because then the traceback is what a developer needs.
 
 
 class LabError(Exception):
-    """Bad input: a config, an argument, a data file, a checkpoint, an inventory."""
+    r"""Bad input: a config, an argument, a data file, a checkpoint, an inventory.
+
+    The message is one line whatever the user typed: control characters in echoed input are escaped.
+
+    >>> str(LabError("--set a\nb: expected section.key=value"))
+    '--set a\\nb: expected section.key=value'
+    """
 
     exit_code = 2
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message)))
 
 
 class ConfigError(LabError):

@@ -62,6 +62,10 @@ class _Definitions:
                                      GPU_LABELS)
         self.heartbeat = gauge("lab_train_last_log_timestamp_seconds", "Unix time of this rank's last log interval")
         self.info = Info("lab_run", "The run's versions and layout", LABELS, registry=registry)
+        self.restarts = Counter("lab_train_restarts", "Times torchrun restarted this run's worker group", LABELS,
+                                registry=registry)
+        self.steps_redone = Counter("lab_train_steps_redone", "Optimizer steps run again after restarts: work lost "
+                                    "between the last checkpoint and a crash", LABELS, registry=registry)
 
 
 # ----------------------------------------------------------------------------- the per-rank exporter
@@ -77,6 +81,9 @@ class NullExporter:
 
     def target(self) -> None:
         return None
+
+    def record_recovery(self, restarts: int, steps_redone: int) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -116,6 +123,11 @@ class RankExporter(NullExporter):
         m.heartbeat.labels(**lab).set(row["time"])
         self._last_step = row["step"]
         self._sample_device()
+
+    def record_recovery(self, restarts: int, steps_redone: int) -> None:
+        """What the run survived before this start (a new process after a restart: its counters start at 0)."""
+        self.m.restarts.labels(**self.labels).inc(restarts)
+        self.m.steps_redone.labels(**self.labels).inc(steps_redone)
 
     def _sample_device(self) -> None:
         import torch
@@ -232,6 +244,8 @@ def push_run_summary(cfg, run_id: str, rank: int, summary: dict[str, Any]) -> bo
         ("lab_run_device_memory_peak_bytes", "Peak memory of this rank (device, or process on CPU)", labels,
          summary.get("device_memory_peak_bytes")),
         ("lab_run_wall_time_seconds", "Wall time of the run", labels, summary.get("wall_time_seconds")),
+        ("lab_run_restarts", "Times torchrun restarted the run's worker group", labels, summary.get("restart_count")),
+        ("lab_run_steps_redone", "Optimizer steps run again after restarts", labels, summary.get("steps_redone")),
     ]
     if summary.get("status") == "completed":
         values.append(("lab_run_last_success_timestamp_seconds", "Unix time the run last completed", labels,

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,34 @@ class RunDir:
         except OSError as exc:
             raise LabError(f"run.output_dir: cannot write to {self.path} ({exc.strerror or exc}); "
                            f"choose a writable directory with --set run.output_dir=DIR") from None
+        self._clear_crash_leftovers()
         return self
+
+    def _clear_crash_leftovers(self) -> None:
+        """A process killed mid-write can leave a torn last metrics row and a checkpoint temp file.
+        Only the run's rank 0 writes either, and it is here, so both are stale: drop them before appending."""
+        for tmp in self.checkpoints.glob("*.tmp-*"):
+            tmp.unlink(missing_ok=True)
+        if self.metrics.exists():
+            text = self.metrics.read_bytes()
+            if text and not text.endswith(b"\n"):
+                with open(self.metrics, "r+b") as f:
+                    f.truncate(text.rfind(b"\n") + 1)
+
+    def check_space(self, need_bytes: int, what: str) -> None:
+        """Refuse to start when the file system cannot hold `need_bytes` more."""
+        free = shutil.disk_usage(self.path).free
+        if free < need_bytes:
+            raise LabError(f"run.output_dir: {self.path} has {free / 2**20:.1f} MiB free but this run needs about "
+                           f"{need_bytes / 2**20:.1f} MiB ({what}); free some space or choose another directory "
+                           f"with --set run.output_dir=DIR")
+
+    def progress(self) -> tuple[int, int]:
+        """(highest step in metrics.jsonl, steps redone by earlier restarts): how far the run got before it
+        last stopped, and the work it had lost before that. (0, 0) for a new run."""
+        rows = read_metrics(self.path) if self.metrics.exists() else []
+        starts = read_json(self.manifest).get("starts", []) if self.manifest.exists() else []
+        return max((r["step"] for r in rows), default=0), sum(s.get("steps_redone", 0) for s in starts)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Write the manifest; on a resumed run keep the first one and add this start to its history."""
@@ -103,12 +131,25 @@ def read_json(path: str | Path) -> Any:
 
 
 def read_metrics(run_path: str | Path, kind: str = "train") -> list[dict[str, Any]]:
-    """The rows of a run's metrics.jsonl with `kind` ('train' or 'eval')."""
-    rows = []
+    """The rows of a run's metrics.jsonl with `kind` ('train' or 'eval'), as the run finally went: after a
+    restart from a checkpoint the steps logged again replace those the lost attempt had logged.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / "metrics.jsonl").write_text("".join(
+    ...     f'{{"kind": "train", "step": {s}, "attempt": {a}}}\\n' for s, a in [(1, 0), (2, 0), (3, 0), (2, 1), (3, 1)]))
+    >>> [(r["step"], r["attempt"]) for r in read_metrics(d)]
+    [(1, 0), (2, 1), (3, 1)]
+    """
+    rows: list[dict[str, Any]] = []
     with open(Path(run_path) / "metrics.jsonl") as f:
         for line in f:
+            if not line.endswith("\n"):
+                break  # a row being written, or torn by a kill: not a row yet
             row = json.loads(line)
             if row.get("kind") == kind:
+                while rows and rows[-1]["step"] >= row["step"]:
+                    rows.pop()  # logged by an attempt that died before its next checkpoint
                 rows.append(row)
     return rows
 

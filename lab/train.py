@@ -21,7 +21,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -335,7 +335,7 @@ class Trainer:
             "samples_per_second": samples / seconds, "step_time_seconds": seconds / steps,
             "rank_samples": self._samples, "rank_samples_per_second": self._samples / seconds,
             "device_memory_allocated_bytes": allocated, "device_memory_peak_bytes": peak,
-            "world_size": self.ctx.world_size, "time": time.time(),
+            "world_size": self.ctx.world_size, "attempt": torchrun_env.restart_count(), "time": time.time(),
         }
         self._count_throughput(samples, seconds)
         self._loss_sum.zero_()
@@ -423,6 +423,18 @@ def set_determinism(deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = True  # fixed input shapes: autotuned convolutions pay off
 
 
+class Recovery(NamedTuple):
+    """How this start of the run came about: torchrun restarts so far and the steps they made it redo."""
+
+    restarts: int          # TORCHELASTIC_RESTART_COUNT: 0 on the first start
+    steps_redone: int      # steps logged by the attempt that died after the checkpoint this start resumed from
+    redone_before: int     # the same, summed over earlier restarts
+
+    @property
+    def steps_redone_total(self) -> int:
+        return self.steps_redone + self.redone_before
+
+
 def resolve_run_id(cfg: Config, ctx: dist.DistContext) -> str:
     """run.id when given; under torchrun, the name and the rendezvous id (stable across restarts, so a
     restarted group resumes its own checkpoint); else a new time-stamped id made on rank 0."""
@@ -458,35 +470,46 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
         run_dir = RunDir(cfg.run.output_dir, resolve_run_id(cfg, ctx))
         dist.primary_then_broadcast(ctx, run_dir.create)
         # Rank 0 reads the checkpoint and sends it to the others: nodes need no shared file system.
-        resume_state, resume_path = dist.primary_then_broadcast(ctx, lambda: find_resume_state(cfg, run_dir))
+        resume_state, resume_path, (last_logged, redone_before) = dist.primary_then_broadcast(
+            ctx, lambda: (*find_resume_state(cfg, run_dir), run_dir.progress()))
         console = Console() if ctx.is_primary else SilentConsole()
         rank_hooks = [run_dir.append_metrics, console, *hooks] if ctx.is_primary else list(hooks)
         trainer = Trainer(cfg, ctx, dataset, console=console, hooks=rank_hooks, run_dir=run_dir,
                           resume=(resume_state, resume_path) if resume_state is not None else None)
+        # Work lost to a crash: what the run had logged past the step it resumed from (to log_every granularity).
+        recovery = Recovery(torchrun_env.restart_count(), max(0, last_logged - trainer.step), redone_before)
+        dist.primary_then_broadcast(ctx, lambda: run_dir.check_space(*space_needed(cfg, trainer, run_dir)))
         ranks = dist.all_gather_object(ctx, dist.describe(ctx))
         versions = dist.versions()
         exporter = metrics.start(cfg.metrics, ctx, run_dir.run_id, metrics.run_info(ctx, versions, dataset.source),
                                  say=console.say)
+        exporter.record_recovery(recovery.restarts, recovery.steps_redone_total)
         trainer.hooks.append(exporter)
         # Every rank has the same config, so all or none take part in this gather.
         targets = dist.all_gather_object(ctx, exporter.target()) if cfg.metrics.port_base else []
         if ctx.is_primary:
-            run_dir.write_manifest(_manifest(cfg, ctx, run_dir, dataset, trainer, ranks, versions, resume_path))
+            run_dir.write_manifest(_manifest(cfg, ctx, run_dir, dataset, trainer, ranks, versions, resume_path,
+                                              recovery))
             _announce(console, cfg, ctx, run_dir, dataset, trainer, resume_path)
             _publish_targets(cfg, run_dir, targets, console)
             console.begin(trainer.total_steps, trainer.step)
         try:
-            results = trainer.fit()
+            try:
+                results = trainer.fit()
+            except RuntimeError as exc:
+                if ctx.distributed and dist.is_collective_timeout(exc):
+                    raise dist.explain_timeout(ctx) from exc
+                raise
         except BaseException as exc:
             if ctx.is_primary:  # close, record, re-raise: the summary says how the run ended
-                run_dir.write_summary(_summary(cfg, ctx, run_dir, dataset, trainer.results(), wall_start,
+                run_dir.write_summary(_summary(cfg, ctx, run_dir, dataset, trainer.results(), wall_start, recovery,
                                                status="failed", error=f"{type(exc).__name__}: {exc}"))
             raise
         finally:
             exporter.close()
             if ctx.is_primary and cfg.metrics.targets_dir:  # the run's ranks are gone: stop scraping them
                 (Path(cfg.metrics.targets_dir) / f"{run_dir.run_id}.json").unlink(missing_ok=True)
-        summary = _summary(cfg, ctx, run_dir, dataset, results, wall_start,
+        summary = _summary(cfg, ctx, run_dir, dataset, results, wall_start, recovery,
                            status="stopped" if trainer.stopped else "completed")
         if cfg.metrics.pushgateway:  # each rank: its own peak memory under grouping key (job, run_id, rank)
             _, peak = dist.memory_bytes(ctx.device)
@@ -503,6 +526,19 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
         dist.teardown(ctx)
 
 
+def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, str]:
+    """Bytes the run will add to its directory, and why: while a checkpoint is saved the previous one still
+    exists, so a first save needs two checkpoints' room (one more when last.pt is already there)."""
+    records = 4 * 2**20  # metrics rows, manifest, summary, report with plots
+    if not cfg.checkpoint.save:
+        return records, "its records"
+    weights = sum(t.numel() * t.element_size() for t in trainer.model.state_dict().values())
+    momentum = sum(p.numel() * p.element_size() for p in trainer.model.parameters())  # SGD: one buffer per parameter
+    copies = 1 if (run_dir.checkpoints / checkpoint.LAST).exists() else 2
+    size = weights + momentum
+    return copies * size + records, f"{copies} checkpoint(s) of {size / 2**20:.1f} MiB at a save, and its records"
+
+
 def _publish_targets(cfg: Config, run_dir: RunDir, targets: list, console: Console) -> None:
     """file_sd target files listing every rank's endpoint, so Prometheus finds the run without a config edit."""
     written = metrics.write_targets(run_dir.path / "prometheus-targets.json", targets)
@@ -514,9 +550,9 @@ def _publish_targets(cfg: Config, run_dir: RunDir, targets: list, console: Conso
     console.say(f"metrics: {endpoints} (Prometheus file_sd targets: {written})")
 
 
-def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, versions, resume_path) -> dict[str, Any]:
+def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, versions, resume_path, recovery) -> dict[str, Any]:
     start = {"time": time.time(), "step": trainer.step, "world_size": ctx.world_size,
-             "restart_count": torchrun_env.restart_count(), "resumed_from": resume_path}
+             "restart_count": recovery.restarts, "resumed_from": resume_path, "steps_redone": recovery.steps_redone}
     return {
         "run_id": run_dir.run_id, "config": to_dict(cfg), "config_origin": cfg.origin, "seed": cfg.run.seed,
         "data": {"source": dataset.source, "description": dataset.description,
@@ -530,10 +566,11 @@ def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, versions, resume_path)
     }
 
 
-def _summary(cfg, ctx, run_dir, dataset, results, wall_start, status, error=None) -> dict[str, Any]:
+def _summary(cfg, ctx, run_dir, dataset, results, wall_start, recovery, status, error=None) -> dict[str, Any]:
     summary = {"run_id": run_dir.run_id, "status": status, "data_source": dataset.source,
                "world_size": ctx.world_size, "global_batch_size": cfg.train.global_batch_size,
-               "wall_time_seconds": time.time() - wall_start, "restart_count": torchrun_env.restart_count(),
+               "wall_time_seconds": time.time() - wall_start, "restart_count": recovery.restarts,
+               "steps_redone": recovery.steps_redone_total,
                "host": socket.gethostname(), **results}
     if error:
         summary["error"] = error

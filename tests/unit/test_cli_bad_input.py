@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
+
 import pytest
 
 from tests.conftest import TINY, lab
@@ -25,6 +27,37 @@ def _truncated_cifar(tmp: Path) -> str:
     batch = tmp / "d" / "cifar-10-batches-py" / "data_batch_1"
     batch.write_bytes(batch.read_bytes()[:1000])
     return str(tmp / "d")
+
+
+def _cifar_with(tmp: Path, **changes) -> str:
+    """Synthetic data in the CIFAR-10 layout with one batch file rewritten (as a plain pickle of arrays)."""
+    import pickle
+
+    import numpy as np
+
+    lab("data", "synth", "--root", str(tmp / "d"), "--train-size", "50", "--test-size", "10")
+    folder = tmp / "d" / "cifar-10-batches-py"
+    if changes.get("missing"):
+        (folder / changes["missing"]).unlink()
+        return str(tmp / "d")
+    batch = {"data": np.zeros((10, 3072), np.uint8), "labels": list(range(10))}
+    batch.update(changes)
+    (folder / "data_batch_2").write_bytes(pickle.dumps({k: np.asarray(v) for k, v in batch.items()}))
+    return str(tmp / "d")
+
+
+def _list_config(tmp: Path) -> str:
+    (tmp / "list.yaml").write_text("- train\n- lr\n")
+    return str(tmp / "list.yaml")
+
+
+def _not_a_checkpoint(tmp: Path) -> str:
+    (tmp / "weights.pt").write_text("these are not weights")
+    return str(tmp / "weights.pt")
+
+
+def _cifar_train(root: str) -> list[str]:
+    return ["train", *TINY, "--set", "data.source=cifar10", "--set", f"data.root={root}"]
 
 
 CASES = {
@@ -68,6 +101,23 @@ CASES = {
                                                         "--", "x.py"], "--rdzv-endpoint: 'head' is not HOST:PORT"),
     "launch with a zero join timeout": (lambda t: ["launch", "--nnodes", "2", "--rdzv-endpoint", "h:1",
                                                    "--join-timeout", "0", "--", "x.py"], "--join-timeout: 0 s"),
+    "data of the wrong shape": (lambda t: _cifar_train(_cifar_with(t, data=np.zeros((10, 1024), np.uint8))),
+                                "data_batch_2: data has shape (10, 1024) and type uint8; expected (N, 3072) uint8"),
+    "labels out of range": (lambda t: _cifar_train(_cifar_with(t, labels=[0, 1, 2, 3, 4, 5, 6, 7, 8, 12])),
+                            "data_batch_2: labels range over [0, 12]; expected 0..9"),
+    "labels of the wrong count": (lambda t: _cifar_train(_cifar_with(t, labels=[1, 2, 3])),
+                                  "data_batch_2: labels have shape (3,); expected 10 integers"),
+    "a missing test batch": (lambda t: _cifar_train(_cifar_with(t, missing="test_batch")), "test_batch: missing"),
+    "a config that is a list": (lambda t: ["train", "--config", _list_config(t)], "list.yaml"),
+    "an unknown config section": (lambda t: ["train", "--set", "optimizer.lr=0.1"], "--set optimizer.lr: unknown"),
+    "a value outside its choices": (lambda t: ["train", "--set", "model.norm=layer"], "--set model.norm: "),
+    "resume from a file that is no checkpoint": (lambda t: ["train", *TINY, "--set",
+                                                            f"checkpoint.resume={_not_a_checkpoint(t)}",
+                                                            "--set", f"run.output_dir={t}/runs"],
+                                                 "weights.pt: not a readable checkpoint"),
+    "report of a folder that is no run": (lambda t: ["report", str(t)], "no run directories or benchmark results found"),
+    "memory of no parameters": (lambda t: ["memory", "--params=-7e9"], "--params -7e+09: the parameter count must be"),
+    "all-reduce sizes upside down": (lambda t: ["bench", "allreduce", "-b", "1M", "-e", "1K"], "-e 1024 is below -b"),
     "workshop of one process": (lambda t: ["workshop", "--nproc-per-node", "1"], "the workshop compares 1 process"),
 }
 

@@ -23,6 +23,7 @@ def test_rows_become_labelled_series_served_over_http():
         exporter(_row(4))
         exporter(_row(10))
         exporter({"kind": "eval", "test_loss": 0.9, "test_accuracy": 0.7})
+        exporter.record_recovery(restarts=1, steps_redone=3)
         text = urllib.request.urlopen(exporter.endpoint, timeout=5).read().decode()
     finally:
         exporter.close()
@@ -30,6 +31,8 @@ def test_rows_become_labelled_series_served_over_http():
     assert 'lab_train_steps_total{node="n",rank="1",run_id="r1"} 10.0' in text           # 4 + 6
     assert 'lab_train_samples_total{node="n",rank="1",run_id="r1"} 128.0' in text
     assert 'lab_eval_accuracy_ratio{node="n",rank="1",run_id="r1"} 0.7' in text
+    assert 'lab_train_restarts_total{node="n",rank="1",run_id="r1"} 1.0' in text
+    assert 'lab_train_steps_redone_total{node="n",rank="1",run_id="r1"} 3.0' in text
     assert 'lab_run_info{node="n",rank="1",run_id="r1",torch=' in text
     assert exporter.target() == {"targets": [f"127.0.0.1:{exporter.port}"], "labels": labels}
 
