@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lab {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    for add in (_add_train, _add_workshop, _add_launch, _add_bench, _add_memory, _add_report, _add_data):
+    for add in (_add_train, _add_workshop, _add_launch, _add_bench, _add_memory, _add_report, _add_data,
+                _add_doctor):
         add(commands)
     return parser
 
@@ -163,6 +164,19 @@ def _add_report(commands) -> None:
     report.add_argument("--out", metavar="DIR", help="where report.md and the PNGs go (default: the first folder)")
 
 
+def _add_doctor(commands) -> None:
+    doctor = commands.add_parser("doctor", help="preflight checks of this host, one line each; exit 1 when one fails",
+                                 description="Check python, torch, devices, NCCL/gloo, /dev/shm, ports, the run "
+                                             "output directory and the interfaces NCCL/GLOO_SOCKET_IFNAME name.")
+    doctor.add_argument("--port", action="append", default=[], metavar="PORT[-LAST]",
+                        help="a port that must be free here: the rendezvous port, the metrics ports (repeatable)")
+    doctor.add_argument("--output-dir", default="runs", metavar="DIR", help="run output directory (default: runs)")
+    doctor.add_argument("--expect-gpus", type=int, metavar="N", help="fail unless exactly N CUDA GPUs are visible")
+    doctor.add_argument("--min-shm", type=float, default=1.0, metavar="GIB",
+                        help="warn when /dev/shm is smaller (default 1 GiB)")
+    doctor.add_argument("--json", metavar="PATH", help="write checks and facts as JSON ('-': stdout)")
+
+
 def _add_data(commands) -> None:
     data = commands.add_parser("data", help="prepare real CIFAR-10 or write synthetic data")
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser, metavar="ACTION")
@@ -207,6 +221,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(f"report: {report.build(args.paths, args.out)}")
         return EXIT_OK
+    if args.command == "doctor":
+        from lab import doctor
+
+        return doctor.run(args.port, args.output_dir, args.expect_gpus, args.min_shm, args.json)
     if args.command == "memory":
         from lab import memory
 

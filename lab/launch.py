@@ -112,12 +112,13 @@ def rendezvous_failure(rdzv: Rendezvous, arrived: int | None) -> str:
     >>> print(rendezvous_failure(Rendezvous("10.0.0.1:29400", "2", "r7", join_timeout=30), 1))
     lab launch: rendezvous 'r7' at 10.0.0.1:29400 did not complete within 30 s: expected 2 nodes, 1 arrived
     >>> print(rendezvous_failure(Rendezvous("10.0.0.1:29400", "2:4", "r7"), None))
-    lab launch: rendezvous 'r7' at 10.0.0.1:29400 was never reached from this node within 600 s: expected 2 to 4 nodes; check the head node is started and its port is open
+    lab launch: rendezvous 'r7' at 10.0.0.1:29400 was never reached from this node (join timeout 600 s): expected 2 to 4 nodes; check the head node is started and its port is open
     """
     expected = rdzv.nnodes.replace(":", " to ")
     within = rdzv.join_timeout or 600
     where = f"lab launch: rendezvous '{rdzv.run_id or 'default'}' at {rdzv.endpoint}"
     if arrived is None:
-        return (f"{where} was never reached from this node within {within} s: expected {expected} nodes; "
+        # torchrun retries the connection a while past read_timeout, so no "within" is promised here
+        return (f"{where} was never reached from this node (join timeout {within} s): expected {expected} nodes; "
                 f"check the head node is started and its port is open")
     return f"{where} did not complete within {within} s: expected {expected} nodes, {arrived} arrived"

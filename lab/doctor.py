@@ -1,0 +1,236 @@
+"""`lab doctor`: is this host ready for a (multi-node) run? One line per check.
+
+    $ lab doctor --port 29400 --output-dir runs
+    ok    python     3.11.7 (/work/main/.venv/bin/python)
+    ok    torch      2.14.1 (CUDA build 12.8)
+    ok    devices    no CUDA GPU; 2 CPU cores (gloo on the CPU)
+    ...
+    fail  port       29400 is in use on this host; stop what holds it or choose another port
+
+Exit 0 when no check failed (warnings are allowed), 1 when one did. `--json PATH`
+(`-` for stdout, the lines then go to stderr) writes the checks and the facts they
+found (GPU count and names, versions, /dev/shm size, interfaces): the Ansible
+preflight role runs this on every node and reads that file. torch is imported
+inside the checks, so a host without it gets a failed check, not a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from lab import cores
+from lab.errors import LabError
+
+GIB = 1024**3
+DEFAULT_MIN_SHM_BYTES = 1 * GIB  # NCCL and DataLoader workers use /dev/shm; Docker's default is 64 MiB
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # "ok", "warn" or "fail"
+    detail: str
+    fix: str = ""  # what to do about a warn or fail
+
+    def line(self) -> str:
+        """
+        >>> Check("shm", "warn", "/dev/shm is 64 MiB", "run containers with --ipc host").line()
+        'warn  shm        /dev/shm is 64 MiB; run containers with --ipc host'
+        """
+        text = f"{self.status:<5} {self.name:<10} {self.detail}"
+        return f"{text}; {self.fix}" if self.fix and self.status != "ok" else text
+
+
+def parse_ports(specs: list[str]) -> list[int]:
+    """Ports from `--port` values: one port, or FIRST-LAST.
+
+    >>> parse_ports(["29400", "9500-9502"])
+    [29400, 9500, 9501, 9502]
+    """
+    ports: list[int] = []
+    for spec in specs:
+        first, _, last = spec.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise LabError(f"--port: {spec!r} is not a port; use PORT or FIRST-LAST, e.g. 29400 or 9500-9507")
+        lo, hi = int(first), int(last or first)
+        if not 0 < lo <= hi < 65536:
+            raise LabError(f"--port: {spec!r} is out of range; ports are 1..65535, FIRST <= LAST")
+        ports += range(lo, hi + 1)
+    return ports
+
+
+def matching_interfaces(spec: str, names: list[str]) -> list[str]:
+    """The interfaces an NCCL_SOCKET_IFNAME value selects: comma-separated prefixes, `=` for an
+    exact name, a leading `^` to exclude instead of include (NCCL's rules).
+
+    >>> matching_interfaces("eth", ["lo", "eth0", "eth1"])
+    ['eth0', 'eth1']
+    >>> matching_interfaces("=eth", ["eth0"])
+    []
+    >>> matching_interfaces("^lo,docker", ["lo", "eth0", "docker0"])
+    ['eth0']
+    """
+    exclude = spec.startswith("^")
+    patterns = [p for p in spec.lstrip("^").split(",") if p]
+
+    def hit(name: str) -> bool:
+        return any(name == p[1:] if p.startswith("=") else name.startswith(p) for p in patterns)
+
+    return [n for n in names if hit(n) != exclude]
+
+
+def interfaces() -> list[str]:
+    try:
+        return sorted(name for _, name in socket.if_nameindex())
+    except OSError:
+        return sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+
+
+def check_interfaces(env: Mapping[str, str], names: list[str]) -> list[Check]:
+    """Every interface the NCCL/GLOO_SOCKET_IFNAME variables name must exist here (gloo takes exact names)."""
+    have = ", ".join(names) or "none"
+    checks = [Check("network", "ok", f"interfaces: {have}")]
+    nccl = env.get("NCCL_SOCKET_IFNAME")
+    if nccl:
+        chosen = matching_interfaces(nccl, names)
+        checks.append(Check("nccl-if", "ok", f"NCCL_SOCKET_IFNAME={nccl} selects {', '.join(chosen)}") if chosen else
+                      Check("nccl-if", "fail", f"NCCL_SOCKET_IFNAME={nccl} selects no interface (have: {have})",
+                            "set it to this host's cluster interface"))
+    gloo = env.get("GLOO_SOCKET_IFNAME")
+    if gloo:
+        missing = [n for n in gloo.split(",") if n and n not in names]
+        checks.append(Check("gloo-if", "fail", f"GLOO_SOCKET_IFNAME={gloo}: no interface {', '.join(missing)} "
+                            f"(have: {have})", "set it to existing interface names") if missing else
+                      Check("gloo-if", "ok", f"GLOO_SOCKET_IFNAME={gloo} exists"))
+    return checks
+
+
+def check_shm(min_bytes: int, path: str = "/dev/shm") -> tuple[Check, int | None]:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return Check("shm", "warn", f"{path} is missing", "NCCL and data workers need shared memory"), None
+    size = st.f_blocks * st.f_frsize
+    detail = f"{path} is {size / GIB:.1f} GiB"
+    if size < min_bytes:
+        return Check("shm", "warn", f"{detail}, below {min_bytes / GIB:.1f} GiB",
+                     "run containers with --ipc host (or --shm-size 16g); NCCL and data workers need it"), size
+    return Check("shm", "ok", detail), size
+
+
+def check_port(port: int) -> Check:
+    """Free means a listener could bind it now, on every address (as torchrun's store does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free for a listener
+        try:
+            s.bind(("", port))
+        except OSError as exc:
+            return Check("port", "fail", f"{port} is in use on this host ({exc.strerror})",
+                         "stop what holds it or choose another port")
+    return Check("port", "ok", f"{port} is free")
+
+
+def check_output_dir(path: str) -> Check:
+    """Writable if it exists and is writable, or its nearest existing parent is (the run will create it)."""
+    target = Path(path).absolute()
+    existing = next((p for p in (target, *target.parents) if p.exists()), None)
+    if existing is not None and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return Check("output", "ok", f"{target} is writable" + ("" if existing == target else " (will be created)"))
+    return Check("output", "fail", f"{target} is not writable (checked {existing})",
+                 "choose a writable run.output_dir or fix its permissions")
+
+
+def check_torch(expect_gpus: int | None) -> tuple[list[Check], dict[str, Any]]:
+    """torch, its devices and its collective backends."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as exc:  # noqa: BLE001 - a broken install is a failed check, whatever it raised
+        return [Check("torch", "fail", f"cannot import torch ({exc})", "install the lab: pip install -e .")], {}
+    facts: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu_count": 0,
+                             "gpu_names": [], "nccl": None, "driver": None}
+    checks = [Check("torch", "ok", f"{torch.__version__} ({'CUDA build ' + torch.version.cuda if torch.version.cuda else 'CPU build'})")]
+    if torch.cuda.is_available():
+        facts["gpu_count"] = torch.cuda.device_count()
+        facts["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(facts["gpu_count"])]
+        names = sorted(set(facts["gpu_names"]))
+        checks.append(Check("devices", "ok", f"{facts['gpu_count']} x {', '.join(names)}"))
+    elif any(Path("/dev").glob("nvidia[0-9]*")):
+        checks.append(Check("devices", "fail", "NVIDIA devices are present but torch cannot use them",
+                            "install a CUDA build of torch that matches the driver (or use the lab image)"))
+    else:
+        checks.append(Check("devices", "ok", f"no CUDA GPU; {cores.available()} CPU cores (gloo on the CPU)"))
+    if expect_gpus is not None and facts["gpu_count"] != expect_gpus:
+        checks.append(Check("devices", "fail", f"{facts['gpu_count']} GPUs, expected {expect_gpus}",
+                            "check nvidia-smi and CUDA_VISIBLE_DEVICES, or change the expected count"))
+    if facts["gpu_count"]:
+        facts["driver"] = _nvml_driver()
+        checks.append(Check("driver", "ok", facts["driver"] or "not read (install nvidia-ml-py to read it)"))
+        if dist.is_nccl_available():
+            facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            checks.append(Check("nccl", "ok", facts["nccl"]))
+        else:
+            checks.append(Check("nccl", "fail", "torch has no NCCL", "use a CUDA build of torch with NCCL"))
+    checks.append(Check("gloo", "ok", "available") if dist.is_gloo_available() else
+                  Check("gloo", "fail", "torch has no gloo backend", "install a standard torch build"))
+    return checks, facts
+
+
+def _nvml_driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else version
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no nvidia-ml-py or no driver: the version is simply unknown
+        return None
+
+
+def run_checks(ports: list[int], output_dir: str, expect_gpus: int | None = None,
+               min_shm_bytes: int = DEFAULT_MIN_SHM_BYTES,
+               env: Mapping[str, str] | None = None) -> tuple[list[Check], dict[str, Any]]:
+    env = os.environ if env is None else env
+    checks = [Check("python", "ok", f"{platform.python_version()} ({sys.executable})")]
+    torch_checks, facts = check_torch(expect_gpus)
+    checks += torch_checks
+    shm, facts["shm_bytes"] = check_shm(min_shm_bytes)
+    checks.append(shm)
+    checks += [check_port(p) for p in ports]
+    checks.append(check_output_dir(output_dir))
+    facts["interfaces"] = interfaces()
+    checks += check_interfaces(env, facts["interfaces"])
+    facts.update(host=socket.gethostname(), python=platform.python_version())
+    return checks, facts
+
+
+def run(ports: list[str], output_dir: str, expect_gpus: int | None, min_shm_gib: float, json_path: str | None) -> int:
+    """Print one line per check (to stderr when the JSON goes to stdout); 0 if none failed, else 1."""
+    if expect_gpus is not None and expect_gpus < 0:
+        raise LabError(f"--expect-gpus: {expect_gpus}; use 0 or more")
+    checks, facts = run_checks(parse_ports(ports), output_dir, expect_gpus, int(min_shm_gib * GIB))
+    failed = [c for c in checks if c.status == "fail"]
+    out = sys.stderr if json_path == "-" else sys.stdout
+    for c in checks:
+        print(c.line(), file=out)
+    warned = sum(c.status == "warn" for c in checks)
+    print(f"doctor: {len(failed)} of {len(checks)} checks failed, {warned} warned" if failed else
+          f"doctor: {len(checks)} checks passed, {warned} warned", file=out, flush=True)
+    if json_path:
+        doc = json.dumps({"ok": not failed, "host": facts["host"], "checks": [{**asdict(c), "line": c.line()} for c in checks],
+                          "facts": facts}, indent=2, sort_keys=True)
+        if json_path == "-":
+            print(doc, flush=True)
+        else:
+            Path(json_path).write_text(doc + "\n")
+    return 1 if failed else 0

@@ -1,0 +1,268 @@
+"""The real `ansible-playbook` runs playbooks/multinode.yml on two local "nodes" (127.0.0.1, 127.0.0.2).
+
+Every run writes into the test's tmp dir: the nodes' work dirs and the controller's runs/
+come in as extra vars. The nodes use ansible_connection=local and the lab in this venv.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import PYTHON, ROOT, run
+
+BIN = Path(PYTHON).parent
+PLAYBOOK = ROOT / "playbooks" / "multinode.yml"
+LOCAL = ROOT / "playbooks" / "inventory" / "local.yml"
+NODES = ["127.0.0.1", "127.0.0.2"]
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+TINY_TRAINING = ["model.width=8", "train.max_steps=4"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _playbook(tmp: Path, inventory: Path = LOCAL, *args: str, check: bool = True, **extra):
+    """ansible-playbook with the job's variables pointed into `tmp`; returns (process, recap by host)."""
+    variables = {"lab_controller_runs": str(tmp / "controller"),
+                 "lab_workdir": str(tmp / "nodes") + "/{{ inventory_hostname }}",
+                 "lab_rdzv_port": _free_port(), "lab_run_id": "job1",
+                 "lab_train_overrides": TINY_TRAINING, **extra}
+    (tmp / "vars.json").write_text(json.dumps(variables))
+    proc = run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOK), "-e", f"@{tmp / 'vars.json'}",
+                *args], env={"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "OMP_NUM_THREADS": "1"},
+               check=check, timeout=400)
+    recap = {host: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, counts)))
+             for host, *counts in RECAP.findall(proc.stdout)}
+    return proc, recap
+
+
+def test_playbooks_pass_ansible_lint_yamllint_and_syntax_check():
+    lint = run([str(BIN / "ansible-lint"), "--offline", "--profile", "production", "playbooks/"], check=False)
+    assert lint.returncode == 0, lint.stdout[-4000:] + lint.stderr[-4000:]
+    assert "Profile 'production' was required, and it passed" in lint.stdout + lint.stderr
+    assert not (ROOT / ".ansible-lint").read_text().count("skip_list")  # no rule skipped for the whole project
+    run([str(BIN / "yamllint"), "--strict", "playbooks/", ".yamllint", ".ansible-lint"])
+    for inventory in ("local.yml", "dgx.example.yml"):
+        run([str(BIN / "ansible-playbook"), "--syntax-check", "-i", f"playbooks/inventory/{inventory}", str(PLAYBOOK)])
+
+
+def test_two_local_nodes_train_as_one_world_and_the_results_come_home(tmp_path):
+    started = time.monotonic()
+    proc, recap = _playbook(tmp_path)
+    seconds = time.monotonic() - started
+    assert set(recap) == set(NODES) and all(r["failed"] == r["unreachable"] == 0 for r in recap.values()), proc.stdout
+    job = tmp_path / "controller" / "job1"
+
+    # world size 2 reached: both node ranks trained in one world (rank 0 gathered every rank into the manifest)
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["world_size"] == 2
+    assert sorted(r["node_rank"] for r in manifest["ranks"]) == [0, 1]
+    # training finished
+    summary = json.loads((job / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    steps = [json.loads(line)["step"] for line in (job / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps and steps[-1] == 4
+
+    # both nodes' run directories came back, each with its launch log and lab doctor report
+    for node in NODES:
+        folder = job / "nodes" / node
+        assert (folder / "launch.log").stat().st_size > 0
+        doctor = json.loads((folder / "doctor.json").read_text())
+        assert doctor["ok"] and {"torch", "gloo", "shm", "output"} <= {c["name"] for c in doctor["checks"]}
+    holders = [n for n in NODES if (job / "nodes" / n / "manifest.json").exists()]
+    assert len(holders) == 1  # global rank 0 alone writes records; the merge copied its node's up
+    assert (job / "nodes" / holders[0] / "manifest.json").read_bytes() == (job / "manifest.json").read_bytes()
+    nodes = json.loads((job / "nodes.json").read_text())
+    assert nodes["records_from"] == holders[0] and nodes["nnodes"] == "2"
+    assert {n: o["rc"] for n, o in nodes["launch"].items()} == {n: 0 for n in NODES}
+
+    # the merged report, made on the controller by `lab report`
+    report = (job / "report.md").read_text()
+    assert "job1" in report
+    for png in re.findall(r"\]\(([^)]+\.png)\)", report):
+        assert (job / png).stat().st_size > 0
+
+    # the torchrun line on every node is the one lab.launch builds (`lab launch`), not a copy in Jinja
+    head = nodes["launch"]["127.0.0.1"]["command"]
+    assert shlex.split(head)[:2] == [str(BIN / "lab"), "launch"]
+    dry = run([*shlex.split(head)[:2], "--dry-run", *shlex.split(head)[2:]]).stdout.strip()
+    assert (job / "nodes" / "127.0.0.1" / "launch.log").read_text().splitlines()[0] == f"$ {dry}"
+    print(f"two-node play: {seconds:.0f} s")
+
+
+BAD_INVENTORY = {  # variable: (bad value, what the one-line refusal must say)
+    "lab_runtime": ("podman", 'lab_runtime is "podman"; use docker or process'),
+    "lab_rdzv_host": ("10.9.9.9", 'lab_rdzv_host is "10.9.9.9"; name a host of the group gpu_nodes'),
+    "lab_nnodes": ("two", 'lab_nnodes is "two"; use a node count N or MIN:MAX'),
+    "lab_rdzv_port": (70000, "lab_rdzv_port is 70000; use a TCP port, 1 to 65535"),
+    "lab_nproc_per_node": ("eight", 'lab_nproc_per_node is "eight"; use a worker count of 1 or more'),
+    "lab_join_timeout_seconds": (0, "lab_join_timeout_seconds is 0; use whole seconds, 1 or more"),
+    "lab_train_overrides": ("model.width=8", 'lab_train_overrides is "model.width=8"; use a list of'),
+}
+
+
+def test_bad_inventory_values_are_refused_one_line_each_before_anything_is_written(tmp_path):
+    proc, recap = _playbook(tmp_path, check=False, **{k: v for k, (v, _) in BAD_INVENTORY.items()})
+    assert proc.returncode == 2  # ansible-playbook's "a host failed", the lab's exit code for bad input
+    assert all(recap[node]["failed"] == 1 for node in NODES), proc.stdout
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("[ERROR]: Task failed")]
+    for node in NODES:
+        for variable, (_, said) in BAD_INVENTORY.items():
+            assert sum(f"{node}: {said}" in line for line in errors) == 1, (node, variable, errors)
+    assert not (tmp_path / "controller").exists() and not (tmp_path / "nodes").exists()
+
+
+def test_a_node_that_cannot_reach_the_rendezvous_fails_the_play_naming_it(tmp_path):
+    inventory = yaml.safe_load(LOCAL.read_text())
+    # A port where nothing listens, on an address torchrun does not take for its own (0.0.0.0 is not a
+    # loopback address to it, yet connects locally): 127.0.0.2 cannot reach "its" head and no packet leaves
+    # the machine; the real head waits alone.
+    blocked = f"0.0.0.0:{_free_port()}"
+    inventory["all"]["children"]["gpu_nodes"]["hosts"]["127.0.0.2"]["lab_rdzv_endpoint"] = blocked
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    started = time.monotonic()
+    proc, recap = _playbook(tmp_path, tmp_path / "inventory.yml", check=False, lab_join_timeout_seconds=5)
+    seconds = time.monotonic() - started
+    assert proc.returncode != 0
+    assert recap["127.0.0.2"]["failed"] == 1 and recap["127.0.0.1"]["failed"] == 1
+    fatal = {line.split("]")[0].split("[")[1]: line for line in proc.stdout.splitlines() if line.startswith("fatal:")}
+    assert (f"127.0.0.2: lab launch exited 1: lab launch: rendezvous 'job1' at {blocked} was never reached "
+            "from this node (join timeout 5 s)") in fatal["127.0.0.2"]
+    assert "127.0.0.1: lab launch exited 1: lab launch: rendezvous 'job1'" in fatal["127.0.0.1"]
+    assert "did not complete within 5 s: expected 2 nodes, 1 arrived" in fatal["127.0.0.1"]
+    # the failed nodes' logs still reached the controller; no records, so no report
+    job = tmp_path / "controller" / "job1"
+    assert "was never reached" in (job / "nodes" / "127.0.0.2" / "launch.log").read_text()
+    assert not (job / "report.md").exists()
+    # A hang guard, not a speed check: the launch timeout is a day, the join timeout 5 s.
+    assert seconds < 180, f"the play took {seconds:.0f} s"
+    print(f"failing play: {seconds:.0f} s")
+
+
+def test_preflight_twice_changes_nothing(tmp_path):
+    for _ in range(2):
+        proc, recap = _playbook(tmp_path, LOCAL, "--tags", "preflight")
+        assert set(recap) == set(NODES)
+        assert all(r["changed"] == 0 and r["failed"] == 0 for r in recap.values()), proc.stdout[-3000:]
+    for node in NODES:  # each node's one-line summary
+        assert re.search(rf"{re.escape(node)}: \d+ GPU\(s\).*torch .*lab doctor \d+ checks", proc.stdout)
+    assert not (tmp_path / "controller").exists() and not (tmp_path / "nodes").exists()  # checks only
+
+
+def test_preflight_fails_on_a_busy_rendezvous_port_naming_the_host(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc, recap = _playbook(tmp_path, LOCAL, "--tags", "preflight", check=False, lab_rdzv_port=port)
+    assert proc.returncode != 0 and recap["127.0.0.1"]["failed"] == 1
+    assert f"127.0.0.1: lab doctor failed: fail  port       {port} is in use on this host" in proc.stdout
+
+
+def _sshd_binary() -> str:
+    """sshd, installed with apt-get (Debian's openssh-server) when missing; skip, saying why, where it cannot be."""
+    import os
+    import shutil
+
+    sshd = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+    if sshd:
+        return sshd
+    if not shutil.which("apt-get"):
+        pytest.skip("sshd is not installed and there is no apt-get to install openssh-server")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "openssh-server"]
+    if run(install, env=env, check=False, timeout=300).returncode != 0:
+        run(["apt-get", "update", "-q"], env=env, check=False, timeout=300)
+        proc = run(install, env=env, check=False, timeout=300)
+        if proc.returncode != 0:
+            pytest.skip(f"apt-get install openssh-server failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return "/usr/sbin/sshd"
+
+
+@pytest.fixture
+def sshd_on_127_0_0_2(tmp_path):
+    """An sshd of our own on 127.0.0.2 (high port, key auth only, own config and host key); yields ssh facts."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("an sshd of our own needs root (its privilege separation directory /run/sshd, logins as root)")
+    sshd = _sshd_binary()
+    ssh_dir = tmp_path / "ssh"
+    ssh_dir.mkdir(mode=0o700)
+    for key in ("host_key", "client_key"):
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh_dir / key)])
+    (ssh_dir / "authorized_keys").write_text((ssh_dir / "client_key.pub").read_text())
+    port = _free_port()
+    (ssh_dir / "sshd_config").write_text(f"""\
+Port {port}
+ListenAddress 127.0.0.2
+HostKey {ssh_dir / 'host_key'}
+AuthorizedKeysFile {ssh_dir / 'authorized_keys'}
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+StrictModes no
+PidFile {ssh_dir / 'sshd.pid'}
+Subsystem sftp internal-sftp
+""")
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege separation directory
+    daemon = subprocess.Popen([sshd, "-D", "-e", "-f", str(ssh_dir / "sshd_config")], stdout=subprocess.DEVNULL,
+                              stderr=open(ssh_dir / "sshd.log", "w"))
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.2", port), timeout=1).close()
+                break
+            except OSError:
+                assert daemon.poll() is None and time.monotonic() < deadline, (ssh_dir / "sshd.log").read_text()
+                time.sleep(0.2)
+        host_key = (ssh_dir / "host_key.pub").read_text().split()
+        (ssh_dir / "known_hosts").write_text(f"[127.0.0.2]:{port} {host_key[0]} {host_key[1]}\n")
+        yield {"ansible_connection": "ssh", "ansible_host": "127.0.0.2", "ansible_port": port,
+               "ansible_user": "root",
+               "ansible_ssh_private_key_file": str(ssh_dir / "client_key"),
+               # host key checking stays on: the node's key is in a known_hosts file of our own
+               "ansible_ssh_common_args": f"-o UserKnownHostsFile={ssh_dir / 'known_hosts'}",
+               "ansible_ssh_args": "-C -o ControlMaster=no",  # no multiplexing master outliving the test
+               "ansible_python_interpreter": PYTHON}
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=10)
+
+
+def test_the_second_node_over_real_ssh_trains_in_the_same_world(tmp_path, sshd_on_127_0_0_2):
+    inventory = yaml.safe_load(LOCAL.read_text())
+    hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    hosts["127.0.0.1"].update(ansible_connection="local")  # the head stays the controller itself
+    hosts["127.0.0.2"].update(sshd_on_127_0_0_2)
+    group = inventory["all"]["children"]["gpu_nodes"]["vars"]
+    del group["ansible_connection"]
+    hosts["127.0.0.1"]["ansible_python_interpreter"] = group.pop("ansible_python_interpreter")
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    started = time.monotonic()
+    proc, recap = _playbook(tmp_path, tmp_path / "inventory.yml")
+    seconds = time.monotonic() - started
+    assert all(r["failed"] == r["unreachable"] == 0 for r in recap.values()) and set(recap) == set(NODES)
+    assert "Accepted publickey for" in (tmp_path / "ssh" / "sshd.log").read_text()  # really over SSH, with the key
+    job = tmp_path / "controller" / "job1"
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["world_size"] == 2 and sorted(r["node_rank"] for r in manifest["ranks"]) == [0, 1]
+    assert (job / "nodes" / "127.0.0.2" / "launch.log").stat().st_size > 0  # fetched over SSH
+    assert (job / "report.md").exists()
+    print(f"two-node play, second node over ssh: {seconds:.0f} s")

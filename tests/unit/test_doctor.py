@@ -1,0 +1,57 @@
+"""`lab doctor`: one line per check, exit 1 when one fails, JSON for the Ansible preflight role."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from lab import doctor
+from tests.conftest import lab
+
+
+def test_a_healthy_host_passes_with_one_line_per_check_and_json(tmp_path):
+    proc = lab("doctor", "--output-dir", str(tmp_path / "runs"), "--json", str(tmp_path / "doctor.json"),
+               env={"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"})
+    lines = proc.stdout.strip().splitlines()
+    assert all(line.split()[0] in ("ok", "warn") for line in lines[:-1])
+    assert lines[-1].startswith("doctor: ") and "checks passed" in lines[-1]
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert report["ok"] is True
+    names = [c["name"] for c in report["checks"]]
+    assert {"python", "torch", "devices", "gloo", "shm", "output", "network", "nccl-if", "gloo-if"} <= set(names)
+    assert [c["line"] for c in report["checks"]] == lines[:-1]
+    assert "lo" in report["facts"]["interfaces"] and report["facts"]["gpu_count"] >= 0
+    assert not (tmp_path / "runs").exists()  # a check, not a set-up
+
+
+def test_a_busy_port_and_a_missing_interface_fail_with_exit_1(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = lab("doctor", "--port", str(port), "--output-dir", str(tmp_path), "--json", "-",
+                   env={"NCCL_SOCKET_IFNAME": "=ib9", "GLOO_SOCKET_IFNAME": "lo,ib9"}, check=False)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)  # --json -: JSON on stdout, the lines on stderr
+    failed = {c["name"]: c["detail"] for c in report["checks"] if c["status"] == "fail"}
+    assert failed.keys() == {"port", "nccl-if", "gloo-if"}
+    assert failed["port"].startswith(f"{port} is in use")
+    assert "NCCL_SOCKET_IFNAME==ib9 selects no interface" in failed["nccl-if"]
+    assert "no interface ib9" in failed["gloo-if"]
+    assert proc.stderr.strip().splitlines()[-1].startswith("doctor: 3 of ")
+
+
+def test_bad_input_exits_2_with_one_line():
+    proc = lab("doctor", "--port", "70000", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "lab: error: --port: '70000' is out of range; ports are 1..65535, FIRST <= LAST"
+
+
+def test_output_dir_and_shm_checks(tmp_path):
+    read_only = tmp_path / "ro"
+    read_only.mkdir(mode=0o500)
+    assert doctor.check_output_dir(str(tmp_path / "new" / "runs")).status == "ok"
+    if not doctor.os.access(read_only, doctor.os.W_OK):  # root can write anywhere
+        assert doctor.check_output_dir(str(read_only / "runs")).status == "fail"
+    check, size = doctor.check_shm(min_bytes=1 << 62)
+    assert check.status == "warn" and "--ipc host" in check.line() and size > 0
