@@ -8,6 +8,7 @@ builds tensors and plain containers only and refuses to run code from the file.
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
@@ -29,9 +30,13 @@ def save(path: str | Path, state: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    # Serialised in memory first: torch.save into a file turns a write error (a full disk) into an opaque
+    # RuntimeError, a plain write keeps the OSError and its reason. ResNet-18's state is ~90 MB.
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buffer)
     try:
         with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
+            f.write(buffer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 
 from lab import __version__, torchrun_env
@@ -259,18 +258,35 @@ def _check_launchable(nproc_per_node: int) -> None:
 
 
 def _launch_train(args: argparse.Namespace, cfg) -> int:
-    from lab import config, data, launch, runs
+    from lab import launch, runs
 
     _check_launchable(args.nproc_per_node)
-    # Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report.
-    config.check_layout(cfg, args.nproc_per_node)
-    data.check_source(cfg.data)
+    _check_training(cfg, args.nproc_per_node)
     overrides = list(args.overrides)
     if not cfg.run.id:  # one id, chosen here, so a restarted worker group finds its checkpoint
         overrides.append(f"run.id={runs.new_run_id(cfg.run.name)}")
     command = launch.torchrun_command(args.nproc_per_node, launch.lab_target("train", args.config, overrides))
-    print(f"$ {shlex.join(command)}", flush=True)
-    return EXIT_OK if subprocess.call(command, env=launch.worker_env(args.nproc_per_node)) == 0 else EXIT_FAILED
+    return EXIT_OK if launch.run(command, args.nproc_per_node) == 0 else EXIT_FAILED
+
+
+def _check_training(cfg, world_size: int | None) -> None:
+    """Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report."""
+    from lab import config, data
+
+    if world_size is not None:
+        config.check_layout(cfg, world_size)
+    data.check_source(cfg.data)
+
+
+def _check_lab_train_target(target: list[str], world_size: int | None) -> None:
+    """When the workers will run `-m lab train ...`, load its config now (a bad --set is exit 2 here)."""
+    if target[:3] != ["-m", "lab", "train"]:
+        return
+    from lab import config
+
+    args = build_parser().parse_args(target[2:])
+    if args.command == "train" and not args.help_config:
+        _check_training(config.load(args.config, args.overrides), world_size)
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -283,31 +299,14 @@ def _launch(args: argparse.Namespace) -> int:
     rdzv = launch.Rendezvous(endpoint=args.rdzv_endpoint, nnodes=args.nnodes, run_id=args.rdzv_id,
                              max_restarts=args.max_restarts, local_addr=args.local_addr,
                              join_timeout=args.join_timeout)
-    _check_rendezvous(rdzv)
+    rdzv.check()
+    fixed_nodes = rdzv.nnodes.isdigit()  # an elastic job's world size is known only at the rendezvous
+    _check_lab_train_target(target, args.nproc_per_node * int(rdzv.nnodes) if fixed_nodes else None)
     command = launch.torchrun_command(args.nproc_per_node, target, rdzv)
     if args.dry_run:
         print(shlex.join(command))
         return EXIT_OK
     return EXIT_OK if launch.run(command, args.nproc_per_node, rdzv) == 0 else EXIT_FAILED
-
-
-def _check_rendezvous(rdzv) -> None:
-    bounds = rdzv.nnodes.split(":")
-    if not (1 <= len(bounds) <= 2 and all(b.isdigit() and int(b) >= 1 for b in bounds)
-            and int(bounds[0]) <= int(bounds[-1])):
-        raise LabError(f"--nnodes: {rdzv.nnodes!r} is not a node count; use N or MIN:MAX with 1 <= MIN <= MAX")
-    if rdzv.endpoint is not None:
-        host, _, port = rdzv.endpoint.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise LabError(f"--rdzv-endpoint: {rdzv.endpoint!r} is not HOST:PORT; e.g. head-node:29400")
-    elif bounds != ["1"]:
-        raise LabError(f"--nnodes {rdzv.nnodes} needs --rdzv-endpoint HOST:PORT (the head node's rendezvous)")
-    if rdzv.endpoint is None and (rdzv.run_id or rdzv.join_timeout or rdzv.local_addr):
-        raise LabError("--rdzv-id, --join-timeout and --local-addr are for multi-node jobs; add --rdzv-endpoint")
-    if rdzv.max_restarts < 0:
-        raise LabError(f"--max-restarts: {rdzv.max_restarts}; use 0 or more")
-    if rdzv.join_timeout is not None and rdzv.join_timeout < 1:
-        raise LabError(f"--join-timeout: {rdzv.join_timeout} s; use 1 or more")
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -371,9 +370,7 @@ def _relaunch(args: argparse.Namespace) -> int:
         if not args.json:
             tail += ["--json", result_path]
         command = launch.torchrun_command(args.nproc_per_node, ["-m", "lab", *tail])
-        print(f"$ {shlex.join(command)}", flush=True)
-        env = {**launch.worker_env(args.nproc_per_node), "LAB_GATE_IN_PARENT": "1"}
-        if subprocess.call(command, env=env) != 0:
+        if launch.run(command, args.nproc_per_node, extra_env={"LAB_GATE_IN_PARENT": "1"}) != 0:
             return EXIT_FAILED
         with open(result_path) as f:
             return EXIT_GATE_MISSED if json.load(f).get("gate_missed") else EXIT_OK

@@ -83,9 +83,13 @@ def init(cfg: DistConfig) -> DistContext:
     backend = None
     if world_size > 1:
         backend = choose_backend(cfg.backend, device)
+        timeout = datetime.timedelta(seconds=cfg.timeout_seconds)
         tdist.init_process_group(
             backend=backend,
-            timeout=datetime.timedelta(seconds=cfg.timeout_seconds),
+            store=_attempt_store(global_rank, world_size, timeout),
+            rank=global_rank,
+            world_size=world_size,
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
         watchdog = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_seconds))
@@ -98,28 +102,48 @@ class CollectiveTimeout(RuntimeError):
 
 
 def is_collective_timeout(exc: BaseException) -> bool:
-    """gloo raises a RuntimeError 'Timed out waiting ...'; c10d's own waits say 'timeout'."""
+    """gloo's timeout ('Timed out waiting ... for recv operation'). On GPUs, torchrun turns on NCCL's
+    async error handling: its watchdog aborts a hung process group itself, with its own report."""
     return isinstance(exc, RuntimeError) and not isinstance(exc, CollectiveTimeout) and (
-        "timed out" in str(exc).lower() or "timeout" in str(exc).lower())
+        "Timed out waiting" in str(exc))
 
 
 def explain_timeout(ctx: DistContext) -> CollectiveTimeout:
     """After a collective timed out, meet at a monitored barrier on the watchdog group: rank 0 learns which
-    ranks never come (stuck or dead) and names them. Every rank that timed out takes part."""
+    ranks never come (stuck or dead) and names them. Every rank that timed out takes part; the others wait
+    longer than rank 0, so rank 0 speaks before torchrun tears the group down."""
     limit = min(ctx.timeout_seconds, 60.0)  # the others time out at about the same moment; do not wait long
-    stuck = None
+    failure = None
     try:
-        tdist.monitored_barrier(group=ctx.watchdog, timeout=datetime.timedelta(seconds=limit), wait_all_ranks=True)
+        tdist.monitored_barrier(group=ctx.watchdog, wait_all_ranks=True,
+                                timeout=datetime.timedelta(seconds=limit if ctx.is_primary else 2 * limit))
     except RuntimeError as exc:
-        found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", str(exc))
-        stuck = found.group(1).strip() if found else None
+        failure = str(exc)
     what = f"rank {ctx.global_rank}: a collective did not complete within {ctx.timeout_seconds:g} s (dist.timeout_seconds)"
-    if not ctx.is_primary:
-        return CollectiveTimeout(f"{what}; rank 0's error names the rank(s) that stopped answering")
-    if stuck is None:
+    if failure is None:
         return CollectiveTimeout(f"{what}; every rank answered a check afterwards, so one was slow, not stuck: "
                                  f"raise dist.timeout_seconds if that is expected")
-    return CollectiveTimeout(f"{what}; rank(s) {stuck} did not answer within {limit:g} s more: stuck or dead")
+    if not ctx.is_primary:
+        if "successfully reached monitoredBarrier" in failure:  # rank 0 answered and found someone missing
+            return CollectiveTimeout(f"{what}; rank 0's error names the rank(s) that stopped answering")
+        return CollectiveTimeout(f"{what}; rank 0 did not answer within {2 * limit:g} s more: stuck or dead")
+    found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", failure)
+    if found is None:
+        return CollectiveTimeout(f"{what}; the check afterwards failed too ({failure.splitlines()[0][:200]})")
+    return CollectiveTimeout(f"{what}; rank(s) {found.group(1).strip()} did not answer within {limit:g} s more: "
+                             f"stuck or dead")
+
+
+def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> tdist.Store:
+    """The store the process group meets in, with keys of this torchrun attempt only.
+
+    torchrun's agent keeps one store for the whole job; the keys a worker group writes there (each
+    rank's gloo address) outlive the group. After a restart, a rank could read the dead attempt's
+    address and fail with "connectFullMesh ... Connection refused" (a test that SIGKILLs a rank saw it
+    about every other run). One prefix per attempt keeps each group to its own keys."""
+    host, port, agent_serves = torchrun_env.store_endpoint()
+    store = tdist.TCPStore(host, port, world_size, is_master=not agent_serves and rank == 0, timeout=timeout)
+    return tdist.PrefixStore(f"lab/attempt-{torchrun_env.restart_count()}", store)
 
 
 def teardown(ctx: DistContext) -> None:
@@ -230,9 +254,14 @@ def primary_then_broadcast(ctx: DistContext, fn):
             payload = ("ok", fn())
         except LabError as exc:
             payload = ("error", type(exc), str(exc))
+        except BaseException as exc:  # noqa: BLE001 - tell the others before failing, then fail with the cause
+            broadcast_object(ctx, ("failed", f"{type(exc).__name__}: {exc}"))
+            raise
     payload = broadcast_object(ctx, payload)
     if payload[0] == "error":
         raise payload[1](payload[2])
+    if payload[0] == "failed":
+        raise RuntimeError(f"rank 0 failed: {payload[1]}")
     return payload[1]
 
 

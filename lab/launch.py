@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab import cores
+from lab.errors import LabError
+
+TORCHRUN_JOIN_TIMEOUT = 600  # seconds: torchrun's own default for a rendezvous to complete
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,30 @@ class Rendezvous:
     @property
     def min_nodes(self) -> int:
         return int(self.nnodes.split(":")[0])
+
+    @property
+    def join_timeout_or_default(self) -> int:
+        return self.join_timeout or TORCHRUN_JOIN_TIMEOUT
+
+    def check(self) -> Rendezvous:
+        """Refuse what torchrun would refuse with a traceback: one line naming the option (exit 2)."""
+        bounds = self.nnodes.split(":")
+        if not (1 <= len(bounds) <= 2 and all(b.isdigit() and int(b) >= 1 for b in bounds)
+                and int(bounds[0]) <= int(bounds[-1])):
+            raise LabError(f"--nnodes: {self.nnodes!r} is not a node count; use N or MIN:MAX with 1 <= MIN <= MAX")
+        if self.endpoint is not None:
+            host, _, port = self.endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise LabError(f"--rdzv-endpoint: {self.endpoint!r} is not HOST:PORT; e.g. head-node:29400")
+        elif bounds != ["1"]:
+            raise LabError(f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (the head node's rendezvous)")
+        elif self.run_id or self.join_timeout or self.local_addr:
+            raise LabError("--rdzv-id, --join-timeout and --local-addr are for multi-node jobs; add --rdzv-endpoint")
+        if self.max_restarts < 0:
+            raise LabError(f"--max-restarts: {self.max_restarts}; use 0 or more")
+        if self.join_timeout is not None and self.join_timeout < 1:
+            raise LabError(f"--join-timeout: {self.join_timeout} s; use 1 or more")
+        return self
 
 
 def torchrun_executable() -> str:
@@ -84,25 +111,41 @@ def lab_target(command: str, config: str | None, overrides: list[str]) -> list[s
     return target
 
 
-def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None = None) -> int:
-    """Run torchrun and return its exit status. A multi-node run that fails before every node arrived
-    says so: how many nodes were expected, how many reached the rendezvous."""
+def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None = None,
+        extra_env: dict[str, str] | None = None) -> int:
+    """Run torchrun and return its exit status; SIGINT and SIGTERM are passed on to it, so a stopped
+    launcher never leaves workers behind. A multi-node run that ends in failure after its join timeout,
+    with fewer nodes than expected ever seen at the rendezvous, says so: expected and arrived nodes.
+    (A rendezvous cannot fail sooner than its join timeout, so a quick failure of the workers is never
+    mistaken for one.)"""
+    import signal
     import subprocess
+    import time
 
     from lab.rollcall import RollCall
 
     rdzv = rendezvous or Rendezvous()
     print(f"$ {shlex.join(command)}", flush=True)
-    proc = subprocess.Popen(command, env=worker_env(nproc_per_node))
+    started = time.monotonic()
+    proc = subprocess.Popen(command, env={**worker_env(nproc_per_node), **(extra_env or {})})
+    previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     roll_call = None
-    if rdzv.endpoint is not None:
-        roll_call = RollCall(rdzv.endpoint, rdzv.run_id or "default", rdzv.join_timeout or 600,
-                             alive=lambda: proc.poll() is None).start()
-    status = proc.wait()
-    if roll_call is not None:
-        roll_call.stop()
-        if status != 0 and (roll_call.arrived or 0) < rdzv.min_nodes:
-            print(rendezvous_failure(rdzv, roll_call.arrived), file=sys.stderr, flush=True)
+    try:
+        if rdzv.endpoint is not None:
+            roll_call = RollCall(rdzv.endpoint, rdzv.run_id or "default", rdzv.join_timeout_or_default).start()
+        status = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:  # only if this process itself is failing: do not orphan the workers
+            proc.kill()
+            proc.wait()
+        if roll_call is not None:
+            roll_call.stop()
+    if (roll_call is not None and status != 0 and (roll_call.arrived or 0) < rdzv.min_nodes
+            and time.monotonic() - started >= rdzv.join_timeout_or_default):
+        print(rendezvous_failure(rdzv, roll_call.arrived), file=sys.stderr, flush=True)
     return status
 
 
@@ -115,7 +158,7 @@ def rendezvous_failure(rdzv: Rendezvous, arrived: int | None) -> str:
     lab launch: rendezvous 'r7' at 10.0.0.1:29400 was never reached from this node (join timeout 600 s): expected 2 to 4 nodes; check the head node is started and its port is open
     """
     expected = rdzv.nnodes.replace(":", " to ")
-    within = rdzv.join_timeout or 600
+    within = rdzv.join_timeout_or_default
     where = f"lab launch: rendezvous '{rdzv.run_id or 'default'}' at {rdzv.endpoint}"
     if arrived is None:
         # torchrun retries the connection a while past read_timeout, so no "within" is promised here

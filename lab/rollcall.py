@@ -14,14 +14,14 @@ from datetime import timedelta
 
 
 class RollCall:
-    """Background observer of one rendezvous; `arrived` is None until the store was reached."""
+    """Background observer of one rendezvous: `arrived` counts the launchers that reached the rendezvous
+    store (each adds itself once), None until this one did."""
 
-    def __init__(self, endpoint: str, run_id: str, timeout_s: float, alive=lambda: True):
+    def __init__(self, endpoint: str, run_id: str, timeout_s: float):
         host, _, port = endpoint.rpartition(":")
         self.host, self.port = host, int(port)
         self.key = f"lab/roll_call/{run_id}"
         self.timeout_s = timeout_s
-        self.alive = alive  # torchrun still running: once it has ended the store may be gone, so stop asking
         self.arrived: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="lab-roll-call", daemon=True)
@@ -35,8 +35,8 @@ class RollCall:
         self._thread.join(timeout=2)
 
     def _watch(self) -> None:
-        # This process only observes: c10d's own warning (with C++ frames) when the store closes under
-        # it would bury the one line that matters. Set before torch loads; the workers are not affected.
+        # This process only observes: c10d's warning (with C++ frames) when torchrun closes the store under
+        # a poll would bury the one line that matters. Set before torch loads here; workers are not affected.
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         from torch.distributed import TCPStore
 
@@ -45,7 +45,7 @@ class RollCall:
             # until timeout_s, the same bound torchrun's own connection has.
             store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
             self.arrived = store.add(self.key, 1)
-            while not self._stop.wait(1.0) and self.alive():
+            while not self._stop.wait(1.0):
                 self.arrived = store.add(self.key, 0)
         except Exception:  # noqa: BLE001 - an observer: the store going away (torchrun ended) ends the watch
             return

@@ -80,12 +80,13 @@ class RunDir:
     def _clear_crash_leftovers(self) -> None:
         """A process killed mid-write can leave a torn last metrics row and a checkpoint temp file.
         Only the run's rank 0 writes either, and it is here, so both are stale: drop them before appending."""
-        for tmp in self.checkpoints.glob("*.tmp-*"):
+        for tmp in [*self.checkpoints.glob("*.tmp-*"), *self.path.glob("*.tmp-*"), *self.path.glob(".write-test-*")]:
             tmp.unlink(missing_ok=True)
-        if self.metrics.exists():
-            text = self.metrics.read_bytes()
-            if text and not text.endswith(b"\n"):
-                with open(self.metrics, "r+b") as f:
+        if self.metrics.exists() and self.metrics.stat().st_size:
+            with open(self.metrics, "r+b") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    text = self.metrics.read_bytes()
                     f.truncate(text.rfind(b"\n") + 1)
 
     def check_space(self, need_bytes: int, what: str) -> None:
@@ -97,11 +98,14 @@ class RunDir:
                            f"with --set run.output_dir=DIR")
 
     def progress(self) -> tuple[int, int]:
-        """(highest step in metrics.jsonl, steps redone by earlier restarts): how far the run got before it
-        last stopped, and the work it had lost before that. (0, 0) for a new run."""
-        rows = read_metrics(self.path) if self.metrics.exists() else []
-        starts = read_json(self.manifest).get("starts", []) if self.manifest.exists() else []
-        return max((r["step"] for r in rows), default=0), sum(s.get("steps_redone", 0) for s in starts)
+        """(the furthest step the run's last start logged, steps redone by earlier restarts); (0, 0) for a
+        new run. A restart resuming from step s redoes (furthest - s) steps: the work its predecessor lost."""
+        if not self.manifest.exists():
+            return 0, 0
+        starts = read_json(self.manifest).get("starts", [])
+        last = starts[-1] if starts else {"time": 0.0, "step": 0}
+        since = [r["step"] for r in _rows(self.metrics) if r.get("kind") == "train" and r.get("time", 0) >= last["time"]]
+        return max(since, default=last["step"]), sum(s.get("steps_redone", 0) for s in starts)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Write the manifest; on a resumed run keep the first one and add this start to its history."""
@@ -142,15 +146,24 @@ def read_metrics(run_path: str | Path, kind: str = "train") -> list[dict[str, An
     [(1, 0), (2, 1), (3, 1)]
     """
     rows: list[dict[str, Any]] = []
-    with open(Path(run_path) / "metrics.jsonl") as f:
+    for row in _rows(Path(run_path) / "metrics.jsonl"):
+        if row.get("kind") == kind:
+            while rows and rows[-1]["step"] >= row["step"]:
+                rows.pop()  # logged by an attempt that died before its next checkpoint
+            rows.append(row)
+    return rows
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """Every complete row of a metrics.jsonl, in file order (none when the file does not exist)."""
+    if not path.exists():
+        return []
+    rows = []
+    with open(path) as f:
         for line in f:
             if not line.endswith("\n"):
                 break  # a row being written, or torn by a kill: not a row yet
-            row = json.loads(line)
-            if row.get("kind") == kind:
-                while rows and rows[-1]["step"] >= row["step"]:
-                    rows.pop()  # logged by an attempt that died before its next checkpoint
-                rows.append(row)
+            rows.append(json.loads(line))
     return rows
 
 

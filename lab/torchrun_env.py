@@ -49,3 +49,9 @@ def rendezvous_id() -> str | None:
     It is the same for every node and survives restarts of the worker group."""
     value = os.environ.get("TORCHELASTIC_RUN_ID", "")
     return value if value and value != "none" else None
+
+
+def store_endpoint() -> tuple[str, int, bool]:
+    """(MASTER_ADDR, MASTER_PORT, whether torchrun's agent serves the store there) for a worker."""
+    return (os.environ.get("MASTER_ADDR", "127.0.0.1"), _int("MASTER_PORT", 29500),
+            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")

@@ -476,7 +476,8 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
         rank_hooks = [run_dir.append_metrics, console, *hooks] if ctx.is_primary else list(hooks)
         trainer = Trainer(cfg, ctx, dataset, console=console, hooks=rank_hooks, run_dir=run_dir,
                           resume=(resume_state, resume_path) if resume_state is not None else None)
-        # Work lost to a crash: what the run had logged past the step it resumed from (to log_every granularity).
+        # Work lost to a crash: what the last start had logged past the step this one resumes from
+        # (to log_every granularity).
         recovery = Recovery(torchrun_env.restart_count(), max(0, last_logged - trainer.step), redone_before)
         dist.primary_then_broadcast(ctx, lambda: run_dir.check_space(*space_needed(cfg, trainer, run_dir)))
         ranks = dist.all_gather_object(ctx, dist.describe(ctx))
@@ -528,7 +529,7 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
 
 def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, str]:
     """Bytes the run will add to its directory, and why: while a checkpoint is saved the previous one still
-    exists, so a first save needs two checkpoints' room (one more when last.pt is already there)."""
+    exists, so the run needs room for two checkpoints, or for one when last.pt is already there."""
     records = 4 * 2**20  # metrics rows, manifest, summary, report with plots
     if not cfg.checkpoint.save:
         return records, "its records"

@@ -109,6 +109,7 @@ BAD_INVENTORY = {  # variable: (bad value, what the one-line refusal must say)
     "lab_rdzv_port": (70000, "lab_rdzv_port is 70000; use a TCP port, 1 to 65535"),
     "lab_nproc_per_node": ("eight", 'lab_nproc_per_node is "eight"; use a worker count of 1 or more'),
     "lab_join_timeout_seconds": (0, "lab_join_timeout_seconds is 0; use whole seconds, 1 or more"),
+    "lab_target": ("-m lab bench allreduce", 'lab_target is "-m lab bench allreduce"; use a list'),
     "lab_train_overrides": ("model.width=8", 'lab_train_overrides is "model.width=8"; use a list of'),
 }
 
