@@ -208,7 +208,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "workshop":
         from lab import workshop
 
-        return workshop.run(args.config or "workshop-cpu", args.overrides, args.nproc_per_node, args.output_dir)
+        return workshop.run(args.config or workshop.default_config(), args.overrides, args.nproc_per_node,
+                            args.output_dir)
     if args.command == "launch":
         return _launch(args)
     if args.command == "data":

@@ -41,7 +41,7 @@ class DistContext:
     timeout_seconds: float = 600.0
     # A second, gloo group used only after a collective timed out, to find the rank(s) that stopped
     # answering: the default group's connections are closed by then.
-    watchdog: object | None = None
+    probe_group: object | None = None
 
     @property
     def is_primary(self) -> bool:
@@ -92,9 +92,9 @@ def init(cfg: DistConfig) -> DistContext:
             timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
-        watchdog = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_seconds))
+        probe_group = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_seconds))
     return DistContext(global_rank, local_rank, world_size, local_world_size, node_rank, device, backend,
-                       cfg.timeout_seconds, watchdog if world_size > 1 else None)
+                       cfg.timeout_seconds, probe_group if world_size > 1 else None)
 
 
 class CollectiveTimeout(RuntimeError):
@@ -109,13 +109,13 @@ def is_collective_timeout(exc: BaseException) -> bool:
 
 
 def explain_timeout(ctx: DistContext) -> CollectiveTimeout:
-    """After a collective timed out, meet at a monitored barrier on the watchdog group: rank 0 learns which
+    """After a collective timed out, meet at a monitored barrier on the probe group: rank 0 learns which
     ranks never come (stuck or dead) and names them. Every rank that timed out takes part; the others wait
     longer than rank 0, so rank 0 speaks before torchrun tears the group down."""
     limit = min(ctx.timeout_seconds, 60.0)  # the others time out at about the same moment; do not wait long
     failure = None
     try:
-        tdist.monitored_barrier(group=ctx.watchdog, wait_all_ranks=True,
+        tdist.monitored_barrier(group=ctx.probe_group, wait_all_ranks=True,
                                 timeout=datetime.timedelta(seconds=limit if ctx.is_primary else 2 * limit))
     except RuntimeError as exc:
         failure = str(exc)

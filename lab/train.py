@@ -484,7 +484,8 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
         versions = dist.versions()
         exporter = metrics.start(cfg.metrics, ctx, run_dir.run_id, metrics.run_info(ctx, versions, dataset.source),
                                  say=console.say)
-        exporter.record_recovery(recovery.restarts, recovery.steps_redone_total)
+        if ctx.is_primary:  # a fact of the run, not of each rank: a sum over ranks must not multiply it
+            exporter.record_recovery(recovery.restarts, recovery.steps_redone_total)
         trainer.hooks.append(exporter)
         # Every rank has the same config, so all or none take part in this gather.
         targets = dist.all_gather_object(ctx, exporter.target()) if cfg.metrics.port_base else []

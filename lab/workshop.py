@@ -39,6 +39,14 @@ def ddp_sizes(requested: int | None, gpus: int) -> list[int]:
     return sizes if sizes[-1] == gpus else [*sizes, gpus]
 
 
+def default_config() -> str:
+    """workshop-gpu where CUDA devices are visible, else workshop-cpu: a plain `lab workshop` (the
+    image's default command) fits the machine it runs on."""
+    import torch
+
+    return "workshop-gpu" if torch.cuda.is_available() else "workshop-cpu"
+
+
 def run(config_name: str, overrides: list[str], nproc_per_node: int | None, output_dir: str) -> int:
     import torch
 
