@@ -104,8 +104,7 @@ class CollectiveTimeout(RuntimeError):
 def is_collective_timeout(exc: BaseException) -> bool:
     """gloo's timeout ('Timed out waiting ... for recv operation'). On GPUs, torchrun turns on NCCL's
     async error handling: its watchdog aborts a hung process group itself, with its own report."""
-    return isinstance(exc, RuntimeError) and not isinstance(exc, CollectiveTimeout) and (
-        "Timed out waiting" in str(exc))
+    return isinstance(exc, RuntimeError) and "Timed out waiting" in str(exc)
 
 
 def explain_timeout(ctx: DistContext) -> CollectiveTimeout:

@@ -1,7 +1,7 @@
 """`lab doctor`: is this host ready for a (multi-node) run? One line per check.
 
     $ lab doctor --port 29400 --output-dir runs
-    ok    python     3.11.7 (/work/main/.venv/bin/python)
+    ok    python     3.11.7 (.venv/bin/python)
     ok    torch      2.14.1 (CUDA build 12.8)
     ok    devices    no CUDA GPU; 2 CPU cores (gloo on the CPU)
     ...

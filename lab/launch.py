@@ -15,7 +15,10 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +47,12 @@ class Rendezvous:
     def join_timeout_or_default(self) -> int:
         return self.join_timeout or TORCHRUN_JOIN_TIMEOUT
 
+    @property
+    def host_port(self) -> tuple[str, str]:
+        """The endpoint split at its last colon (an IPv6 host keeps its own colons)."""
+        host, _, port = (self.endpoint or "").rpartition(":")
+        return host, port
+
     def check(self) -> Rendezvous:
         """Refuse what torchrun would refuse with a traceback: one line naming the option (exit 2)."""
         bounds = self.nnodes.split(":")
@@ -51,7 +60,7 @@ class Rendezvous:
                 and int(bounds[0]) <= int(bounds[-1])):
             raise LabError(f"--nnodes: {self.nnodes!r} is not a node count; use N or MIN:MAX with 1 <= MIN <= MAX")
         if self.endpoint is not None:
-            host, _, port = self.endpoint.rpartition(":")
+            host, port = self.host_port
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise LabError(f"--rdzv-endpoint: {self.endpoint!r} is not HOST:PORT; e.g. head-node:29400")
         elif bounds != ["1"]:
@@ -118,10 +127,6 @@ def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None =
     with fewer nodes than expected ever seen at the rendezvous, says so: expected and arrived nodes.
     (A rendezvous cannot fail sooner than its join timeout, so a quick failure of the workers is never
     mistaken for one.)"""
-    import signal
-    import subprocess
-    import time
-
     from lab.rollcall import RollCall
 
     rdzv = rendezvous or Rendezvous()
@@ -133,7 +138,8 @@ def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None =
     roll_call = None
     try:
         if rdzv.endpoint is not None:
-            roll_call = RollCall(rdzv.endpoint, rdzv.run_id or "default", rdzv.join_timeout_or_default).start()
+            host, port = rdzv.host_port
+            roll_call = RollCall(host, int(port), rdzv.run_id or "default", rdzv.join_timeout_or_default).start()
         status = proc.wait()
     finally:
         for sig, handler in previous.items():

@@ -17,9 +17,8 @@ class RollCall:
     """Background observer of one rendezvous: `arrived` counts the launchers that reached the rendezvous
     store (each adds itself once), None until this one did."""
 
-    def __init__(self, endpoint: str, run_id: str, timeout_s: float):
-        host, _, port = endpoint.rpartition(":")
-        self.host, self.port = host, int(port)
+    def __init__(self, host: str, port: int, run_id: str, timeout_s: float):
+        self.host, self.port = host, port
         self.key = f"lab/roll_call/{run_id}"
         self.timeout_s = timeout_s
         self.arrived: int | None = None

@@ -174,7 +174,7 @@ def test_runs_and_data_are_mounted_and_made_writable_for_the_lab_user():
     services = merged("gpu")["services"]
     for name in ("lab", "lab-init"):
         mounts = {m["target"]: Path(m["source"]) for m in services[name]["volumes"]}
-        assert mounts["/work/runs"] == ROOT / "runs" and mounts["/work/data"] == ROOT / "data", name
+        assert mounts["/lab/runs"] == ROOT / "runs" and mounts["/lab/data"] == ROOT / "data", name
     init = services["lab-init"]
     assert init["user"] == "0:0" and "chown 1000:1000" in init["command"][0]
     assert services["lab"]["depends_on"]["lab-init"]["condition"] == "service_completed_successfully"

@@ -38,7 +38,7 @@ IMAGE = "local/lab:test"
 LAB_UID = 1000
 SMOKE = ["train", "--config", "smoke", "--set", "model.width=8", "--set", "run.id=container-smoke",
          "--set", "metrics.port_base=9500", "--set", "metrics.bind_address=0.0.0.0",
-         "--set", "metrics.pushgateway=pushgateway:9091", "--set", "metrics.targets_dir=/work/targets"]
+         "--set", "metrics.pushgateway=pushgateway:9091", "--set", "metrics.targets_dir=/lab/targets"]
 
 # compose.yaml asks for memlock -1 (NCCL pins memory). Raising a hard limit needs CAP_SYS_RESOURCE, which
 # GPU servers' engines have and this machine's does not (hard limit 8 MiB here): then the test asks for the
