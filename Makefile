@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Passed to `lab workshop`, e.g. make lab LAB_ARGS="--set train.max_steps=60"
 LAB_ARGS ?=
 
-.PHONY: lab test test-tools setup clean
+.PHONY: lab test test-tools setup clean gpu-check
 
 setup: $(STAMP)
 
@@ -20,6 +20,12 @@ lab: $(STAMP)
 
 test: $(STAMP) test-tools
 	$(BIN)/python -m pytest
+
+# The one-command device check (no venv needed: an NGC container's python3 will do). Without a GPU: a dry
+# check that says what it skipped and exits 0. GPU_CHECK_OUT: where its logs and gpu-check.json go.
+GPU_CHECK_OUT ?= runs/gpu-check
+gpu-check:
+	scripts/gpu-check.sh $(GPU_CHECK_OUT)
 
 # Prometheus, promtool and the Pushgateway for the infrastructure tests (Debian packages).
 test-tools:

@@ -84,7 +84,12 @@ def check_matches(path: str | Path, state: dict, expected: dict[str, object]) ->
 # Stored as tensors and plain values so weights_only loading accepts them.
 
 
-def rng_state() -> dict:
+def rng_state(device: torch.device | None = None) -> dict:
+    """Python, NumPy and torch CPU generator states, and the CUDA generator of `device` (this rank's) only.
+
+    Only this rank's device: a checkpoint holding every visible GPU's state could not be restored
+    where fewer GPUs are visible (8 -> 2, or a 1-GPU box), and the other GPUs' generators are not
+    this process's to keep."""
     version, keys, gauss = random.getstate()
     np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     state = {
@@ -93,17 +98,24 @@ def rng_state() -> dict:
                   "has_gauss": np_has_gauss, "gauss": np_gauss},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: torch.device | None = None) -> None:
+    """Restore what `rng_state` saved; the CUDA state goes to `device`, whichever index it has now."""
     py = state["python"]
     random.setstate((py["version"], tuple(py["keys"].tolist()), py["gauss"]))
     npy = state["numpy"]
     np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
                          npy["gauss"]))
     torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    cuda = state.get("cuda")
+    if cuda is None or device is None or device.type != "cuda":
+        return
+    if isinstance(cuda, (list, tuple)):  # format of earlier checkpoints: every visible GPU's state, by index
+        if not cuda:
+            return
+        cuda = cuda[device.index] if device.index is not None and device.index < len(cuda) else cuda[0]
+    torch.cuda.set_rng_state(cuda.cpu(), device)

@@ -105,8 +105,10 @@ def _add_bench(commands) -> None:
     scaling.add_argument("--mode", default="weak", choices=["weak", "strong"],
                          help="weak: batch per rank fixed; strong: global batch fixed (default weak)")
     scaling.add_argument("--max-world-size", type=int, metavar="N", help="largest N (default: GPUs, else CPU cores)")
-    scaling.add_argument("--batch-per-rank", type=int, default=64, help="weak mode: samples per rank (default 64)")
-    scaling.add_argument("--global-batch", type=int, default=128, help="strong mode: global batch (default 128)")
+    scaling.add_argument("--batch-per-rank", type=int, help="weak mode: samples per rank (default 256 on GPUs, "
+                                                            "where fewer leaves a GPU launch-bound; 64 on CPUs)")
+    scaling.add_argument("--global-batch", type=int, help="strong mode: global batch (default 2048 on GPUs, as "
+                                                          "the workshop-gpu config; 128 on CPUs)")
     scaling.add_argument("--steps", type=int, default=20, help="timed steps per world size (default 20)")
     scaling.add_argument("--warmup", type=int, default=5, help="warm-up steps per world size (default 5)")
     scaling.add_argument("--json", metavar="PATH", help="write the table as JSON")
@@ -123,9 +125,14 @@ def _add_bench(commands) -> None:
                           help="pause before each block so DataLoader prefetching ends (default 0.5)")
     pipeline.add_argument("--json", metavar="PATH")
 
-    gpu_check = bench_commands.add_parser("gpu-check", help="the one-call check on one H100/H200 (a table last)")
-    gpu_check.add_argument("--epochs", type=int, default=5, help="epochs of synthetic data to time (default 5)")
-    gpu_check.add_argument("--json", metavar="PATH")
+    gpu_check = bench_commands.add_parser("gpu-check", help="every GPU path of the lab on this host, a table last "
+                                                            "(make gpu-check)")
+    gpu_check.add_argument("--epochs", type=int, default=3, help="epochs of synthetic data to time (default 3)")
+    gpu_check.add_argument("--out", default="runs/gpu-check", metavar="DIR",
+                           help="step logs, runs and gpu-check.json (default runs/gpu-check)")
+    gpu_check.add_argument("--json", metavar="PATH", help="also write the result here")
+    gpu_check.add_argument("--skip-without-gpu", action="store_true",
+                           help="without a GPU: say so, list the skipped steps and exit 0 (make gpu-check's dry check)")
     gpu_check.add_argument("--quick", action="store_true", help="toy sizes (to test the command itself)")
     gpu_check.add_argument("--allow-cpu", action="store_true", help="run without a GPU (with --quick, for tests)")
 
@@ -332,7 +339,7 @@ def _bench(args: argparse.Namespace) -> int:
         from lab.bench import scaling
 
         for name in ("steps", "batch_per_rank", "global_batch"):
-            if getattr(args, name) < 1:
+            if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise LabError(f"--{name.replace('_', '-')}: {getattr(args, name)}; use 1 or more")
         if args.warmup < 0:
             raise LabError(f"--warmup: {args.warmup}; use 0 or more")

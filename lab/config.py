@@ -105,8 +105,13 @@ class DistConfig:
     timeout_seconds: float = knob(600.0, "Process-group timeout: a collective that waits longer fails the run.", min=1.0)
     bucket_cap_mb: float = knob(25.0, "DDP gradient bucket size in MiB.", min=0.0)
     gradient_as_bucket_view: bool = knob(True, "Gradients alias DDP's buckets (saves one copy and memory).")
-    static_graph: bool = knob(False, "DDP static_graph (the same parameters are used every step).")
-    broadcast_buffers: bool = knob(True, "Broadcast buffers (BatchNorm running stats) from rank 0 every forward.")
+    static_graph: bool = knob(False, "DDP static_graph (the same parameters are used every step); not with "
+                                     "gradient accumulation (DDP's no_sync asserts with it, PyTorch issue 143580).")
+    single_process_group: bool = knob(False, "Build a process group (and wrap the model in DDP) even at world "
+                                             "size 1: the device check's way through NCCL, DDP and compile's "
+                                             "DDPOptimizer on one GPU.")
+    broadcast_buffers: bool = knob(False, "Broadcast buffers (BatchNorm running stats) from rank 0 before every "
+                                          "forward; off because evaluation broadcasts them once, where they matter.")
 
 
 @dataclass(frozen=True)
@@ -303,6 +308,12 @@ def _check_consistency(cfg: Config) -> None:
     if cfg.data.uneven == "join" and cfg.train.grad_accum_steps != 1:
         raise ConfigError(f"{cfg.origin}: data.uneven: join needs train.grad_accum_steps=1 "
                           f"(got {cfg.train.grad_accum_steps}); use data.uneven=pad or drop with accumulation")
+    if cfg.dist.static_graph and cfg.train.grad_accum_steps > 1:
+        # DDP's reducer asserts (expect_autograd_hooks_) on the first backward inside no_sync() with a static
+        # graph, and the proposed fix would silently stop all-reducing gradients: refuse the pair.
+        raise ConfigError(f"{cfg.origin}: dist.static_graph: true cannot be combined with train.grad_accum_steps="
+                          f"{cfg.train.grad_accum_steps} (DDP's no_sync fails with a static graph, PyTorch issue "
+                          f"143580); set dist.static_graph=false or train.grad_accum_steps=1")
     if cfg.train.global_batch_size % cfg.train.grad_accum_steps:
         _indivisible(cfg, 1)
     if cfg.model.sync_batchnorm and cfg.model.norm != "batch":

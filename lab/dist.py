@@ -2,7 +2,8 @@
 
 torchrun's environment comes from lab.torchrun_env (the one place that reads it).
 A process started without torchrun is world size 1:
-the single-device baseline is the same code with no process group.
+the single-device baseline is the same code with no process group
+(`dist.single_process_group=true` builds a 1-rank group anyway, for the device check).
 
     ctx = init(cfg.dist)          # process group when WORLD_SIZE > 1
     ...
@@ -81,12 +82,16 @@ def init(cfg: DistConfig) -> DistContext:
     else:
         torch.set_num_threads(cores.threads_per_process(local_world_size))
     backend = None
-    if world_size > 1:
+    grouped = world_size > 1 or cfg.single_process_group
+    if grouped:
         backend = choose_backend(cfg.backend, device)
         timeout = datetime.timedelta(seconds=cfg.timeout_seconds)
+        # Outside torchrun (a 1-rank group) there is no rendezvous: an in-process store is enough.
+        store = (_attempt_store(global_rank, world_size, timeout) if torchrun_env.launched_by_torchrun()
+                 else tdist.HashStore())
         tdist.init_process_group(
             backend=backend,
-            store=_attempt_store(global_rank, world_size, timeout),
+            store=store,
             rank=global_rank,
             world_size=world_size,
             timeout=timeout,
@@ -94,7 +99,7 @@ def init(cfg: DistConfig) -> DistContext:
         )
         probe_group = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_seconds))
     return DistContext(global_rank, local_rank, world_size, local_world_size, node_rank, device, backend,
-                       cfg.timeout_seconds, probe_group if world_size > 1 else None)
+                       cfg.timeout_seconds, probe_group if grouped else None)
 
 
 class CollectiveTimeout(RuntimeError):
@@ -219,15 +224,9 @@ def versions() -> dict[str, str | None]:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - a build without NCCL has no version to report
             nccl = None
-    driver = None
-    if cuda:
-        try:
-            import pynvml
+    from lab import nvml
 
-            pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-        except Exception:  # noqa: BLE001 - NVML is optional; the driver version is then unknown
-            driver = None
+    driver = nvml.driver_version() if cuda else None
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

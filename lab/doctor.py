@@ -184,17 +184,9 @@ def check_torch(expect_gpus: int | None) -> tuple[list[Check], dict[str, Any]]:
 
 
 def _nvml_driver() -> str | None:
-    try:
-        import pynvml
+    from lab import nvml
 
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-            return version.decode() if isinstance(version, bytes) else version
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no nvidia-ml-py or no driver: the version is simply unknown
-        return None
+    return nvml.driver_version()
 
 
 def run_checks(ports: list[int], output_dir: str, expect_gpus: int | None = None,

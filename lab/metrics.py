@@ -160,10 +160,11 @@ class _Nvml:
         try:
             import pynvml
 
-            pynvml.nvmlInit()
-            self.pynvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(_physical_index(device.index))
-            self.gpu = str(_physical_index(device.index))
+            from lab import nvml
+
+            # By UUID: CUDA_VISIBLE_DEVICES may renumber the GPUs or name them by UUID (Slurm, Kubernetes, Docker).
+            gpu = nvml.gpu_of(device.index if device.index is not None else 0)
+            self.pynvml, self.handle, self.gpu = pynvml, gpu.handle, str(gpu.index)
         except Exception as exc:  # noqa: BLE001 - NVML is optional: one notice, no failure
             say(f"metrics: NVML not available ({type(exc).__name__}); per-GPU utilisation is not exported")
 
@@ -176,12 +177,6 @@ class _Nvml:
         m.gpu_used.labels(**gpu).set(memory.used)
         m.gpu_total.labels(**gpu).set(memory.total)
         m.gpu_utilization.labels(**gpu).set(utilization.gpu / 100)
-
-
-def _physical_index(index: int) -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    ids = [v for v in visible.split(",") if v.strip()]
-    return int(ids[index]) if index < len(ids) and ids[index].strip().isdigit() else index
 
 
 def start(cfg, ctx, run_id: str, info: dict[str, str], say=print) -> NullExporter:

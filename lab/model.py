@@ -31,6 +31,22 @@ def group_norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(math.gcd(32, channels), channels)
 
 
+class GlobalAvgPool(nn.Module):
+    """The mean over height and width, kept as N x C x 1 x 1 like `nn.AdaptiveAvgPool2d(1)`.
+
+    The same numbers, but a plain mean has a deterministic CUDA backward and
+    AdaptiveAvgPool2d's backward does not: with run.deterministic=true torch raises
+    on it, so a deterministic GPU run could not train.
+
+    >>> x = torch.randn(2, 4, 3, 3)
+    >>> torch.allclose(GlobalAvgPool()(x), nn.AdaptiveAvgPool2d(1)(x))
+    True
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3), keepdim=True)
+
+
 def build(cfg: ModelConfig) -> nn.Module:
     norm_layer = nn.BatchNorm2d if cfg.norm == "batch" else group_norm
     model = ResNet(BasicBlock, list(STAGE_BLOCKS), num_classes=NUM_CLASSES, norm_layer=norm_layer)
@@ -39,6 +55,7 @@ def build(cfg: ModelConfig) -> nn.Module:
     model.conv1 = nn.Conv2d(3, w, kernel_size=3, stride=1, padding=1, bias=False)
     model.bn1 = norm_layer(w)
     model.maxpool = nn.Identity()
+    model.avgpool = GlobalAvgPool()
     model.inplanes = w
     model.layer1 = model._make_layer(BasicBlock, w, STAGE_BLOCKS[0])
     model.layer2 = model._make_layer(BasicBlock, 2 * w, STAGE_BLOCKS[1], stride=2)

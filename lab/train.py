@@ -187,7 +187,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "progress": {"step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch},
             "data": {"seed": self.cfg.run.seed, "shuffle": self.cfg.data.shuffle, "uneven": self.cfg.data.uneven},
-            "rng": checkpoint.rng_state(),
+            "rng": checkpoint.rng_state(self.ctx.device),
             "world_size": self.ctx.world_size,
             "config": to_dict(self.cfg),
         }
@@ -202,7 +202,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         progress = state["progress"]
         self.step, self.epoch, self.step_in_epoch = progress["step"], progress["epoch"], progress["step_in_epoch"]
-        checkpoint.set_rng_state(state["rng"])
+        checkpoint.set_rng_state(state["rng"], self.ctx.device)
 
     def save_checkpoint(self) -> None:
         if self.run_dir is not None and self.cfg.checkpoint.save and self.ctx.is_primary:

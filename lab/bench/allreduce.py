@@ -237,6 +237,13 @@ def run(args) -> int:
         raise LabError(f"-n {args.iters} / -w {args.warmup_iters}: need at least 1 iteration and 0 or more warm-ups")
     if args.link and args.link not in LINKS:
         raise LabError(f"--link {args.link}: unknown; known links: {', '.join(LINKS)}")
+    from lab import torchrun_env
+
+    if torchrun_env.layout().world_size < 2:
+        # One rank reduces nothing: the "collective" is a no-op, its time ~0 and its algbw meaningless
+        # (thousands of GB/s on a CPU; a division by a zero event time on CUDA).
+        raise LabError("lab bench allreduce: 1 rank: an all-reduce over one process moves no data, so there is "
+                       "nothing to measure; use --nproc-per-node 2 or more, or torchrun over several nodes")
     ctx = dist.init(DistConfig())
     try:
         if args.op == "avg" and ctx.backend == "gloo":

@@ -1,159 +1,374 @@
-"""One command that checks the lab on one H100/H200 and prints a short table last.
+"""The one-command device check: every GPU path of the lab, run for real on one host.
 
-    lab bench gpu-check --json gpu-check.json          # about 5 minutes on one H100/H200
+    make gpu-check                                   # = scripts/gpu-check.sh: no venv, no network needed
+    lab bench gpu-check --out runs/gpu-check         # the same from a venv; JSON and step logs in --out
 
-Steps, each a real command of the lab (their own output scrolls by first):
-1. `lab bench pipeline`: images/s of the lab's data path and training step (bf16,
-   channels_last, torch.compile) against a torchvision DataLoader path, batch 512;
-2. `lab train`: ResNet-18 on synthetic data for a fixed number of epochs: wall time
-   and test accuracy;
-3. a host-sync guard: training steps under torch.cuda.set_sync_debug_mode("error");
-4. `lab memory --measure`: peak memory measured against the estimator;
-5. `lab bench metrics-overhead`: exporter on vs off;
-then GPU model, driver, CUDA and NCCL versions.
+Each step runs a real command of the lab (its output goes to a log in --out) and
+ends passed, failed or skipped; a table of them comes last, and `gpu-check.json`
+holds every figure. About 5 minutes on one H100/H200:
 
-Targets on one H100/H200: >= 60,000 training images/s at batch 512, >= 10x the
-DataLoader path, metrics overhead <= 1%. `--quick --allow-cpu` runs the same steps
-at toy sizes on a CPU, so the command itself is tested where no GPU is.
+  doctor         `lab doctor`: driver, CUDA, NCCL, shared memory, ports
+  data path      `lab bench pipeline`: the lab's device-resident data path against a
+                 torchvision DataLoader path, data alone (target 10x) and with the training step
+  training       `lab train` for a few epochs of synthetic data: wall time, images/s
+  host syncs     training steps under torch.cuda.set_sync_debug_mode("error")
+  DDP, 1 rank    `lab train` with a 1-rank NCCL process group (dist.single_process_group):
+                 init_process_group(device_id=...), DDP on CUDA, no_sync with accumulation
+  DDP + compile  the same with torch.compile (DDPOptimizer) and static_graph
+  all-reduce     `lab bench allreduce` over every GPU of the host (skipped with one GPU)
+  memory         model state (parameters, gradients, momentum) measured with
+                 torch.cuda.memory_allocated against the estimator, like with like; peak apart
+  deterministic  two runs with run.deterministic=true give bit-identical losses
+  resume         a run stopped at half way and resumed matches the run that was not stopped
+  metrics        `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
+
+Without a GPU, `--skip-without-gpu` (what `make gpu-check` passes) says so, lists the
+steps it skipped and exits 0; `--quick --allow-cpu` runs every step at toy sizes on the
+CPU (gloo instead of NCCL), so the command itself is tested where no GPU is.
+Exit codes: 0 every step passed or was skipped; 1 a step failed; 2 bad input.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lab.errors import LabError
-from lab.memory import MEASURED_RECIPE
-from lab.memory import estimate as estimate_memory
 
-TARGET_IMAGES_PER_SECOND = 60_000
-TARGET_PIPELINE_RATIO = 10.0
+TARGET_IMAGES_PER_SECOND = 60_000   # training images/s of full-width ResNet-18 at batch 512 on one H100/H200
+TARGET_DATA_RATIO = 10.0            # the lab's data path over a DataLoader path (data alone)
 TARGET_METRICS_OVERHEAD = 0.01
+STEP_TIMEOUT = 300                  # seconds: a hung step fails, the check goes on
 
 
-def run(args) -> int:
-    import torch
-
-    from lab import dist, runs
-
-    if not torch.cuda.is_available() and not args.allow_cpu:
-        raise LabError("gpu-check: no CUDA device is visible; run it on a GPU host (or --quick --allow-cpu to test it)")
-    quick = args.quick
-    common = ["--set", "model.width=8"] if quick else ["--set", "model.compile=true", "--set", "train.amp=bf16",
-                                                       "--set", "model.channels_last=true"]
-    config = "smoke" if quick else "workshop-gpu"
-    results: dict[str, Any] = {"benchmark": "gpu-check", "versions": dist.versions(),
-                               "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
-
-        def lab(*argv: str) -> None:
-            command = [sys.executable, "-m", "lab", *argv]
-            print(f"\n$ {' '.join(command)}", flush=True)
-            if subprocess.call(command) != 0:
-                raise RuntimeError(f"gpu-check step failed: {' '.join(argv[:3])}")
-
-        lab("bench", "pipeline", "--config", config, *common, "--batch-size", "64" if quick else "512",
-            "--batches", "2" if quick else "50", "--rounds", "1" if quick else "3",
-            "--num-workers", "0" if quick else "8", "--json", str(tmp_path / "pipeline.json"))
-        results["pipeline"] = runs.read_json(tmp_path / "pipeline.json")
-
-        epochs = 1 if quick else args.epochs
-        t0 = time.time()
-        lab("train", "--config", config, *common, "--set", "data.source=synthetic", "--set", f"train.epochs={epochs}",
-            "--set", f"run.output_dir={tmp_path / 'runs'}", "--set", "run.id=gpu-check", "--set", "checkpoint.save=false",
-            *(["--set", "data.synthetic_train_size=256", "--set", "data.synthetic_test_size=64"] if quick else []))
-        summary = runs.read_json(tmp_path / "runs" / "gpu-check" / "summary.json")
-        results["training"] = {"epochs": epochs, "wall_time_seconds": time.time() - t0,
-                               "test_accuracy": summary["test_accuracy"],
-                               "samples_per_second": summary["samples_per_second"]}
-
-        results["sync_guard"] = sync_guard(config, common, quick)
-
-        lab("memory", "--measure", "--measure-width", "8" if quick else "64", "--world-size", "1",
-            "--json", str(tmp_path / "memory.json"))
-        memory = runs.read_json(tmp_path / "memory.json")["measured"]["single"]
-        estimate = estimate_memory(memory["parameter_count"], 1, *MEASURED_RECIPE)[0]["total_bytes"]
-        results["memory"] = {"measured_bytes": memory["measured_bytes"], "estimate_bytes": estimate,
-                             "ratio": memory["measured_bytes"] / estimate}
-
-        lab("bench", "metrics-overhead", "--config", config, *common, "--rounds", "1" if quick else "3",
-            "--steps", "4" if quick else "100", "--json", str(tmp_path / "overhead.json"))
-        results["metrics_overhead"] = runs.read_json(tmp_path / "overhead.json")["overhead"]
-
-    print("\n" + render(results), flush=True)
-    if args.json:
-        runs.write_json(args.json, results)
-    return 0
+@dataclass
+class Outcome:
+    step: str
+    status: str                     # passed | failed | skipped
+    detail: str
+    seconds: float = 0.0
+    figures: dict[str, Any] = field(default_factory=dict)
 
 
-def sync_guard(config_name: str, common: list[str], quick: bool) -> dict[str, Any]:
+class StepFailed(Exception):
+    """A step's command failed or its result is wrong; the message says which and where its log is."""
+
+
+@dataclass
+class Check:
+    """What the steps share: where to write, how big to run, the overrides every `lab train` gets."""
+
+    out: Path
+    quick: bool
+    gpu: bool
+    gpus: int
+
+    @property
+    def config(self) -> str:
+        return "smoke" if self.quick else "workshop-gpu"
+
+    @property
+    def fast(self) -> list[str]:
+        """--set arguments of the benchmarks that time the training step: the settings a GPU run uses."""
+        sets = ["model.width=8"] if self.quick else ["model.compile=true", "train.amp=bf16", "model.channels_last=true"]
+        return [x for o in sets for x in ("--set", o)]
+
+    @property
+    def common(self) -> list[str]:
+        if self.quick:
+            return ["model.width=8", "data.source=synthetic", "data.synthetic_train_size=256",
+                    "data.synthetic_test_size=64", "train.global_batch_size=32"]
+        return ["data.source=synthetic", "data.synthetic_train_size=16384", "data.synthetic_test_size=2048",
+                "train.global_batch_size=512", "train.amp=bf16", "model.channels_last=true"]
+
+    def lab(self, log: str, *argv: str) -> None:
+        """`python -m lab ARGV` with its output in OUT/LOG.log; StepFailed when it exits non-zero."""
+        command = [sys.executable, "-m", "lab", *argv]
+        path = self.out / f"{log}.log"
+        with open(path, "w") as f:
+            f.write(f"$ {' '.join(command)}\n")
+            f.flush()
+            try:
+                code = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT, timeout=STEP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                raise StepFailed(f"no result within {STEP_TIMEOUT} s; see {path}") from None
+        if code != 0:
+            tail = path.read_text().strip().splitlines()[-1:] or [""]
+            raise StepFailed(f"exit {code}: {tail[0][:160]}; see {path}")
+
+    def train(self, log: str, run_id: str, *overrides: str) -> list[dict]:
+        """`lab train` of the check's config with `overrides`; the run's train rows (last row per step)."""
+        sets = [x for o in [*self.common, f"run.output_dir={self.out / 'runs'}", f"run.id={run_id}",
+                            "metrics.port_base=0", *overrides] for x in ("--set", o)]
+        self.lab(log, "train", "--config", self.config, *sets)
+        run_dir = self.out / "runs" / run_id
+        summary = json.loads((run_dir / "summary.json").read_text())
+        if summary["status"] not in ("completed", "stopped"):
+            raise StepFailed(f"run {run_id} ended {summary['status']}")
+        rows = {}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if row["kind"] == "train":
+                rows[row["step"]] = row
+        return [rows[s] for s in sorted(rows)]
+
+
+# ----------------------------------------------------------------------------- the steps
+
+
+def doctor(c: Check) -> Outcome:
+    c.lab("doctor", "doctor", "--json", str(c.out / "doctor.json"), "--output-dir", str(c.out))
+    checks = json.loads((c.out / "doctor.json").read_text())["checks"]
+    warned = [k["name"] for k in checks if k["status"] != "ok"]
+    return Outcome("doctor", "passed", f"{len(checks)} checks" + (f"; not ok: {', '.join(warned)}" if warned else ""))
+
+
+def data_path(c: Check) -> Outcome:
+    c.lab("pipeline", "bench", "pipeline", "--config", c.config, *c.fast,
+          "--batch-size", "64" if c.quick else "512", "--batches", "2" if c.quick else "50",
+          "--rounds", "1" if c.quick else "3", "--num-workers", "0" if c.quick else "8",
+          "--json", str(c.out / "pipeline.json"))
+    p = json.loads((c.out / "pipeline.json").read_text())
+    data, step = p["data_ratio_lab_over_torchvision"], p["train_ratio_lab_over_torchvision"]
+    images = p["median_images_per_second"]["lab_train"]
+    detail = (f"data alone {data:.1f}x the DataLoader path (target {TARGET_DATA_RATIO:.0f}x: {_mark(data >= TARGET_DATA_RATIO)}); "
+              f"with the training step {step:.2f}x; {images:,.0f} training images/s")
+    if c.gpu and not c.quick:
+        detail += f" (target {TARGET_IMAGES_PER_SECOND:,}: {_mark(images >= TARGET_IMAGES_PER_SECOND)})"
+    return Outcome("data path", "passed", detail, figures=p)
+
+
+def training(c: Check, epochs: int) -> Outcome:
+    started = time.perf_counter()
+    c.train("training", "training", f"train.epochs={1 if c.quick else epochs}", "checkpoint.save=false")
+    summary = json.loads((c.out / "runs" / "training" / "summary.json").read_text())
+    wall = time.perf_counter() - started
+    return Outcome("training", "passed", f"{summary['steps']} steps in {wall:.1f} s (process start included), "
+                   f"{summary['samples_per_second'] or 0:,.0f} images/s", figures=summary)
+
+
+def host_syncs(c: Check) -> Outcome:
     """Training steps with CUDA's sync debug mode set to error: any host sync between log intervals raises."""
     import torch
 
     from lab import config, data, dist
     from lab.train import Trainer
 
-    overrides = [common[i + 1] for i in range(0, len(common), 2)]
-    cfg = config.load(config_name, [*overrides, "data.source=synthetic", "data.synthetic_train_size=4096",
-                                    "data.synthetic_test_size=64", "train.global_batch_size=256"])
+    if not c.gpu:
+        return Outcome("host syncs", "skipped", "no CUDA device (the CPU tests count syncs and host copies instead)")
+    cfg = config.load(c.config, [*c.common, "data.synthetic_train_size=8192", "train.global_batch_size=256"])
     ctx = dist.init(cfg.dist)
     try:
         trainer = Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device))
-        batches = trainer.train_loader.epoch(0)  # 16 batches: no epoch boundary inside the guarded steps
-        steps = 4 if quick else 12
-        for _ in range(2):  # warm-up (compilation syncs)
+        batches = trainer.train_loader.epoch(0)  # 32 batches: no epoch boundary inside the guarded steps
+        for _ in range(3):  # warm-up: first-use allocations, cuDNN autotuning
             trainer.train_step(*next(batches))
-        if ctx.device.type != "cuda":
-            return {"checked": False, "reason": "no CUDA device (the CPU test counts syncs instead)"}
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
+        steps = 12
         try:
             for _ in range(steps):
                 trainer.train_step(*next(batches))
         except RuntimeError as exc:
-            return {"checked": True, "passed": False, "error": str(exc).splitlines()[0]}
+            raise StepFailed(f"a host sync inside the step loop: {str(exc).splitlines()[0][:160]}") from None
         finally:
             torch.cuda.set_sync_debug_mode("default")
         trainer.flush_log()  # the one sync, outside the guarded loop
-        return {"checked": True, "passed": True, "steps": steps}
+        return Outcome("host syncs", "passed", f"none in {steps} steps under set_sync_debug_mode('error')")
     finally:
         dist.teardown(ctx)
 
 
-def render(r: dict[str, Any]) -> str:
-    p, t, v = r["pipeline"], r["training"], r["versions"]
-    med = p["median_images_per_second"]
-    guard = r["sync_guard"]
-    guard_text = ("passed" if guard.get("passed") else f"FAILED: {guard.get('error')}") if guard["checked"] else \
-        f"not checked ({guard['reason']})"
+def one_rank_ddp(c: Check, compiled: bool) -> Outcome:
+    name = "DDP + compile" if compiled else "DDP, 1 rank"
+    if compiled and not c.gpu:
+        return Outcome(name, "skipped", "torch.compile on a CPU takes minutes at any size; the GPU check runs it")
+    run_id = "ddp-1rank-compiled" if compiled else "ddp-1rank"
+    extra = ["model.compile=true", "dist.static_graph=true"] if compiled else ["train.grad_accum_steps=2"]
+    rows = c.train(run_id, run_id, "dist.single_process_group=true", "train.max_steps=12", "train.log_every=4",
+                   "checkpoint.save=false", *extra)
+    backend = json.loads((c.out / "runs" / run_id / "manifest.json").read_text())["backend"]
+    if backend != ("nccl" if c.gpu else "gloo"):
+        raise StepFailed(f"the process group used {backend}, not {'nccl' if c.gpu else 'gloo'}")
+    losses = [r["loss"] for r in rows]
+    if not all(map(_finite, losses)):
+        raise StepFailed(f"losses not finite: {losses}")
+    what = "torch.compile (DDPOptimizer), static_graph" if compiled else "gradient accumulation 2 (no_sync)"
+    return Outcome(name, "passed", f"{backend} process group of 1, DDP, {what}: {rows[-1]['step']} steps, loss "
+                   f"{losses[0]:.3f} -> {losses[-1]:.3f}")
 
-    def mark(ok: bool) -> str:
-        return "met" if ok else "missed"
 
-    rows = [
-        ("device", f"{r['device']}; driver {v.get('driver')}, CUDA {v.get('cuda')}, NCCL {v.get('nccl')}, "
-                   f"torch {v.get('torch')}"),
-        ("training images/s (lab path, batch 512)",
-         f"{med['lab_train']:.0f} (target {TARGET_IMAGES_PER_SECOND}: "
-         f"{mark(med['lab_train'] >= TARGET_IMAGES_PER_SECOND)})"),
-        ("training images/s (DataLoader path)", f"{med['torchvision_train']:.0f}"),
-        ("lab / DataLoader, training step", f"{p['train_ratio_lab_over_torchvision']:.1f}x (target "
-                                            f"{TARGET_PIPELINE_RATIO:.0f}x: "
-                                            f"{mark(p['train_ratio_lab_over_torchvision'] >= TARGET_PIPELINE_RATIO)})"),
-        ("lab / DataLoader, data path alone", f"{p['data_ratio_lab_over_torchvision']:.1f}x"),
-        (f"{t['epochs']} epochs of synthetic data", f"{t['wall_time_seconds']:.1f} s wall, test accuracy "
-                                                    f"{t['test_accuracy']:.2%}"),
-        ("host syncs between log intervals", guard_text),
-        ("peak memory measured / estimate", f"{r['memory']['ratio']:.2f} "
-                                            f"({r['memory']['measured_bytes'] / 1e6:.0f} MB measured)"),
-        ("metrics overhead", f"{r['metrics_overhead']:+.2%} (target <= +1%: "
-                             f"{mark(r['metrics_overhead'] <= TARGET_METRICS_OVERHEAD)})"),
+def all_reduce(c: Check) -> Outcome:
+    if not c.gpu:
+        return Outcome("all-reduce", "skipped", "no GPU: the CPU tests time all-reduce over gloo")
+    if c.gpus < 2:
+        return Outcome("all-reduce", "skipped", "1 GPU on this host: an all-reduce needs 2 or more "
+                                                "(the 1-rank DDP steps ran NCCL)")
+    c.lab("allreduce", "bench", "allreduce", "--nproc-per-node", str(c.gpus), "-b", "1M", "-e", "1G", "-f", "4",
+          "--json", str(c.out / "allreduce.json"))
+    r = json.loads((c.out / "allreduce.json").read_text())
+    best = max(r["rows"], key=lambda row: row["size"])
+    wrong = sum(row.get("oop_wrong", 0) + row.get("ip_wrong", 0) for row in r["rows"])
+    if wrong:
+        raise StepFailed(f"{wrong} wrong elements in all-reduce results")
+    return Outcome("all-reduce", "passed", f"{c.gpus} GPUs: busbw {best['ip_busbw']:.0f} GB/s at "
+                   f"{best['size'] / 2**20:.0f} MiB, average {r['avg_busbw']:.0f} GB/s", figures=r)
+
+
+def memory(c: Check) -> Outcome:
+    """Model state measured like the estimate counts it: parameters, gradients and momentum, no activations."""
+    import torch
+
+    from lab import model as models
+    from lab.config import ModelConfig
+    from lab.memory import MEASURED_RECIPE, estimate
+
+    if not c.gpu:
+        return Outcome("memory", "skipped", "no CUDA device: the CPU has no allocator counter to measure with")
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(device)
+    net = models.build(ModelConfig(width=8 if c.quick else 64)).to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    torch.cuda.reset_peak_memory_stats(device)
+    inputs = torch.randn(256, 3, 32, 32, device=device)
+    net(inputs).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)  # gradients kept: the estimate counts them
+    del inputs
+    torch.cuda.synchronize()
+    state = torch.cuda.memory_allocated(device) - before
+    peak = torch.cuda.max_memory_allocated(device) - before
+    params = sum(p.numel() for p in net.parameters())
+    expected = estimate(params, 1, *MEASURED_RECIPE)[0]["total_bytes"]
+    ratio = state / expected
+    del net, optimizer
+    torch.cuda.empty_cache()
+    if not 0.95 <= ratio <= 1.10:  # allocator rounding and BatchNorm buffers only
+        raise StepFailed(f"model state {state / 1e6:.1f} MB measured vs {expected / 1e6:.1f} MB estimated "
+                         f"(ratio {ratio:.2f}): the estimator is off")
+    return Outcome("memory", "passed", f"model state {state / 1e6:.1f} MB measured / {expected / 1e6:.1f} MB "
+                   f"estimated = {ratio:.2f}; peak with activations and workspaces at batch 256: "
+                   f"{peak / 1e6:.0f} MB", figures={"state_bytes": state, "estimate_bytes": expected,
+                                                     "ratio": ratio, "peak_bytes": peak})
+
+
+def deterministic_and_resume(c: Check) -> list[Outcome]:
+    """A: 8 steps. B: the same, stopped after 4 and resumed. B's first half must equal A's (determinism across
+    processes), and its resumed half must equal A's too (resume)."""
+    run = ["run.deterministic=true", "train.max_steps=8", "train.log_every=1", "model.compile=false"]
+    a = [r["loss"] for r in c.train("deterministic", "deterministic-a", *run, "checkpoint.save=false")]
+    c.train("resume-stop", "deterministic-b", *run, "train.stop_after_steps=4")
+    b = [r["loss"] for r in c.train("resume", "deterministic-b", *run)]
+    outcomes = []
+    first = "passed" if a[:4] == b[:4] else "failed"
+    outcomes.append(Outcome("deterministic", first, "two runs, bit-identical losses over 4 steps" if first == "passed"
+                            else f"losses differ: {a[:4]} vs {b[:4]}"))
+    second = "passed" if len(b) == 8 and a[4:] == b[4:] else "failed"
+    outcomes.append(Outcome("resume", second, "stopped at step 4, resumed: steps 5-8 bit-identical to the run that "
+                            "was not stopped" if second == "passed" else f"losses differ: {a[4:]} vs {b[4:]}"))
+    return outcomes
+
+
+def metrics_overhead(c: Check) -> Outcome:
+    c.lab("metrics-overhead", "bench", "metrics-overhead", "--config", c.config, *c.fast, "--rounds", "1" if c.quick else "3",
+          "--steps", "4" if c.quick else "100", "--json", str(c.out / "overhead.json"))
+    overhead = json.loads((c.out / "overhead.json").read_text())["overhead"]
+    return Outcome("metrics", "passed", f"exporter on vs off: {overhead:+.2%} (target <= +1%: "
+                   f"{_mark(overhead <= TARGET_METRICS_OVERHEAD)})", figures={"overhead": overhead})
+
+
+STEP_NAMES = ("doctor", "data path", "training", "host syncs", "DDP, 1 rank", "DDP + compile", "all-reduce", "memory",
+              "deterministic", "resume", "metrics")
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def run(args) -> int:
+    import torch
+
+    from lab import dist
+
+    gpu = torch.cuda.is_available()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"benchmark": "gpu-check", "gpu": gpu, "versions": dist.versions(),
+                              "device": torch.cuda.get_device_name(0) if gpu else "cpu",
+                              "gpus": torch.cuda.device_count() if gpu else 0, "quick": args.quick}
+    if not gpu and not args.allow_cpu:
+        if not args.skip_without_gpu:
+            raise LabError("gpu-check: no CUDA device is visible; run it on a GPU host (or --skip-without-gpu to "
+                           "report and skip, --quick --allow-cpu to test the command)")
+        result["steps"] = [asdict(Outcome(name, "skipped", "no GPU found")) for name in STEP_NAMES]
+        _write(args, out, result)
+        print(f"gpu-check: no GPU found (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+              f"skipped every step: {'; '.join(STEP_NAMES)}. Run it on a host with an NVIDIA GPU.")
+        print("\n" + render(result), flush=True)
+        return 0
+    check = Check(out=out, quick=args.quick, gpu=gpu, gpus=result["gpus"])
+    steps: list[tuple[str, Callable[[], Outcome | list[Outcome]]]] = [
+        ("doctor", lambda: doctor(check)),
+        ("data path", lambda: data_path(check)),
+        ("training", lambda: training(check, args.epochs)),
+        ("host syncs", lambda: host_syncs(check)),
+        ("DDP, 1 rank", lambda: one_rank_ddp(check, compiled=False)),
+        ("DDP + compile", lambda: one_rank_ddp(check, compiled=True)),
+        ("all-reduce", lambda: all_reduce(check)),
+        ("memory", lambda: memory(check)),
+        ("deterministic", lambda: deterministic_and_resume(check)),
+        ("metrics", lambda: metrics_overhead(check)),
     ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(["# lab gpu-check", *(f"{k.ljust(width)}  {val}" for k, val in rows)])
+    outcomes: list[Outcome] = []
+    for name, step in steps:
+        print(f"gpu-check: {name} ...", flush=True)
+        started = time.perf_counter()
+        try:
+            done = step()
+        except StepFailed as exc:
+            done = Outcome(name, "failed", str(exc))
+        except Exception as exc:  # noqa: BLE001 - one broken step must not hide the others' results
+            done = Outcome(name, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        for outcome in done if isinstance(done, list) else [done]:
+            outcome.seconds = time.perf_counter() - started
+            outcomes.append(outcome)
+    result["steps"] = [asdict(o) for o in outcomes]
+    _write(args, out, result)
+    print("\n" + render(result), flush=True)
+    return 1 if any(o.status == "failed" for o in outcomes) else 0
 
+
+def _write(args, out: Path, result: dict[str, Any]) -> None:
+    from lab import runs
+
+    runs.write_json(out / "gpu-check.json", result)
+    if args.json:
+        runs.write_json(args.json, result)
+
+
+def render(r: dict[str, Any]) -> str:
+    v = r["versions"]
+    head = (f"# lab gpu-check: {r['device']} x {r['gpus']}; driver {v.get('driver')}, CUDA {v.get('cuda')}, "
+            f"NCCL {v.get('nccl')}, torch {v.get('torch')}" if r["gpu"] else
+            f"# lab gpu-check: no GPU (CPU, torch {v.get('torch')})" + (", toy sizes" if r["quick"] else ""))
+    width = max(len(s["step"]) for s in r["steps"])
+    lines = [head, *(f"{s['step'].ljust(width)}  {s['status']:<7}  {s['detail']}" for s in r["steps"])]
+    failed = sum(s["status"] == "failed" for s in r["steps"])
+    ran = sum(s["status"] != "skipped" for s in r["steps"])
+    lines.append(f"{failed} of {ran} step(s) failed" if failed else
+                 f"{ran} step(s) passed, {len(r['steps']) - ran} skipped" if ran else "nothing checked: no GPU found")
+    return "\n".join(lines)
+
+
+def _mark(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")

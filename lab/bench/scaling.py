@@ -70,8 +70,11 @@ def run(args) -> int:
     if args.mode not in ("weak", "strong"):
         raise LabError(f"--mode {args.mode}: expected weak or strong")
     world_sizes = _world_sizes(args.max_world_size)
+    gpu = _has_cuda()
+    args.batch_per_rank = args.batch_per_rank or (256 if gpu else 64)
+    args.global_batch = args.global_batch or (2048 if gpu else 128)
     base_overrides = list(args.overrides)
-    args.config = args.config or ("workshop-gpu" if _has_cuda() else "workshop-cpu")
+    args.config = args.config or ("workshop-gpu" if gpu else "workshop-cpu")
     cfg = config.load(args.config, base_overrides)
     for n in world_sizes:
         config.check_layout(config.with_overrides(cfg, train={"global_batch_size": _global_batch(args, n)}), n)

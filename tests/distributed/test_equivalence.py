@@ -60,3 +60,20 @@ def test_float32_first_step_averaged_gradients_match(tmp_path):
     for name, grad in single.items():
         assert torch.equal(rank0[name], rank1[name]), f"{name}: ranks hold different averaged gradients"
         assert _relative(rank0[name], grad) < 1e-5, name
+
+
+def test_a_one_rank_process_group_trains_exactly_like_no_group(tmp_path):
+    # dist.single_process_group: the device check's way through a process group, DDP and (on GPUs) NCCL
+    # with one GPU. Here gloo at world size 1, outside torchrun (an in-process store): the same numbers.
+    plain, grouped = tmp_path / "plain", tmp_path / "grouped"
+    plain.mkdir(), grouped.mkdir()
+    overrides = [*EXACT, "train.max_steps=4", "train.grad_accum_steps=2"]
+    run([sys.executable, WORKER, "fit", str(plain), *overrides], env={"OMP_NUM_THREADS": "1"})
+    run([sys.executable, WORKER, "fit", str(grouped), *overrides, "dist.single_process_group=true"],
+        env={"OMP_NUM_THREADS": "1"})
+    a, b = torch.load(plain / "final0.pt"), torch.load(grouped / "final0.pt")
+    assert (a["backend"], a["wrapped_in_ddp"]) == (None, False)
+    assert (b["backend"], b["wrapped_in_ddp"]) == ("gloo", True)
+    assert _losses(plain / "rows0.json") == _losses(grouped / "rows0.json")
+    for name, value in a["params"].items():
+        assert torch.equal(value, b["params"][name]), name

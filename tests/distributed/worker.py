@@ -4,7 +4,9 @@
     torchrun --standalone --nproc-per-node 2 tests.distributed.ibuted/worker.py fit OUT_DIR ...
 
 Modes: `fit` trains and saves each rank's log rows and final parameters (and momentum);
-`grads` runs the first micro-batch and saves each rank's gradients after DDP's all-reduce.
+`grads` runs the first micro-batch and saves each rank's gradients after DDP's all-reduce;
+`shipped` trains every shipped config in turn (with the overrides on top) and saves each
+one's log rows as rows-<config>-<rank>.json: one torchrun start for all of them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,24 @@ from lab import config, data, dist
 from lab.train import Trainer, set_determinism
 
 
+def shipped(out: Path, overrides: list[str]) -> None:
+    names = config.shipped_names()
+    ctx = dist.init(config.load(names[0], overrides).dist)
+    try:
+        for name in names:
+            cfg = config.load(name, overrides)
+            set_determinism(cfg.run.deterministic)
+            rows: list[dict] = []
+            Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device), hooks=[rows.append]).fit()
+            (out / f"rows-{name}-{ctx.global_rank}.json").write_text(json.dumps(rows))
+    finally:
+        dist.teardown(ctx)
+
+
 def main() -> None:
     mode, out, overrides = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+    if mode == "shipped":
+        return shipped(out, overrides)
     cfg = config.load("smoke", overrides)
     ctx = dist.init(cfg.dist)
     try:
@@ -35,7 +53,8 @@ def main() -> None:
         else:
             trainer.fit()
             momentum = {n: trainer.optimizer.state[p]["momentum_buffer"] for n, p in trainer.model.named_parameters()}
-            torch.save({"params": trainer.model.state_dict(), "momentum": momentum, "step": trainer.step},
+            torch.save({"params": trainer.model.state_dict(), "momentum": momentum, "step": trainer.step,
+                        "backend": ctx.backend, "wrapped_in_ddp": trainer.ddp is not None},
                        out / f"final{rank}.pt")
             (out / f"rows{rank}.json").write_text(json.dumps(rows))
     finally:

@@ -158,7 +158,8 @@ def test_image_is_built_by_the_normal_path(project, client, engine, revision):
     # The healthcheck's command works as the image's user, and the base's torch was kept, not replaced.
     out = client.containers.run(IMAGE, ["--version"], remove=True).decode()
     assert out.strip() == "lab 0.1.0"
-    probe = ("import os, torch, lab; print(os.getuid(), torch.__version__, torch.__file__)")
+    # pynvml: the image installs the `gpu` extra (per-GPU metrics by UUID); importing it needs no driver.
+    probe = ("import os, torch, lab, pynvml; print(os.getuid(), torch.__version__, torch.__file__)")
     out = client.containers.run(IMAGE, ["-c", probe], entrypoint=["python3"], remove=True).decode().split()
     assert out[0] == str(LAB_UID)
     assert out[1].startswith("2.14.1") and out[2].startswith("/opt/venv/"), out

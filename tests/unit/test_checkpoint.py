@@ -69,3 +69,54 @@ def test_mismatch_names_every_difference():
     state = {"compat": {"width": 8, "norm": "batch", "global_batch_size": 64}}
     with pytest.raises(CheckpointError, match=r"width is 8 in the checkpoint but 16 now; norm is 'batch'"):
         checkpoint.check_matches("c.pt", state, {"width": 16, "norm": "group", "global_batch_size": 64})
+
+
+class FakeCudaGenerators:
+    """Stands in for torch.cuda's RNG functions: no GPU here. `visible` GPUs, each with a state laid out like
+    the CPU generator's (a ByteTensor); an index past the visible ones raises IndexError, as torch.cuda does."""
+
+    def __init__(self, visible: int) -> None:
+        self.states = {i: torch.get_rng_state() + i for i in range(visible)}
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.states))
+        monkeypatch.setattr(torch.cuda, "get_rng_state", self.get)
+        monkeypatch.setattr(torch.cuda, "set_rng_state", self.set)
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [self.get(i) for i in range(len(self.states))])
+
+    def _index(self, device) -> int:
+        index = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+        if index >= len(self.states):
+            raise IndexError(f"cuda:{index}: only {len(self.states)} visible")
+        return index
+
+    def get(self, device="cuda") -> torch.Tensor:
+        return self.states[self._index(device)].clone()
+
+    def set(self, state: torch.Tensor, device="cuda") -> None:
+        self.states[self._index(device)] = state.clone()
+
+
+def test_cuda_rng_of_rank_5_of_8_restores_on_a_two_gpu_host(tmp_path, monkeypatch):
+    saving = FakeCudaGenerators(visible=8)
+    saving.install(monkeypatch)
+    state = checkpoint.rng_state(torch.device("cuda", 5))
+    assert torch.equal(state["cuda"], saving.states[5])  # this rank's device only, not all eight
+    saved = checkpoint.load(checkpoint.save(tmp_path / "c.pt", {"rng": state}))["rng"]
+
+    restoring = FakeCudaGenerators(visible=2)
+    restoring.install(monkeypatch)
+    checkpoint.set_rng_state(saved, torch.device("cuda", 1))
+    assert torch.equal(restoring.states[1], saving.states[5])
+    assert not torch.equal(restoring.states[0], saving.states[5])  # the other GPU is not this rank's to touch
+
+
+def test_an_earlier_checkpoint_with_every_gpus_state_restores_with_fewer_gpus(monkeypatch):
+    saving = FakeCudaGenerators(visible=8)
+    saving.install(monkeypatch)
+    old = {**checkpoint.rng_state(), "cuda": torch.cuda.get_rng_state_all()}  # the earlier format: a list
+    restoring = FakeCudaGenerators(visible=2)
+    restoring.install(monkeypatch)
+    checkpoint.set_rng_state(old, torch.device("cuda", 1))
+    assert torch.equal(restoring.states[1], saving.states[1])

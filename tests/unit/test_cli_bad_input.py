@@ -118,6 +118,9 @@ CASES = {
     "report of a folder that is no run": (lambda t: ["report", str(t)], "no run directories or benchmark results found"),
     "memory of no parameters": (lambda t: ["memory", "--params=-7e9"], "--params -7e+09: the parameter count must be"),
     "all-reduce sizes upside down": (lambda t: ["bench", "allreduce", "-b", "1M", "-e", "1K"], "-e 1024 is below -b"),
+    "all-reduce of one rank": (lambda t: ["bench", "allreduce", "-e", "1K"], "1 rank: an all-reduce over one process"),
+    "static graph with accumulation": (lambda t: ["train", *TINY, "--set", "dist.static_graph=true", "--set",
+                                                  "train.grad_accum_steps=2"], "dist.static_graph: true cannot be"),
     "workshop of one process": (lambda t: ["workshop", "--nproc-per-node", "1"], "the workshop compares 1 process"),
 }
 

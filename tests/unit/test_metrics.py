@@ -41,3 +41,42 @@ def test_metrics_off_is_a_null_exporter():
     exporter = metrics.start(MetricsConfig(port_base=0), None, "r", {})
     assert isinstance(exporter, metrics.NullExporter) and exporter.target() is None
     exporter(_row(1))  # accepts rows, does nothing
+
+
+class FakeNvml:
+    """Stands in for nvidia-ml-py (pynvml): no GPU or driver here. A host of four GPUs, found by UUID or index."""
+
+    UUIDS = ["GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd"]
+
+    def __init__(self) -> None:
+        self.nvmlInit = lambda: None
+        self.nvmlSystemGetDriverVersion = lambda: "570.86.15"
+        self.nvmlDeviceGetHandleByUUID = lambda uuid: ("handle", self.UUIDS.index(uuid))
+        self.nvmlDeviceGetHandleByIndex = lambda index: ("handle", index)
+        self.nvmlDeviceGetIndex = lambda handle: handle[1]
+
+
+def test_nvml_picks_the_gpu_by_uuid_when_cuda_visible_devices_lists_uuids(monkeypatch):
+    # Docker --gpus device=GPU-cccc (or Slurm, Kubernetes): the process sees one GPU, cuda:0, which is the
+    # host's GPU 2. A digit index read from CUDA_VISIBLE_DEVICES would pick GPU 0: another GPU's numbers.
+    import sys
+
+    from lab import nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-cccc")
+    monkeypatch.setattr(nvml, "torch_uuid", lambda index: ["GPU-cccc"][index])  # what torch reports for cuda:0
+    notices = []
+    sampler = metrics._Nvml(torch.device("cuda", 0), notices.append)
+    assert notices == []
+    assert sampler.handle == ("handle", 2) and sampler.gpu == "2"
+    assert nvml.driver_version() == "570.86.15"
+
+
+def test_nvml_absent_is_one_notice_not_a_failure(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    notices = []
+    sampler = metrics._Nvml(torch.device("cuda", 0), notices.append)
+    assert sampler.handle is None and len(notices) == 1 and "NVML not available" in notices[0]

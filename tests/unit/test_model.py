@@ -34,3 +34,33 @@ def test_same_seed_same_initialisation():
     torch.manual_seed(0)
     b = build(ModelConfig(width=8))
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+# Modules whose CUDA backward has no deterministic kernel (torch.use_deterministic_algorithms' list):
+# with run.deterministic=true, a model holding one cannot train on a GPU.
+NO_DETERMINISTIC_CUDA_BACKWARD = (nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool2d,
+                                  nn.FractionalMaxPool2d, nn.FractionalMaxPool3d, nn.ReflectionPad2d,
+                                  nn.ReplicationPad2d, nn.Upsample)
+
+
+def test_no_module_lacks_a_deterministic_cuda_backward():
+    for cfg in (ModelConfig(width=8), ModelConfig(width=8, norm="group")):
+        culprits = [name for name, m in build(cfg).named_modules() if isinstance(m, NO_DETERMINISTIC_CUDA_BACKWARD)]
+        assert culprits == [], f"no deterministic CUDA backward: {culprits}"
+
+
+def test_global_average_pool_is_adaptive_average_pool_forward_and_backward():
+    from lab.model import GlobalAvgPool
+
+    x = torch.randn(4, 16, 4, 4, dtype=torch.float64, requires_grad=True)
+    y = x.detach().clone().requires_grad_()
+    ours, theirs = GlobalAvgPool()(x), nn.AdaptiveAvgPool2d(1)(y)
+    assert ours.shape == theirs.shape == (4, 16, 1, 1)
+    assert torch.allclose(ours, theirs, rtol=1e-12, atol=0)
+    upstream = torch.randn_like(ours)
+    ours.backward(upstream)
+    theirs.backward(upstream)
+    assert torch.allclose(x.grad, y.grad, rtol=1e-12, atol=0)
+    # channels_last input (the GPU configs) gives the same numbers
+    z = x.detach().contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(GlobalAvgPool()(z), theirs.detach(), rtol=1e-12, atol=0)
