@@ -20,6 +20,28 @@ lab: $(STAMP)
 
 test: $(STAMP) test-tools
 	$(BIN)/python -m pytest
+	$(MAKE) test-torch-lowest
+
+# The lowest supported torch (pyproject.toml's floor; NGC 25.01's torch): the unit and distributed tests
+# again in a second venv. Left out there: the tests of the CLI's input handling and the workshop, which
+# do not touch torch's APIs differently and are the slowest (they ran above, on the pinned torch).
+LOWEST_VENV  ?= .venv-torch-lowest
+LOWEST_TORCH ?= torch==2.6.0 torchvision==0.21.0
+LOWEST_STAMP := $(LOWEST_VENV)/.installed-stamp
+LOWEST_SKIPS := --ignore=tests/unit/test_cli_bad_input.py --ignore=tests/unit/test_config_fuzz.py \
+                --ignore=tests/unit/test_security.py --ignore=tests/unit/test_workshop.py
+
+$(LOWEST_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install --quiet $(LOWEST_TORCH)
+	grep -v -E '^(torch|torchvision)==' constraints.txt > $(LOWEST_VENV)/constraints.txt
+	$(LOWEST_VENV)/bin/python -m pip install --quiet -c $(LOWEST_VENV)/constraints.txt -e '.[test]'
+	@touch $(LOWEST_STAMP)
+
+.PHONY: test-torch-lowest
+test-torch-lowest: $(LOWEST_STAMP)
+	$(LOWEST_VENV)/bin/python -c 'import torch, torchvision; print("lowest supported:", torch.__version__, torchvision.__version__)'
+	$(LOWEST_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/distributed $(LOWEST_SKIPS)
 
 # The one-command device check (no venv needed: an NGC container's python3 will do). Without a GPU: a dry
 # check that says what it skipped and exits 0. GPU_CHECK_OUT: where its logs and gpu-check.json go.
@@ -32,7 +54,7 @@ test-tools:
 	@scripts/install-test-tools.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(LOWEST_VENV) .pytest_cache
 
 # The images and compose files: static checks, then a real Docker engine (root + apt-get; see tests/infra/test_container.py).
 .PHONY: test-container clean-container

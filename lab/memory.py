@@ -240,8 +240,9 @@ def worker(out: str, width: int) -> None:
 
         result = {"ddp": _train_and_count(DDP(build()), ctx)}
         try:
-            from torch.distributed.fsdp import fully_shard
+            from lab.compat import fully_shard as fully_shard_of_this_torch
 
+            fully_shard = fully_shard_of_this_torch()
             sharded = build()
             for stage in (sharded.layer1, sharded.layer2, sharded.layer3, sharded.layer4):
                 fully_shard(stage)

@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab import checkpoint, data, dist, metrics, model as models, torchrun_env
+from lab import checkpoint, compat, data, dist, metrics, model as models, torchrun_env
 from lab.config import Config, batch_size_per_rank, check_layout, to_dict
 from lab.console import Console, SilentConsole
 from lab.errors import CheckpointError, ConfigError, LaunchError
@@ -60,7 +60,7 @@ class Trainer:
         if ctx.distributed:
             self.ddp = DDP(self.model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                            bucket_cap_mb=cfg.dist.bucket_cap_mb, gradient_as_bucket_view=cfg.dist.gradient_as_bucket_view,
-                           static_graph=cfg.dist.static_graph, **_buffer_sync(cfg.dist.broadcast_buffers))
+                           static_graph=cfg.dist.static_graph, **compat.ddp_buffer_sync(cfg.dist.broadcast_buffers))
         network = self.ddp or self.model
         self.forward = torch.compile(network) if cfg.model.compile else network
 
@@ -401,14 +401,6 @@ class Trainer:
             "samples_per_second_per_rank": sps / self.ctx.world_size if sps else None,
             "device_memory_peak_bytes": peak,
         }
-
-
-def _buffer_sync(enabled: bool) -> dict[str, bool]:
-    # PyTorch 2.14 renamed DDP's broadcast_buffers to forward_sync_buffers; the lab's key keeps the known name.
-    import inspect
-
-    name = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
-    return {name: enabled}
 
 
 # ----------------------------------------------------------------------------- a whole run
