@@ -27,3 +27,11 @@ def ddp_buffer_sync(enabled: bool) -> dict[str, bool]:
 
     names = inspect.signature(DistributedDataParallel).parameters
     return {"forward_sync_buffers" if "forward_sync_buffers" in names else "broadcast_buffers": enabled}
+
+
+def fsdp_runs_on_cpu() -> bool:
+    """FSDP2 on CPU tensors records events on CPU streams; torch 2.6's torch.cpu.Stream cannot
+    ('Stream' object has no attribute 'record_event'), so FSDP there needs GPUs."""
+    import torch
+
+    return hasattr(torch.cpu.Stream, "record_event")

@@ -11,7 +11,7 @@ holds every figure. About 5 minutes on one H100/H200:
   data path      `lab bench pipeline`: the lab's device-resident data path against a
                  torchvision DataLoader path, data alone (target 10x) and with the training step
   training       `lab train` for a few epochs of synthetic data: wall time, images/s
-  host syncs     training steps under torch.cuda.set_sync_debug_mode("error")
+  host syncs     training steps under torch.cuda.set_sync_debug_mode("error"), bf16 and fp16
   DDP, 1 rank    `lab train` with a 1-rank NCCL process group (dist.single_process_group):
                  init_process_group(device_id=...), DDP on CUDA, no_sync with accumulation
   DDP + compile  the same with torch.compile (DDPOptimizer) and static_graph
@@ -154,15 +154,25 @@ def training(c: Check, epochs: int) -> Outcome:
 
 
 def host_syncs(c: Check) -> Outcome:
-    """Training steps with CUDA's sync debug mode set to error: any host sync between log intervals raises."""
+    """Training steps with CUDA's sync debug mode set to error: any host sync between log intervals raises.
+    Under bf16, and under fp16, whose GradScaler would read found-inf back every step if the optimizer
+    could not take it on the device (the fused SGD does)."""
+    if not c.gpu:
+        return Outcome("host syncs", "skipped", "no CUDA device (the CPU tests count syncs and host copies instead)")
+    steps = 12
+    for amp in ("bf16", "fp16"):
+        _guarded_steps(c, amp, steps)
+    return Outcome("host syncs", "passed", f"none in {steps} steps under set_sync_debug_mode('error'), bf16 and fp16")
+
+
+def _guarded_steps(c: Check, amp: str, steps: int) -> None:
     import torch
 
     from lab import config, data, dist
     from lab.train import Trainer
 
-    if not c.gpu:
-        return Outcome("host syncs", "skipped", "no CUDA device (the CPU tests count syncs and host copies instead)")
-    cfg = config.load(c.config, [*c.common, "data.synthetic_train_size=8192", "train.global_batch_size=256"])
+    cfg = config.load(c.config, [*c.common, "data.synthetic_train_size=8192", "train.global_batch_size=256",
+                                 f"train.amp={amp}"])
     ctx = dist.init(cfg.dist)
     try:
         trainer = Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device))
@@ -171,16 +181,14 @@ def host_syncs(c: Check) -> Outcome:
             trainer.train_step(*next(batches))
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
-        steps = 12
         try:
             for _ in range(steps):
                 trainer.train_step(*next(batches))
         except RuntimeError as exc:
-            raise StepFailed(f"a host sync inside the step loop: {str(exc).splitlines()[0][:160]}") from None
+            raise StepFailed(f"{amp}: a host sync inside the step loop: {str(exc).splitlines()[0][:160]}") from None
         finally:
             torch.cuda.set_sync_debug_mode("default")
         trainer.flush_log()  # the one sync, outside the guarded loop
-        return Outcome("host syncs", "passed", f"none in {steps} steps under set_sync_debug_mode('error')")
     finally:
         dist.teardown(ctx)
 
