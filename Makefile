@@ -25,6 +25,8 @@ test: $(STAMP) test-tools
 # The lowest supported torch (pyproject.toml's floor; NGC 25.01's torch): the unit and distributed tests
 # again in a second venv. Left out there: the tests of the CLI's input handling and the workshop, which
 # do not touch torch's APIs differently and are the slowest (they ran above, on the pinned torch).
+# From PyPI, whose x86_64 torch wheels are CUDA builds (~3 GB with their nvidia-* libraries, about 2 minutes
+# here): PyTorch's CPU-only index is not reachable from CI machines, which reach package registries only.
 LOWEST_VENV  ?= .venv-torch-lowest
 LOWEST_TORCH ?= torch==2.6.0 torchvision==0.21.0
 LOWEST_STAMP := $(LOWEST_VENV)/.installed-stamp

@@ -86,9 +86,9 @@ def init(cfg: DistConfig) -> DistContext:
     if grouped:
         backend = choose_backend(cfg.backend, device)
         timeout = datetime.timedelta(seconds=cfg.timeout_seconds)
-        # Outside torchrun (a 1-rank group) there is no rendezvous: an in-process store is enough.
-        store = (_attempt_store(global_rank, world_size, timeout) if torchrun_env.launched_by_torchrun()
-                 else tdist.HashStore())
+        # A 1-rank group started without torchrun has no one to meet: an in-process store is enough.
+        alone = world_size == 1 and not torchrun_env.launched_by_torchrun()
+        store = tdist.HashStore() if alone else _attempt_store(global_rank, world_size, timeout)
         tdist.init_process_group(
             backend=backend,
             store=store,

@@ -34,9 +34,11 @@ def group_norm(channels: int) -> nn.GroupNorm:
 class GlobalAvgPool(nn.Module):
     """The mean over height and width, kept as N x C x 1 x 1 like `nn.AdaptiveAvgPool2d(1)`.
 
-    The same numbers, but a plain mean has a deterministic CUDA backward and
-    AdaptiveAvgPool2d's backward does not: with run.deterministic=true torch raises
-    on it, so a deterministic GPU run could not train.
+    AdaptiveAvgPool2d's own backward has no deterministic CUDA kernel (run.deterministic=true
+    raises on it). For a 1x1 output ATen's device-independent adaptive_avg_pool2d computes a
+    mean instead (grad_fn MeanBackward1 on the CPU builds of torch 2.6 and 2.14; not for XPU or
+    quantized tensors), so ResNet-18 trained deterministically either way; an explicit mean
+    does not depend on that shortcut, and a test can see it.
 
     >>> x = torch.randn(2, 4, 3, 3)
     >>> torch.allclose(GlobalAvgPool()(x), nn.AdaptiveAvgPool2d(1)(x))

@@ -39,19 +39,37 @@ def driver_version() -> str | None:
         return None
 
 
+def device_count() -> int:
+    """GPUs the driver knows, whatever this process's CUDA_VISIBLE_DEVICES; 0 without NVML or a driver."""
+    try:
+        return int(_pynvml().nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001 - no nvidia-ml-py, no driver
+        return 0
+
+
 def torch_uuid(index: int) -> str:
-    """NVML's name for torch's CUDA device `index`: "GPU-" and the UUID torch reports."""
+    """The UUID torch reports for its CUDA device `index`: bare hex, without NVML's "GPU-"/"MIG-" prefix."""
     import torch
 
-    uuid = str(torch.cuda.get_device_properties(index).uuid)
-    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    return str(torch.cuda.get_device_properties(index).uuid)
 
 
 def gpu_of(index: int, uuid: str | None = None) -> Gpu:
     """The NVML device behind torch's CUDA device `index`, found by its UUID (never by position).
 
-    Raises when NVML is missing or knows no GPU of that UUID; callers treat that as "no NVML"."""
+    A whole GPU is "GPU-<uuid>" to NVML, a MIG instance "MIG-<uuid>"; a MIG instance is reported with
+    its parent GPU's index. Raises when NVML is missing or knows no such device; callers treat that
+    as "no NVML"."""
     pynvml = _pynvml()
-    uuid = uuid or torch_uuid(index)
-    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-    return Gpu(handle, int(pynvml.nvmlDeviceGetIndex(handle)), uuid)
+    bare = uuid or torch_uuid(index)
+    bare = bare.split("-", 1)[1] if bare.startswith(("GPU-", "MIG-")) else bare
+    failure: Exception | None = None
+    for prefix in ("GPU-", "MIG-"):
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(prefix + bare)
+        except Exception as exc:  # noqa: BLE001 - NVMLError_NotFound: try the other kind
+            failure = exc
+            continue
+        parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) if prefix == "MIG-" else handle
+        return Gpu(handle, int(pynvml.nvmlDeviceGetIndex(parent)), prefix + bare)
+    raise failure or LookupError(bare)

@@ -9,8 +9,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/gpu-check}"
-python="${PYTHON:-python3}"
-if [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ]; then python=.venv/bin/python; fi
+# PYTHON when given; else the first of .venv's and python3 whose torch sees a GPU (a venv's PyPI torch may
+# need a newer driver than the host's, an NGC container's python3 matches its driver); else the first
+# that has torch at all, for the dry check.
+if [ -n "${PYTHON:-}" ]; then
+    python="$PYTHON"
+else
+    candidates=()
+    [ -x .venv/bin/python ] && candidates+=(.venv/bin/python)
+    candidates+=(python3)
+    python=""
+    for candidate in "${candidates[@]}"; do
+        if "$candidate" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+            python="$candidate"; break
+        fi
+    done
+    if [ -z "$python" ]; then
+        for candidate in "${candidates[@]}"; do
+            if "$candidate" -c 'import torch' 2>/dev/null; then python="$candidate"; break; fi
+        done
+    fi
+    python="${python:-python3}"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 missing=$("$python" - <<'PY'
 import importlib.util

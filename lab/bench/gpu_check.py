@@ -31,6 +31,9 @@ Exit codes: 0 every step passed or was skipped; 1 a step failed; 2 bad input.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -84,8 +87,10 @@ class Check:
         if self.quick:
             return ["model.width=8", "data.source=synthetic", "data.synthetic_train_size=256",
                     "data.synthetic_test_size=64", "train.global_batch_size=32"]
+        # batch 512: lr by the linear rule from workshop-gpu's 1.6 at 2048, warm-up of the same share
         return ["data.source=synthetic", "data.synthetic_train_size=16384", "data.synthetic_test_size=2048",
-                "train.global_batch_size=512", "train.amp=bf16", "model.channels_last=true"]
+                "train.global_batch_size=512", "train.lr=0.4", "train.warmup_steps=12", "train.amp=bf16",
+                "model.channels_last=true"]
 
     def lab(self, log: str, *argv: str) -> None:
         """`python -m lab ARGV` with its output in OUT/LOG.log; StepFailed when it exits non-zero."""
@@ -94,9 +99,12 @@ class Check:
         with open(path, "w") as f:
             f.write(f"$ {' '.join(command)}\n")
             f.flush()
+            # Its own session: on a timeout the whole tree goes (torchrun's workers hold GPUs and NCCL).
+            child = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                code = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT, timeout=STEP_TIMEOUT)
+                code = child.wait(timeout=STEP_TIMEOUT)
             except subprocess.TimeoutExpired:
+                _kill_tree(child)
                 raise StepFailed(f"no result within {STEP_TIMEOUT} s; see {path}") from None
         if code != 0:
             tail = path.read_text().strip().splitlines()[-1:] or [""]
@@ -116,6 +124,9 @@ class Check:
             row = json.loads(line)
             if row["kind"] == "train":
                 rows[row["step"]] = row
+        losses = [rows[s]["loss"] for s in sorted(rows)]
+        if not all(map(_finite, losses)):
+            raise StepFailed(f"run {run_id}: losses not finite: {losses}")
         return [rows[s] for s in sorted(rows)]
 
 
@@ -137,7 +148,8 @@ def data_path(c: Check) -> Outcome:
     p = json.loads((c.out / "pipeline.json").read_text())
     data, step = p["data_ratio_lab_over_torchvision"], p["train_ratio_lab_over_torchvision"]
     images = p["median_images_per_second"]["lab_train"]
-    detail = (f"data alone {data:.1f}x the DataLoader path (target {TARGET_DATA_RATIO:.0f}x: {_mark(data >= TARGET_DATA_RATIO)}); "
+    detail = (f"data alone {data:.1f}x the DataLoader path "
+              f"(target {TARGET_DATA_RATIO:.0f}x: {_mark(data >= TARGET_DATA_RATIO)}); "
               f"with the training step {step:.2f}x; {images:,.0f} training images/s")
     if c.gpu and not c.quick:
         detail += f" (target {TARGET_IMAGES_PER_SECOND:,}: {_mark(images >= TARGET_IMAGES_PER_SECOND)})"
@@ -185,6 +197,8 @@ def _guarded_steps(c: Check, amp: str, steps: int) -> None:
             for _ in range(steps):
                 trainer.train_step(*next(batches))
         except RuntimeError as exc:
+            if "synchroniz" not in str(exc):  # an OOM or a cuDNN error is not a sync: report it as itself
+                raise
             raise StepFailed(f"{amp}: a host sync inside the step loop: {str(exc).splitlines()[0][:160]}") from None
         finally:
             torch.cuda.set_sync_debug_mode("default")
@@ -205,8 +219,6 @@ def one_rank_ddp(c: Check, compiled: bool) -> Outcome:
     if backend != ("nccl" if c.gpu else "gloo"):
         raise StepFailed(f"the process group used {backend}, not {'nccl' if c.gpu else 'gloo'}")
     losses = [r["loss"] for r in rows]
-    if not all(map(_finite, losses)):
-        raise StepFailed(f"losses not finite: {losses}")
     what = "torch.compile (DDPOptimizer), static_graph" if compiled else "gradient accumulation 2 (no_sync)"
     return Outcome(name, "passed", f"{backend} process group of 1, DDP, {what}: {rows[-1]['step']} steps, loss "
                    f"{losses[0]:.3f} -> {losses[-1]:.3f}")
@@ -231,33 +243,15 @@ def all_reduce(c: Check) -> Outcome:
 
 def memory(c: Check) -> Outcome:
     """Model state measured like the estimate counts it: parameters, gradients and momentum, no activations."""
-    import torch
-
-    from lab import model as models
-    from lab.config import ModelConfig
     from lab.memory import MEASURED_RECIPE, estimate
 
     if not c.gpu:
         return Outcome("memory", "skipped", "no CUDA device: the CPU has no allocator counter to measure with")
-    device = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated(device)
-    net = models.build(ModelConfig(width=8 if c.quick else 64)).to(device)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    torch.cuda.reset_peak_memory_stats(device)
-    inputs = torch.randn(256, 3, 32, 32, device=device)
-    net(inputs).sum().backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=False)  # gradients kept: the estimate counts them
-    del inputs
-    torch.cuda.synchronize()
-    state = torch.cuda.memory_allocated(device) - before
-    peak = torch.cuda.max_memory_allocated(device) - before
-    params = sum(p.numel() for p in net.parameters())
+    # Twice, the second counts: the first use of cuBLAS/cuDNN allocates workspaces that then stay.
+    _model_state_bytes(c.quick)
+    state, peak, params = _model_state_bytes(c.quick)
     expected = estimate(params, 1, *MEASURED_RECIPE)[0]["total_bytes"]
     ratio = state / expected
-    del net, optimizer
-    torch.cuda.empty_cache()
     if not 0.95 <= ratio <= 1.10:  # allocator rounding and BatchNorm buffers only
         raise StepFailed(f"model state {state / 1e6:.1f} MB measured vs {expected / 1e6:.1f} MB estimated "
                          f"(ratio {ratio:.2f}): the estimator is off")
@@ -267,13 +261,46 @@ def memory(c: Check) -> Outcome:
                                                      "ratio": ratio, "peak_bytes": peak})
 
 
+def _model_state_bytes(quick: bool) -> tuple[int, int, int]:
+    """(bytes held after one SGD-momentum step with gradients kept, peak bytes during it, parameter count)."""
+    import gc
+
+    import torch
+
+    from lab import model as models
+    from lab.config import ModelConfig
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(device)
+    net = models.build(ModelConfig(width=8 if quick else 64)).to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    torch.cuda.reset_peak_memory_stats(device)
+    net(torch.randn(256, 3, 32, 32, device=device)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)  # gradients kept: the estimate counts them
+    torch.cuda.synchronize()
+    state = torch.cuda.memory_allocated(device) - before
+    peak = torch.cuda.max_memory_allocated(device) - before
+    params = sum(p.numel() for p in net.parameters())
+    del net, optimizer
+    gc.collect()
+    torch.cuda.empty_cache()
+    return state, peak, params
+
+
 def deterministic_and_resume(c: Check) -> list[Outcome]:
     """A: 8 steps. B: the same, stopped after 4 and resumed. B's first half must equal A's (determinism across
     processes), and its resumed half must equal A's too (resume)."""
     run = ["run.deterministic=true", "train.max_steps=8", "train.log_every=1", "model.compile=false"]
-    a = [r["loss"] for r in c.train("deterministic", "deterministic-a", *run, "checkpoint.save=false")]
-    c.train("resume-stop", "deterministic-b", *run, "train.stop_after_steps=4")
+    a = [r["loss"] for r in c.train("deterministic", "deterministic-a", *run, "checkpoint.save=false",
+                                    "checkpoint.resume=never")]
+    c.train("resume-stop", "deterministic-b", *run, "train.stop_after_steps=4", "checkpoint.resume=never")
     b = [r["loss"] for r in c.train("resume", "deterministic-b", *run)]
+    resumed = json.loads((c.out / "runs" / "deterministic-b" / "summary.json").read_text())
+    if resumed["steps"] != 8:
+        raise StepFailed(f"the resumed run ended at step {resumed['steps']}, not 8")
     outcomes = []
     first = "passed" if a[:4] == b[:4] else "failed"
     outcomes.append(Outcome("deterministic", first, "two runs, bit-identical losses over 4 steps" if first == "passed"
@@ -285,7 +312,8 @@ def deterministic_and_resume(c: Check) -> list[Outcome]:
 
 
 def metrics_overhead(c: Check) -> Outcome:
-    c.lab("metrics-overhead", "bench", "metrics-overhead", "--config", c.config, *c.fast, "--rounds", "1" if c.quick else "3",
+    c.lab("metrics-overhead", "bench", "metrics-overhead", "--config", c.config, *c.fast,
+          "--rounds", "1" if c.quick else "3",
           "--steps", "4" if c.quick else "100", "--json", str(c.out / "overhead.json"))
     overhead = json.loads((c.out / "overhead.json").read_text())["overhead"]
     return Outcome("metrics", "passed", f"exporter on vs off: {overhead:+.2%} (target <= +1%: "
@@ -307,9 +335,16 @@ def run(args) -> int:
     gpu = torch.cuda.is_available()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "runs", ignore_errors=True)  # a rerun must not resume the last check's runs
     result: dict[str, Any] = {"benchmark": "gpu-check", "gpu": gpu, "versions": dist.versions(),
                               "device": torch.cuda.get_device_name(0) if gpu else "cpu",
                               "gpus": torch.cuda.device_count() if gpu else 0, "quick": args.quick}
+    unusable = None if gpu else _gpu_torch_cannot_use()
+    if unusable:
+        result["steps"] = [asdict(Outcome("torch sees the GPU", "failed", unusable))]
+        _write(args, out, result)
+        print("\n" + render(result), flush=True)
+        return 1
     if not gpu and not args.allow_cpu:
         if not args.skip_without_gpu:
             raise LabError("gpu-check: no CUDA device is visible; run it on a GPU host (or --skip-without-gpu to "
@@ -342,7 +377,8 @@ def run(args) -> int:
         except StepFailed as exc:
             done = Outcome(name, "failed", str(exc))
         except Exception as exc:  # noqa: BLE001 - one broken step must not hide the others' results
-            done = Outcome(name, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            done = Outcome(name, "failed", f"{type(exc).__name__}: {first}")
         for outcome in done if isinstance(done, list) else [done]:
             outcome.seconds = time.perf_counter() - started
             outcomes.append(outcome)
@@ -350,6 +386,33 @@ def run(args) -> int:
     _write(args, out, result)
     print("\n" + render(result), flush=True)
     return 1 if any(o.status == "failed" for o in outcomes) else 0
+
+
+def _gpu_torch_cannot_use() -> str | None:
+    """Why this torch sees no GPU although the host has one (NVML or the driver's device files say so), or None."""
+    import torch
+
+    from lab import nvml
+
+    count = nvml.device_count()
+    if not count and not os.path.exists("/dev/nvidiactl"):
+        return None
+    return (f"the host has {count or 'a'} NVIDIA GPU(s) (driver {nvml.driver_version() or 'unknown'}), but torch "
+            f"{torch.__version__} ({sys.executable}; CUDA build: {torch.version.cuda or 'none, a CPU build'}) cannot "
+            f"use them: use a CUDA build of torch that this driver supports (PYTHON=... make gpu-check), or start the "
+            f"container with --gpus all")
+
+
+def _kill_tree(child: subprocess.Popen) -> None:
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(child.pid, sig)
+            child.wait(timeout=grace)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _write(args, out: Path, result: dict[str, Any]) -> None:

@@ -90,5 +90,5 @@ def normalize(images: torch.Tensor, dtype: torch.dtype, channels_last: bool) -> 
     [2.0591, 2.1265, 2.1158]
     """
     scale, shift = _affine(images.device, dtype)
-    x = images.to(dtype).mul_(scale).add_(shift)
+    x = images.to(dtype, copy=True).mul_(scale).add_(shift)  # copy: never scale a caller's float tensor in place
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x

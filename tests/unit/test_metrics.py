@@ -47,13 +47,21 @@ class FakeNvml:
     """Stands in for nvidia-ml-py (pynvml): no GPU or driver here. A host of four GPUs, found by UUID or index."""
 
     UUIDS = ["GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd"]
+    MIGS = {"MIG-eeee": 3}  # a MIG instance on GPU 3
 
     def __init__(self) -> None:
         self.nvmlInit = lambda: None
         self.nvmlSystemGetDriverVersion = lambda: "570.86.15"
-        self.nvmlDeviceGetHandleByUUID = lambda uuid: ("handle", self.UUIDS.index(uuid))
         self.nvmlDeviceGetHandleByIndex = lambda index: ("handle", index)
         self.nvmlDeviceGetIndex = lambda handle: handle[1]
+        self.nvmlDeviceGetDeviceHandleFromMigDeviceHandle = lambda mig: ("handle", self.MIGS[mig[1]])
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid in self.MIGS:
+            return ("mig", uuid)
+        if uuid not in self.UUIDS:
+            raise LookupError(f"NVML_ERROR_NOT_FOUND: {uuid}")
+        return ("handle", self.UUIDS.index(uuid))
 
 
 def test_nvml_picks_the_gpu_by_uuid_when_cuda_visible_devices_lists_uuids(monkeypatch):
@@ -65,12 +73,15 @@ def test_nvml_picks_the_gpu_by_uuid_when_cuda_visible_devices_lists_uuids(monkey
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-cccc")
-    monkeypatch.setattr(nvml, "torch_uuid", lambda index: ["GPU-cccc"][index])  # what torch reports for cuda:0
+    monkeypatch.setattr(nvml, "torch_uuid", lambda index: ["cccc"][index])  # torch's form: bare hex
     notices = []
     sampler = metrics._Nvml(torch.device("cuda", 0), notices.append)
     assert notices == []
     assert sampler.handle == ("handle", 2) and sampler.gpu == "2"
     assert nvml.driver_version() == "570.86.15"
+    # a MIG instance: found as MIG-<uuid>, labelled with its parent GPU's index
+    monkeypatch.setattr(nvml, "torch_uuid", lambda index: "eeee")
+    assert nvml.gpu_of(0) == (("mig", "MIG-eeee"), 3, "MIG-eeee")
 
 
 def test_nvml_absent_is_one_notice_not_a_failure(monkeypatch):
