@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 
 def fully_shard() -> Callable:
-    """FSDP2's `fully_shard`: public in torch.distributed.fsdp from 2.6 on some builds, under
-    torch.distributed._composable.fsdp in others (2.6.0's wheels)."""
+    """FSDP2's `fully_shard`: public in torch.distributed.fsdp (so in PyPI's 2.6.0 and 2.14.1 wheels);
+    torch.distributed._composable.fsdp where a build predates that (one such 2.6 was reported)."""
     try:
         from torch.distributed.fsdp import fully_shard as shard
     except ImportError:
