@@ -24,7 +24,7 @@ def run(args) -> int:
     import torch
 
     from lab import config, data, dist, metrics, runs
-    from lab.train import Trainer, set_determinism
+    from lab.trainer import Trainer, set_determinism
 
     if args.rounds < 1 or args.steps < 1:
         raise LabError(f"--rounds {args.rounds} / --steps {args.steps}: need at least 1 of each")

@@ -57,7 +57,7 @@ def run(args) -> int:
     import torch
 
     from lab import config, data, dist, runs
-    from lab.train import Trainer, set_determinism
+    from lab.trainer import Trainer, set_determinism
 
     if args.batch_size < 1 or args.batches < 1 or args.rounds < 1 or args.num_workers < 0:
         raise LabError("--batch-size, --batches and --rounds must be at least 1, --num-workers at least 0")

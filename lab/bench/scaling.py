@@ -145,7 +145,7 @@ def worker(argv: list[str]) -> None:
     import torch
 
     from lab import config, data, dist, runs
-    from lab.train import Trainer, set_determinism
+    from lab.trainer import Trainer, set_determinism
 
     p = argparse.ArgumentParser()
     p.add_argument("--config")

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from lab import config, data, dist
-from lab.train import Trainer, set_determinism
+from lab.trainer import Trainer, set_determinism
 
 
 def shipped(out: Path, overrides: list[str]) -> None:

@@ -21,7 +21,7 @@ import torch
 
 import lab
 from lab import config, data, dist
-from lab.train import Trainer
+from lab.trainer import Trainer
 
 SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 FROM_HOST = ("tensor", "as_tensor", "asarray", "from_numpy")
