@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from lab import cores
+from lab import cores, nvml
 from lab.errors import LabError
 
 GIB = 1024**3
@@ -162,7 +162,7 @@ def check_torch(expect_gpus: int | None) -> tuple[list[Check], dict[str, Any]]:
         facts["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(facts["gpu_count"])]
         names = sorted(set(facts["gpu_names"]))
         checks.append(Check("devices", "ok", f"{facts['gpu_count']} x {', '.join(names)}"))
-    elif any(Path("/dev").glob("nvidia[0-9]*")):
+    elif nvml.host_has_gpus():
         checks.append(Check("devices", "fail", "NVIDIA devices are present but torch cannot use them",
                             "install a CUDA build of torch that matches the driver (or use the lab image)"))
     else:
@@ -171,7 +171,7 @@ def check_torch(expect_gpus: int | None) -> tuple[list[Check], dict[str, Any]]:
         checks.append(Check("devices", "fail", f"{facts['gpu_count']} GPUs, expected {expect_gpus}",
                             "check nvidia-smi and CUDA_VISIBLE_DEVICES, or change the expected count"))
     if facts["gpu_count"]:
-        facts["driver"] = _nvml_driver()
+        facts["driver"] = nvml.driver_version()
         checks.append(Check("driver", "ok", facts["driver"] or "not read (install nvidia-ml-py to read it)"))
         if dist.is_nccl_available():
             facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
@@ -181,12 +181,6 @@ def check_torch(expect_gpus: int | None) -> tuple[list[Check], dict[str, Any]]:
     checks.append(Check("gloo", "ok", "available") if dist.is_gloo_available() else
                   Check("gloo", "fail", "torch has no gloo backend", "install a standard torch build"))
     return checks, facts
-
-
-def _nvml_driver() -> str | None:
-    from lab import nvml
-
-    return nvml.driver_version()
 
 
 def run_checks(ports: list[int], output_dir: str, expect_gpus: int | None = None,

@@ -47,6 +47,14 @@ def device_count() -> int:
         return 0
 
 
+def host_has_gpus() -> bool:
+    """Whether this host has NVIDIA GPUs, whatever torch makes of them: NVML counts some, or the driver's
+    device files exist (no nvidia-ml-py needed). Used to tell "no GPU" from "a GPU torch cannot use"."""
+    from pathlib import Path
+
+    return device_count() > 0 or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
 def torch_uuid(index: int) -> str:
     """The UUID torch reports for its CUDA device `index`: bare hex, without NVML's "GPU-"/"MIG-" prefix."""
     import torch

@@ -31,6 +31,7 @@ Exit codes: 0 every step passed or was skipped; 1 a step failed; 2 bad input.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -125,7 +126,7 @@ class Check:
             if row["kind"] == "train":
                 rows[row["step"]] = row
         losses = [rows[s]["loss"] for s in sorted(rows)]
-        if not all(map(_finite, losses)):
+        if not all(map(math.isfinite, losses)):
             raise StepFailed(f"run {run_id}: losses not finite: {losses}")
         return [rows[s] for s in sorted(rows)]
 
@@ -181,7 +182,7 @@ def _guarded_steps(c: Check, amp: str, steps: int) -> None:
     import torch
 
     from lab import config, data, dist
-    from lab.train import Trainer
+    from lab.trainer import Trainer
 
     cfg = config.load(c.config, [*c.common, "data.synthetic_train_size=8192", "train.global_batch_size=256",
                                  f"train.amp={amp}"])
@@ -394,10 +395,10 @@ def _gpu_torch_cannot_use() -> str | None:
 
     from lab import nvml
 
-    count = nvml.device_count()
-    if not count and not os.path.exists("/dev/nvidiactl"):
+    if not nvml.host_has_gpus():
         return None
-    return (f"the host has {count or 'a'} NVIDIA GPU(s) (driver {nvml.driver_version() or 'unknown'}), but torch "
+    count = nvml.device_count()
+    return (f"the host has {count or 'some'} NVIDIA GPU(s) (driver {nvml.driver_version() or 'unknown'}), but torch "
             f"{torch.__version__} ({sys.executable}; CUDA build: {torch.version.cuda or 'none, a CPU build'}) cannot "
             f"use them: use a CUDA build of torch that this driver supports (PYTHON=... make gpu-check), or start the "
             f"container with --gpus all")
@@ -439,7 +440,3 @@ def render(r: dict[str, Any]) -> str:
 
 def _mark(ok: bool) -> str:
     return "met" if ok else "missed"
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from lab import nvml
 from lab.bench import gpu_check
 
@@ -19,8 +17,7 @@ def test_a_gpu_that_torch_cannot_use_is_named_not_skipped(monkeypatch):
 
 
 def test_no_gpu_at_all_is_a_dry_check(monkeypatch):
-    monkeypatch.setattr(nvml, "device_count", lambda: 0)
-    monkeypatch.setattr(os.path, "exists", lambda path: False)
+    monkeypatch.setattr(nvml, "host_has_gpus", lambda: False)
     assert gpu_check._gpu_torch_cannot_use() is None
 
 
