@@ -1,7 +1,7 @@
 """Atomic save and safe load of the full training state.
 
 Saving writes a temporary file beside the target, fsyncs it and renames it over
-the target, so a crash at any moment leaves either the previous checkpoint or the
+the target (`lab.atomic`), so a crash at any moment leaves either the previous checkpoint or the
 new one, never a torn file. Loading uses `torch.load(weights_only=True)`, which
 builds tensors and plain containers only and refuses to run code from the file.
 """
@@ -9,13 +9,13 @@ builds tensors and plain containers only and refuses to run code from the file.
 from __future__ import annotations
 
 import io
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from lab import atomic
 from lab.errors import CheckpointError
 
 FORMAT = 1
@@ -29,32 +29,16 @@ class CheckpointWriteError(RuntimeError):
 def save(path: str | Path, state: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     # Serialised in memory first: torch.save into a file turns a write error (a full disk) into an opaque
     # RuntimeError, a plain write keeps the OSError and its reason. ResNet-18's state is ~90 MB.
     buffer = io.BytesIO()
     torch.save({"format": FORMAT, **state}, buffer)
     try:
-        with open(tmp, "wb") as f:
-            f.write(buffer.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+        atomic.write_bytes(path, buffer.getbuffer(), durable=True)
     except OSError as exc:  # a full disk, a vanished mount: say so, and that nothing older was touched
         kept = "the previous checkpoint is intact" if path.exists() else "there is no earlier checkpoint"
         raise CheckpointWriteError(f"{path}: checkpoint not written ({exc.strerror or exc}); {kept}") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)  # make the rename itself durable
     return path
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

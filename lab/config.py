@@ -100,6 +100,9 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DistConfig:
+    strategy: Literal["ddp"] = knob("ddp", "How the model is wrapped, stepped and saved across ranks "
+                                           "(lab/strategies/): ddp (whole model on every rank; at world size 1 "
+                                           "no wrapper).")
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "auto: one CUDA device per process when present, else the CPU.")
     backend: Literal["auto", "nccl", "gloo"] = knob("auto", "auto: nccl on CUDA, gloo on the CPU.")
     timeout_seconds: float = knob(600.0, "Process-group timeout: a collective that waits longer fails the run.", min=1.0)

@@ -5,17 +5,16 @@ A process started without torchrun is world size 1:
 the single-device baseline is the same code with no process group
 (`dist.single_process_group=true` builds a 1-rank group anyway, for the device check).
 
-    ctx = init(cfg.dist)          # process group when WORLD_SIZE > 1
-    ...
-    teardown(ctx)
+    with initialized(cfg.dist) as ctx:     # a process group when WORLD_SIZE > 1
+        ...
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import os
 import re
-import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +23,6 @@ import torch.distributed as tdist
 from lab import cores, torchrun_env
 from lab.config import DistConfig
 from lab.errors import LaunchError
-
-# Environment worth recording with every run: it changes what NCCL and gloo do.
-RECORDED_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES",
-                         "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_", "UCX_")
-
 
 @dataclass(frozen=True)
 class DistContext:
@@ -155,6 +149,16 @@ def teardown(ctx: DistContext) -> None:
         tdist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def initialized(cfg: DistConfig) -> Iterator[DistContext]:
+    """init(cfg) for the length of a with-block; the process group is torn down however the block ends."""
+    ctx = init(cfg)
+    try:
+        yield ctx
+    finally:
+        teardown(ctx)
+
+
 # ----------------------------------------------------------------------------- collectives
 # No-ops at world size 1, so the trainer has one code path.
 
@@ -194,50 +198,6 @@ def broadcast_from_primary(ctx: DistContext, tensors: list[torch.Tensor]) -> Non
             tdist.broadcast(tensor.data, src=0)
 
 
-# ----------------------------------------------------------------------------- description
-
-
-def describe(ctx: DistContext) -> dict:
-    """This process's part of the run manifest."""
-    info = {"host": socket.gethostname(), "global_rank": ctx.global_rank, "local_rank": ctx.local_rank,
-            "node_rank": ctx.node_rank, "device": str(ctx.device), "threads": torch.get_num_threads()}
-    if ctx.device.type == "cuda":
-        info["device_name"] = torch.cuda.get_device_name(ctx.device)
-    else:
-        info["device_name"] = "cpu"
-    return info
-
-
-def recorded_env() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)}
-
-
-def versions() -> dict[str, str | None]:
-    import platform
-
-    import torchvision
-
-    cuda = torch.cuda.is_available()
-    nccl = None
-    if cuda and hasattr(torch.cuda, "nccl"):
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a build without NCCL has no version to report
-            nccl = None
-    from lab import nvml
-
-    driver = nvml.driver_version() if cuda else None
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "cuda": torch.version.cuda if cuda else None,
-        "cudnn": str(torch.backends.cudnn.version()) if cuda and torch.backends.cudnn.is_available() else None,
-        "nccl": nccl,
-        "driver": driver,
-    }
-
-
 def primary_then_broadcast(ctx: DistContext, fn):
     """Run `fn` on global rank 0 and give its result to every rank.
 
@@ -261,20 +221,3 @@ def primary_then_broadcast(ctx: DistContext, fn):
     if payload[0] == "failed":
         raise RuntimeError(f"rank 0 failed: {payload[1]}")
     return payload[1]
-
-
-def memory_bytes(device: torch.device) -> tuple[int, int]:
-    """(allocated now, peak) on `device`; on the CPU the process's resident memory."""
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device), torch.cuda.max_memory_allocated(device)
-    import resource
-    import sys
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
-    try:
-        with open("/proc/self/statm") as f:
-            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:  # no /proc (macOS): the peak is the best figure there is
-        resident = peak
-    return resident, peak

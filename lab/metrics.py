@@ -14,7 +14,6 @@ exporter at log intervals with numbers it has already synced: no extra host sync
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, push_to_gateway, start_http_server
 
-from lab import __version__
+from lab import __version__, atomic
 
 LABELS = ("run_id", "rank", "node")
 GPU_LABELS = (*LABELS, "gpu")
@@ -93,55 +92,55 @@ class RankExporter(NullExporter):
     def __init__(self, port: int, bind_address: str, labels: dict[str, str], device, info: dict[str, str],
                  say=print) -> None:
         self.registry = CollectorRegistry()
-        self.m = _Definitions(self.registry)
+        self.series = _Definitions(self.registry)
         self.labels, self.device = labels, device
         self.server, self._thread = start_http_server(port, addr=bind_address, registry=self.registry)
         self.port = self.server.server_port
         host = bind_address if bind_address not in ("0.0.0.0", "::", "") else socket.getfqdn()
         self.endpoint = f"http://{host}:{self.port}/metrics"
         self._address = f"{host}:{self.port}"
-        self.m.info.labels(**labels).info(info)
+        self.series.info.labels(**labels).info(info)
         self._nvml = _Nvml(device, say) if device.type == "cuda" else None
         self._last_step = 0
         self._sample_device()
 
     def __call__(self, row: dict[str, Any]) -> None:
         """The trainer's log hook: every value here was synced by the trainer already."""
-        m, lab = self.m, self.labels
+        series, labels = self.series, self.labels
         if row["kind"] == "eval":
-            m.eval_loss.labels(**lab).set(row["test_loss"])
-            m.eval_accuracy.labels(**lab).set(row["test_accuracy"])
+            series.eval_loss.labels(**labels).set(row["test_loss"])
+            series.eval_accuracy.labels(**labels).set(row["test_accuracy"])
             return
-        m.samples_per_second.labels(**lab).set(row["rank_samples_per_second"])
-        m.step_duration.labels(**lab).set(row["step_time_seconds"])
-        m.loss.labels(**lab).set(row["loss"])
-        m.accuracy.labels(**lab).set(row["accuracy"])
-        m.learning_rate.labels(**lab).set(row["lr"])
-        m.epoch.labels(**lab).set(row["epoch"])
-        m.steps.labels(**lab).inc(max(0, row["step"] - self._last_step))
-        m.samples.labels(**lab).inc(row["rank_samples"])
-        m.heartbeat.labels(**lab).set(row["time"])
+        series.samples_per_second.labels(**labels).set(row["rank_samples_per_second"])
+        series.step_duration.labels(**labels).set(row["step_time_seconds"])
+        series.loss.labels(**labels).set(row["loss"])
+        series.accuracy.labels(**labels).set(row["accuracy"])
+        series.learning_rate.labels(**labels).set(row["lr"])
+        series.epoch.labels(**labels).set(row["epoch"])
+        series.steps.labels(**labels).inc(max(0, row["step"] - self._last_step))
+        series.samples.labels(**labels).inc(row["rank_samples"])
+        series.heartbeat.labels(**labels).set(row["time"])
         self._last_step = row["step"]
         self._sample_device()
 
     def record_recovery(self, restarts: int, steps_redone: int) -> None:
         """What the run survived before this start (a new process after a restart: its counters start at 0)."""
-        self.m.restarts.labels(**self.labels).inc(restarts)
-        self.m.steps_redone.labels(**self.labels).inc(steps_redone)
+        self.series.restarts.labels(**self.labels).inc(restarts)
+        self.series.steps_redone.labels(**self.labels).inc(steps_redone)
 
     def _sample_device(self) -> None:
         import torch
 
-        from lab import dist
+        from lab import device_memory
 
-        m, lab = self.m, self.labels
-        allocated, peak = dist.memory_bytes(self.device)
-        m.memory_allocated.labels(**lab).set(allocated)
-        m.memory_peak.labels(**lab).set(peak)
+        series, labels = self.series, self.labels
+        allocated, peak = device_memory.memory_bytes(self.device)
+        series.memory_allocated.labels(**labels).set(allocated)
+        series.memory_peak.labels(**labels).set(peak)
         cuda = self.device.type == "cuda"
-        m.memory_reserved.labels(**lab).set(torch.cuda.memory_reserved(self.device) if cuda else allocated)
+        series.memory_reserved.labels(**labels).set(torch.cuda.memory_reserved(self.device) if cuda else allocated)
         if self._nvml:
-            self._nvml.sample(m, lab)
+            self._nvml.sample(series, labels)
 
     def target(self) -> dict[str, Any]:
         """This rank's entry of a Prometheus file_sd target file."""
@@ -168,15 +167,15 @@ class _Nvml:
         except Exception as exc:  # noqa: BLE001 - NVML is optional: one notice, no failure
             say(f"metrics: NVML not available ({type(exc).__name__}); per-GPU utilisation is not exported")
 
-    def sample(self, m: _Definitions, labels: dict[str, str]) -> None:
+    def sample(self, series: _Definitions, labels: dict[str, str]) -> None:
         if self.handle is None:
             return
         memory = self.pynvml.nvmlDeviceGetMemoryInfo(self.handle)
         utilization = self.pynvml.nvmlDeviceGetUtilizationRates(self.handle)
         gpu = {**labels, "gpu": self.gpu}
-        m.gpu_used.labels(**gpu).set(memory.used)
-        m.gpu_total.labels(**gpu).set(memory.total)
-        m.gpu_utilization.labels(**gpu).set(utilization.gpu / 100)
+        series.gpu_used.labels(**gpu).set(memory.used)
+        series.gpu_total.labels(**gpu).set(memory.total)
+        series.gpu_utilization.labels(**gpu).set(utilization.gpu / 100)
 
 
 def start(cfg, ctx, run_id: str, info: dict[str, str], say=print) -> NullExporter:
@@ -199,9 +198,8 @@ def write_targets(path: Path, targets: list[dict[str, Any] | None]) -> Path | No
     if not entries:
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(entries, indent=2) + "\n")
-    os.replace(tmp, path)  # Prometheus never reads half a file
+    # Prometheus never reads half a file, and its `*.json` glob never matches the temporary one
+    atomic.write_text(path, json.dumps(entries, indent=2) + "\n")
     return path
 
 

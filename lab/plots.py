@@ -106,3 +106,4 @@ def memory_bars(rows: list[dict[str, Any]], device_gb: float | None, context: st
     ax.set_ylabel("memory per device (GB, 1e9 bytes)")
     ax.legend()
     return _finish(fig, ax, "Estimated memory per device by strategy", context, path)
+

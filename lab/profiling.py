@@ -14,23 +14,25 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lab import atomic
+
 COMMUNICATION = ("allreduce", "all_reduce", "nccl", "gloo", "broadcast", "record_param_comms", "c10d")
 WAIT, WARMUP = 1, 2  # steps skipped, then steps profiled but discarded (allocator and caches settle)
 
 
 def profiler(steps: int, ctx, run_dir: Path, console):
-    import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
 
     def ready(prof) -> None:
         trace = run_dir / f"trace-rank{ctx.global_rank}.json"
-        prof.export_chrome_trace(str(trace))
+        with atomic.replacing(trace) as tmp:  # a rank killed mid-export leaves no half trace for the report to link
+            prof.export_chrome_trace(str(tmp))
         if ctx.is_primary:
             summary = summarize(prof.key_averages(), steps, ctx.device.type == "cuda")
             summary["trace"] = trace.name
-            (run_dir / "profile-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            atomic.write_text(run_dir / "profile-summary.json", json.dumps(summary, indent=2) + "\n")
             console.say(f"profile: {trace} ({steps} steps); communication {summary['communication_share']:.1%} "
                         f"of profiled operator time")
 

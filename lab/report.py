@@ -14,6 +14,7 @@ from typing import Any
 
 from lab import __version__, plots, runs
 from lab.errors import LabError
+from lab.formatting import num, pct
 
 
 def collect(paths: list[str]) -> tuple[list[Path], dict[str, dict[str, Any]]]:
@@ -79,8 +80,8 @@ def _training(run_dirs: list[Path], out: Path) -> str:
              "|---|---:|---|---|---:|---:|---:|---:|---|"]
     for d, m, s in info:
         lines.append(f"| {d.name} | {m['world_size']} | {m['data']['source']} | {m['ranks'][0]['device_name']} | "
-                     f"{s['steps']} | {_num(s.get('final_loss'), '.4f')} | {_pct(s.get('test_accuracy'))} | "
-                     f"{_num(s.get('samples_per_second'), '.0f')} | {s['status']} |")
+                     f"{s['steps']} | {num(s.get('final_loss'), '.4f')} | {pct(s.get('test_accuracy'))} | "
+                     f"{num(s.get('samples_per_second'), '.0f')} | {s['status']} |")
     data_sources = sorted({m["data"]["description"] for _, m, _ in info})
     devices = sorted({m["ranks"][0]["device_name"] for _, m, _ in info})
     context = f"data: {'; '.join(data_sources)} | device: {', '.join(devices)}"
@@ -148,11 +149,3 @@ def _relative(path: Path, start: Path) -> str:
     import os
 
     return os.path.relpath(path, start)
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2%}"

@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from lab import atomic
 from lab.errors import ConfigError, LabError
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -78,8 +79,9 @@ class RunDir:
         return self
 
     def _clear_crash_leftovers(self) -> None:
-        """A process killed mid-write can leave a torn last metrics row and a checkpoint temp file.
-        Only the run's rank 0 writes either, and it is here, so both are stale: drop them before appending."""
+        """A process killed mid-write can leave a torn last metrics row and lab.atomic temp files (`*.tmp-*`:
+        a checkpoint, a JSON record, a trace). Nothing writes them while rank 0 starts the run, so all are stale:
+        drop them before appending."""
         for tmp in [*self.checkpoints.glob("*.tmp-*"), *self.path.glob("*.tmp-*"), *self.path.glob(".write-test-*")]:
             tmp.unlink(missing_ok=True)
         if self.metrics.exists() and self.metrics.stat().st_size:
@@ -124,10 +126,7 @@ class RunDir:
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_json(path: str | Path) -> Any:

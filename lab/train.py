@@ -6,25 +6,29 @@
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
         --rdzv-endpoint HEAD:29400 --rdzv-id RUN -m lab train --config ddp   # on each of two nodes
 
-The run directory and the checkpoint to resume from, the manifest, the exporter and
-the summary: what a run is, beside how it trains.
+A run's life: open the run directory and find the state to resume from, build the
+trainer, attach the observers (console, metrics file, exporter), record the start,
+fit, record the end. What a run is, beside how it trains.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from lab import checkpoint, data, dist, metrics, torchrun_env
+from lab import data, device_memory, dist, metrics, provenance, torchrun_env
 from lab.config import Config, check_layout, to_dict
 from lab.console import Console, SilentConsole
 from lab.errors import CheckpointError
+from lab.formatting import num, pct
 from lab.runs import RunDir, git_revision, new_run_id, rendezvous_run_id
 from lab.trainer import Hook, Trainer, set_determinism
 
@@ -41,6 +45,156 @@ class Recovery(NamedTuple):
         return self.steps_redone + self.redone_before
 
 
+@dataclass
+class RunStart:
+    """One start of a run as each step of its life sees it (instead of long positional argument lists)."""
+
+    cfg: Config
+    ctx: dist.DistContext
+    run_dir: RunDir
+    dataset: data.Dataset
+    console: Console
+    trainer: Trainer
+    recovery: Recovery
+    resume_path: str | None
+    versions: dict[str, str | None]   # read once: the exporter's info and the manifest say the same
+    wall_start: float
+
+    def manifest(self, ranks: list[dict]) -> dict[str, Any]:
+        cfg, ctx, trainer, dataset = self.cfg, self.ctx, self.trainer, self.dataset
+        start = {"time": time.time(), "step": trainer.step, "world_size": ctx.world_size,
+                 "restart_count": self.recovery.restarts, "resumed_from": self.resume_path,
+                 "steps_redone": self.recovery.steps_redone}
+        return {
+            "run_id": self.run_dir.run_id, "config": to_dict(cfg), "config_origin": cfg.origin, "seed": cfg.run.seed,
+            "data": {"source": dataset.source, "description": dataset.description,
+                     "train_size": len(dataset.train_labels), "test_size": len(dataset.test_labels)},
+            "world_size": ctx.world_size, "backend": ctx.backend, **trainer.strategy.describe(),
+            "batch_size_per_rank": trainer.batch_size, "steps_per_epoch": trainer.steps_per_epoch,
+            "total_steps": trainer.total_steps, "amp": _amp_name(trainer),
+            "versions": self.versions, "git_revision": git_revision(),
+            "hosts": sorted({r["host"] for r in ranks}), "ranks": ranks, "environment": provenance.recorded_env(),
+            "starts": [start],
+        }
+
+    def summary(self, results: dict[str, Any], status: str, error: str | None = None) -> dict[str, Any]:
+        summary = {"run_id": self.run_dir.run_id, "status": status, "data_source": self.dataset.source,
+                   "world_size": self.ctx.world_size, **self.trainer.strategy.describe(),
+                   "global_batch_size": self.cfg.train.global_batch_size,
+                   "wall_time_seconds": time.time() - self.wall_start, "restart_count": self.recovery.restarts,
+                   "steps_redone": self.recovery.steps_redone_total, "host": socket.gethostname(), **results}
+        if error:
+            summary["error"] = error
+        return summary
+
+    def announce(self) -> None:
+        ctx, t, trainer = self.ctx, self.cfg.train, self.trainer
+        device = f"{ctx.world_size} x {ctx.device.type}" + (f" ({ctx.backend})" if ctx.backend else "")
+        self.console.say(f"run {self.run_dir.run_id}: {device}, {trainer.strategy.name}, "
+                         f"data: {self.dataset.description}")
+        self.console.say(f"global batch {t.global_batch_size} = {ctx.world_size} rank(s) x {trainer.batch_size} "
+                         f"x {t.grad_accum_steps} accumulation step(s); {trainer.total_steps} steps "
+                         f"({trainer.steps_per_epoch} per epoch); amp {trainer.amp_dtype or 'off'}; "
+                         f"{torch.get_num_threads()} thread(s) per process")
+        if self.resume_path:
+            self.console.say(f"resuming from {self.resume_path} at step {trainer.step}")
+
+
+def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
+    """`lab train` in this process: one rank of a torchrun job, or the whole baseline."""
+    wall_start = time.time()
+    with dist.initialized(cfg.dist) as ctx:
+        check_layout(cfg, ctx.world_size)
+        set_determinism(cfg.run.deterministic)
+        r = _open(cfg, ctx, hooks, wall_start)
+        with _exporter(r) as exporter:
+            _record_start(r, exporter)
+            results = _fit(r)
+        summary = r.summary(results, status="stopped" if r.trainer.stopped else "completed")
+        _record_end(r, summary)
+        dist.barrier(ctx)
+        return summary
+
+
+def _open(cfg: Config, ctx: dist.DistContext, hooks: Iterable[Hook], wall_start: float) -> RunStart:
+    """The run directory, the state to resume from and the trainer; refuses bad data and too little disk
+    before anything is written."""
+    dataset = data.load(cfg.data).to(ctx.device)
+    run_dir = RunDir(cfg.run.output_dir, resolve_run_id(cfg, ctx))
+    dist.primary_then_broadcast(ctx, run_dir.create)
+    last_logged, redone_before = dist.primary_then_broadcast(ctx, run_dir.progress)
+    console = Console() if ctx.is_primary else SilentConsole()
+    rank_hooks = [run_dir.append_metrics, console, *hooks] if ctx.is_primary else list(hooks)
+    trainer = Trainer(cfg, ctx, dataset, console=console, hooks=rank_hooks, run_dir=run_dir)
+    # Rank 0 decides whether there is a checkpoint to resume from, so every rank takes the same branch.
+    resume_path = dist.primary_then_broadcast(ctx, lambda: find_checkpoint(cfg, trainer.checkpoint_path()))
+    if resume_path is not None:
+        trainer.restore(resume_path)
+    # Work lost to a crash: what the last start logged past the step this one resumes from (to log_every).
+    recovery = Recovery(torchrun_env.restart_count(), max(0, last_logged - trainer.step), redone_before)
+    dist.primary_then_broadcast(ctx, lambda: run_dir.check_space(*space_needed(cfg, trainer, run_dir)))
+    return RunStart(cfg, ctx, run_dir, dataset, console, trainer, recovery, resume_path, provenance.versions(),
+                    wall_start)
+
+
+@contextlib.contextmanager
+def _exporter(r: RunStart) -> Iterator[metrics.NullExporter]:
+    """This rank's Prometheus exporter, attached to the trainer; closed (and the run's file_sd targets
+    withdrawn) however the run ends, since its ranks are gone then."""
+    exporter = metrics.start(r.cfg.metrics, r.ctx, r.run_dir.run_id,
+                             metrics.run_info(r.ctx, r.versions, r.dataset.source), say=r.console.say)
+    r.trainer.hooks.append(exporter)
+    try:
+        yield exporter
+    finally:
+        exporter.close()
+        if r.ctx.is_primary and r.cfg.metrics.targets_dir:
+            (Path(r.cfg.metrics.targets_dir) / f"{r.run_dir.run_id}.json").unlink(missing_ok=True)
+
+
+def _record_start(r: RunStart, exporter: metrics.NullExporter) -> None:
+    ctx = r.ctx
+    if ctx.is_primary:  # a fact of the run, not of each rank: a sum over ranks must not multiply it
+        exporter.record_recovery(r.recovery.restarts, r.recovery.steps_redone_total)
+    ranks = dist.all_gather_object(ctx, provenance.describe(ctx))
+    # Every rank has the same config, so all or none take part in this gather.
+    targets = dist.all_gather_object(ctx, exporter.target()) if r.cfg.metrics.port_base else []
+    if ctx.is_primary:
+        r.run_dir.write_manifest(r.manifest(ranks))
+        r.announce()
+        _publish_targets(r, targets)
+        r.console.begin(r.trainer.total_steps, r.trainer.step)
+
+
+def _fit(r: RunStart) -> dict[str, Any]:
+    """Train; a failure is recorded in the summary (status failed, the error) before it propagates, and a
+    collective that timed out is explained by naming the ranks that stopped answering."""
+    try:
+        try:
+            return r.trainer.fit()
+        except RuntimeError as exc:
+            if r.ctx.distributed and dist.is_collective_timeout(exc):
+                raise dist.explain_timeout(r.ctx) from exc
+            raise
+    except BaseException as exc:
+        if r.ctx.is_primary:
+            r.run_dir.write_summary(r.summary(r.trainer.results(), status="failed",
+                                              error=f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+def _record_end(r: RunStart, summary: dict[str, Any]) -> None:
+    if r.cfg.metrics.pushgateway:  # each rank: its own peak memory under grouping key (job, run_id, rank)
+        _, peak = device_memory.memory_bytes(r.ctx.device)
+        metrics.push_run_summary(r.cfg.metrics, r.run_dir.run_id, r.ctx.global_rank,
+                                 {**summary, "device_memory_peak_bytes": peak})
+    if r.ctx.is_primary:
+        r.run_dir.write_summary(summary)
+        r.console.say(f"run {r.run_dir.run_id} {summary['status']}: test accuracy {pct(summary['test_accuracy'])}, "
+                      f"{num(summary['samples_per_second'], '.0f')} img/s over {r.ctx.world_size} rank(s); "
+                      f"records in {r.run_dir.path}")
+
+
 def resolve_run_id(cfg: Config, ctx: dist.DistContext) -> str:
     """run.id when given; under torchrun, the name and the rendezvous id (stable across restarts, so a
     restarted group resumes its own checkpoint); else a new time-stamped id made on rank 0."""
@@ -52,86 +206,16 @@ def resolve_run_id(cfg: Config, ctx: dist.DistContext) -> str:
     return dist.broadcast_object(ctx, new_run_id(cfg.run.name) if ctx.is_primary else None)
 
 
-def find_resume_state(cfg: Config, run_dir: RunDir) -> tuple[dict | None, str | None]:
-    """(state, path) of the checkpoint to resume from, read on rank 0, or (None, None)."""
+def find_checkpoint(cfg: Config, own: Path) -> str | None:
+    """The checkpoint to resume from (checkpoint.resume: auto -> this run's own `own` when it exists, never,
+    or a path), or None."""
     choice = cfg.checkpoint.resume
-    if choice == "never":
-        return None, None
-    path = run_dir.checkpoints / checkpoint.LAST if choice == "auto" else choice
-    if choice == "auto" and not os.path.exists(path):
-        return None, None
-    if choice != "auto" and not os.path.exists(path):
+    if choice == "never" or (choice == "auto" and not os.path.exists(own)):
+        return None
+    path = own if choice == "auto" else choice
+    if not os.path.exists(path):
         raise CheckpointError(f"checkpoint.resume: {path} does not exist; give an existing file, auto or never")
-    return checkpoint.load(path, map_location="cpu"), str(path)
-
-
-def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
-    """`lab train` in this process: one rank of a torchrun job, or the whole baseline."""
-    wall_start = time.time()
-    ctx = dist.init(cfg.dist)
-    try:
-        check_layout(cfg, ctx.world_size)
-        set_determinism(cfg.run.deterministic)
-        dataset = data.load(cfg.data).to(ctx.device)  # bad data is refused before anything is written
-        run_dir = RunDir(cfg.run.output_dir, resolve_run_id(cfg, ctx))
-        dist.primary_then_broadcast(ctx, run_dir.create)
-        # Rank 0 reads the checkpoint and sends it to the others: nodes need no shared file system.
-        resume_state, resume_path, (last_logged, redone_before) = dist.primary_then_broadcast(
-            ctx, lambda: (*find_resume_state(cfg, run_dir), run_dir.progress()))
-        console = Console() if ctx.is_primary else SilentConsole()
-        rank_hooks = [run_dir.append_metrics, console, *hooks] if ctx.is_primary else list(hooks)
-        trainer = Trainer(cfg, ctx, dataset, console=console, hooks=rank_hooks, run_dir=run_dir,
-                          resume=(resume_state, resume_path) if resume_state is not None else None)
-        # Work lost to a crash: what the last start had logged past the step this one resumes from
-        # (to log_every granularity).
-        recovery = Recovery(torchrun_env.restart_count(), max(0, last_logged - trainer.step), redone_before)
-        dist.primary_then_broadcast(ctx, lambda: run_dir.check_space(*space_needed(cfg, trainer, run_dir)))
-        ranks = dist.all_gather_object(ctx, dist.describe(ctx))
-        versions = dist.versions()
-        exporter = metrics.start(cfg.metrics, ctx, run_dir.run_id, metrics.run_info(ctx, versions, dataset.source),
-                                 say=console.say)
-        if ctx.is_primary:  # a fact of the run, not of each rank: a sum over ranks must not multiply it
-            exporter.record_recovery(recovery.restarts, recovery.steps_redone_total)
-        trainer.hooks.append(exporter)
-        # Every rank has the same config, so all or none take part in this gather.
-        targets = dist.all_gather_object(ctx, exporter.target()) if cfg.metrics.port_base else []
-        if ctx.is_primary:
-            run_dir.write_manifest(_manifest(cfg, ctx, run_dir, dataset, trainer, ranks, versions, resume_path,
-                                              recovery))
-            _announce(console, cfg, ctx, run_dir, dataset, trainer, resume_path)
-            _publish_targets(cfg, run_dir, targets, console)
-            console.begin(trainer.total_steps, trainer.step)
-        try:
-            try:
-                results = trainer.fit()
-            except RuntimeError as exc:
-                if ctx.distributed and dist.is_collective_timeout(exc):
-                    raise dist.explain_timeout(ctx) from exc
-                raise
-        except BaseException as exc:
-            if ctx.is_primary:  # close, record, re-raise: the summary says how the run ended
-                run_dir.write_summary(_summary(cfg, ctx, run_dir, dataset, trainer.results(), wall_start, recovery,
-                                               status="failed", error=f"{type(exc).__name__}: {exc}"))
-            raise
-        finally:
-            exporter.close()
-            if ctx.is_primary and cfg.metrics.targets_dir:  # the run's ranks are gone: stop scraping them
-                (Path(cfg.metrics.targets_dir) / f"{run_dir.run_id}.json").unlink(missing_ok=True)
-        summary = _summary(cfg, ctx, run_dir, dataset, results, wall_start, recovery,
-                           status="stopped" if trainer.stopped else "completed")
-        if cfg.metrics.pushgateway:  # each rank: its own peak memory under grouping key (job, run_id, rank)
-            _, peak = dist.memory_bytes(ctx.device)
-            metrics.push_run_summary(cfg.metrics, run_dir.run_id, ctx.global_rank,
-                                     {**summary, "device_memory_peak_bytes": peak})
-        if ctx.is_primary:
-            run_dir.write_summary(summary)
-            console.say(f"run {run_dir.run_id} {summary['status']}: test accuracy {_pct(summary['test_accuracy'])}, "
-                        f"{_num(summary['samples_per_second'])} img/s over {ctx.world_size} rank(s); "
-                        f"records in {run_dir.path}")
-        dist.barrier(ctx)
-        return summary
-    finally:
-        dist.teardown(ctx)
+    return str(path)
 
 
 def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, str]:
@@ -142,63 +226,21 @@ def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, s
         return records, "its records"
     weights = sum(t.numel() * t.element_size() for t in trainer.model.state_dict().values())
     momentum = sum(p.numel() * p.element_size() for p in trainer.model.parameters())  # SGD: one buffer per parameter
-    copies = 1 if (run_dir.checkpoints / checkpoint.LAST).exists() else 2
+    copies = 1 if trainer.checkpoint_path().exists() else 2
     size = weights + momentum
     return copies * size + records, f"{copies} checkpoint(s) of {size / 2**20:.1f} MiB at a save, and its records"
 
 
-def _publish_targets(cfg: Config, run_dir: RunDir, targets: list, console: Console) -> None:
+def _publish_targets(r: RunStart, targets: list) -> None:
     """file_sd target files listing every rank's endpoint, so Prometheus finds the run without a config edit."""
-    written = metrics.write_targets(run_dir.path / "prometheus-targets.json", targets)
+    written = metrics.write_targets(r.run_dir.path / "prometheus-targets.json", targets)
     if written is None:
         return
-    if cfg.metrics.targets_dir:
-        metrics.write_targets(Path(cfg.metrics.targets_dir) / f"{run_dir.run_id}.json", targets)
+    if r.cfg.metrics.targets_dir:
+        metrics.write_targets(Path(r.cfg.metrics.targets_dir) / f"{r.run_dir.run_id}.json", targets)
     endpoints = ", ".join(f"http://{t['targets'][0]}/metrics" for t in targets if t)
-    console.say(f"metrics: {endpoints} (Prometheus file_sd targets: {written})")
+    r.console.say(f"metrics: {endpoints} (Prometheus file_sd targets: {written})")
 
 
-def _manifest(cfg, ctx, run_dir, dataset, trainer, ranks, versions, resume_path, recovery) -> dict[str, Any]:
-    start = {"time": time.time(), "step": trainer.step, "world_size": ctx.world_size,
-             "restart_count": recovery.restarts, "resumed_from": resume_path, "steps_redone": recovery.steps_redone}
-    return {
-        "run_id": run_dir.run_id, "config": to_dict(cfg), "config_origin": cfg.origin, "seed": cfg.run.seed,
-        "data": {"source": dataset.source, "description": dataset.description,
-                 "train_size": len(dataset.train_labels), "test_size": len(dataset.test_labels)},
-        "world_size": ctx.world_size, "backend": ctx.backend, "batch_size_per_rank": trainer.batch_size,
-        "steps_per_epoch": trainer.steps_per_epoch, "total_steps": trainer.total_steps,
-        "amp": str(trainer.amp_dtype).replace("torch.", "") if trainer.amp_dtype else "off",
-        "versions": versions, "git_revision": git_revision(),
-        "hosts": sorted({r["host"] for r in ranks}), "ranks": ranks, "environment": dist.recorded_env(),
-        "starts": [start],
-    }
-
-
-def _summary(cfg, ctx, run_dir, dataset, results, wall_start, recovery, status, error=None) -> dict[str, Any]:
-    summary = {"run_id": run_dir.run_id, "status": status, "data_source": dataset.source,
-               "world_size": ctx.world_size, "global_batch_size": cfg.train.global_batch_size,
-               "wall_time_seconds": time.time() - wall_start, "restart_count": recovery.restarts,
-               "steps_redone": recovery.steps_redone_total,
-               "host": socket.gethostname(), **results}
-    if error:
-        summary["error"] = error
-    return summary
-
-
-def _announce(console, cfg, ctx, run_dir, dataset, trainer, resume_path) -> None:
-    device = f"{ctx.world_size} x {ctx.device.type}" + (f" ({ctx.backend})" if ctx.backend else "")
-    console.say(f"run {run_dir.run_id}: {device}, data: {dataset.description}")
-    console.say(f"global batch {cfg.train.global_batch_size} = {ctx.world_size} rank(s) x {trainer.batch_size} "
-                f"x {cfg.train.grad_accum_steps} accumulation step(s); {trainer.total_steps} steps "
-                f"({trainer.steps_per_epoch} per epoch); amp {trainer.amp_dtype or 'off'}; "
-                f"{torch.get_num_threads()} thread(s) per process")
-    if resume_path:
-        console.say(f"resuming from {resume_path} at step {trainer.step}")
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2%}"
-
-
-def _num(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0f}"
+def _amp_name(trainer: Trainer) -> str:
+    return str(trainer.amp_dtype).replace("torch.", "") if trainer.amp_dtype else "off"

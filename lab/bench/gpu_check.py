@@ -3,9 +3,10 @@
     make gpu-check                                   # = scripts/gpu-check.sh: no venv, no network needed
     lab bench gpu-check --out runs/gpu-check         # the same from a venv; JSON and step logs in --out
 
-Each step runs a real command of the lab (its output goes to a log in --out) and
-ends passed, failed or skipped; a table of them comes last, and `gpu-check.json`
-holds every figure. About 5 minutes on one H100/H200:
+Each step runs a real command of the lab (its output goes to a log in --out) or, for host
+syncs and memory, measures in this process (lab/bench/gpu_measure.py), and ends passed,
+failed or skipped; a table of them comes last, and `gpu-check.json` holds every figure.
+About 5 minutes on one H100/H200:
 
   doctor         `lab doctor`: driver, CUDA, NCCL, shared memory, ports
   data path      `lab bench pipeline`: the lab's device-resident data path against a
@@ -170,42 +171,20 @@ def host_syncs(c: Check) -> Outcome:
     """Training steps with CUDA's sync debug mode set to error: any host sync between log intervals raises.
     Under bf16, and under fp16, whose GradScaler would read found-inf back every step if the optimizer
     could not take it on the device (the fused SGD does)."""
+    from lab import config
+    from lab.bench import gpu_measure
+
     if not c.gpu:
         return Outcome("host syncs", "skipped", "no CUDA device (the CPU tests count syncs and host copies instead)")
     steps = 12
     for amp in ("bf16", "fp16"):
-        _guarded_steps(c, amp, steps)
+        # 32 batches of 256: no epoch boundary inside the guarded steps
+        cfg = config.load(c.config, [*c.common, "data.synthetic_train_size=8192", "train.global_batch_size=256",
+                                     f"train.amp={amp}"])
+        sync = gpu_measure.first_host_sync(cfg, steps)
+        if sync:
+            raise StepFailed(f"{amp}: a host sync inside the step loop: {sync}")
     return Outcome("host syncs", "passed", f"none in {steps} steps under set_sync_debug_mode('error'), bf16 and fp16")
-
-
-def _guarded_steps(c: Check, amp: str, steps: int) -> None:
-    import torch
-
-    from lab import config, data, dist
-    from lab.trainer import Trainer
-
-    cfg = config.load(c.config, [*c.common, "data.synthetic_train_size=8192", "train.global_batch_size=256",
-                                 f"train.amp={amp}"])
-    ctx = dist.init(cfg.dist)
-    try:
-        trainer = Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device))
-        batches = trainer.train_loader.epoch(0)  # 32 batches: no epoch boundary inside the guarded steps
-        for _ in range(3):  # warm-up: first-use allocations, cuDNN autotuning
-            trainer.train_step(*next(batches))
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            for _ in range(steps):
-                trainer.train_step(*next(batches))
-        except RuntimeError as exc:
-            if "synchroniz" not in str(exc):  # an OOM or a cuDNN error is not a sync: report it as itself
-                raise
-            raise StepFailed(f"{amp}: a host sync inside the step loop: {str(exc).splitlines()[0][:160]}") from None
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        trainer.flush_log()  # the one sync, outside the guarded loop
-    finally:
-        dist.teardown(ctx)
 
 
 def one_rank_ddp(c: Check, compiled: bool) -> Outcome:
@@ -244,13 +223,12 @@ def all_reduce(c: Check) -> Outcome:
 
 def memory(c: Check) -> Outcome:
     """Model state measured like the estimate counts it: parameters, gradients and momentum, no activations."""
+    from lab.bench import gpu_measure
     from lab.memory import MEASURED_RECIPE, estimate
 
     if not c.gpu:
         return Outcome("memory", "skipped", "no CUDA device: the CPU has no allocator counter to measure with")
-    # Twice, the second counts: the first use of cuBLAS/cuDNN allocates workspaces that then stay.
-    _model_state_bytes(c.quick)
-    state, peak, params = _model_state_bytes(c.quick)
+    state, peak, params = gpu_measure.model_state_bytes(8 if c.quick else 64)
     expected = estimate(params, 1, *MEASURED_RECIPE)[0]["total_bytes"]
     ratio = state / expected
     if not 0.95 <= ratio <= 1.10:  # allocator rounding and BatchNorm buffers only
@@ -260,35 +238,6 @@ def memory(c: Check) -> Outcome:
                    f"estimated = {ratio:.2f}; peak with activations and workspaces at batch 256: "
                    f"{peak / 1e6:.0f} MB", figures={"state_bytes": state, "estimate_bytes": expected,
                                                      "ratio": ratio, "peak_bytes": peak})
-
-
-def _model_state_bytes(quick: bool) -> tuple[int, int, int]:
-    """(bytes held after one SGD-momentum step with gradients kept, peak bytes during it, parameter count)."""
-    import gc
-
-    import torch
-
-    from lab import model as models
-    from lab.config import ModelConfig
-
-    device = torch.device("cuda", torch.cuda.current_device())
-    gc.collect()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated(device)
-    net = models.build(ModelConfig(width=8 if quick else 64)).to(device)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    torch.cuda.reset_peak_memory_stats(device)
-    net(torch.randn(256, 3, 32, 32, device=device)).sum().backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=False)  # gradients kept: the estimate counts them
-    torch.cuda.synchronize()
-    state = torch.cuda.memory_allocated(device) - before
-    peak = torch.cuda.max_memory_allocated(device) - before
-    params = sum(p.numel() for p in net.parameters())
-    del net, optimizer
-    gc.collect()
-    torch.cuda.empty_cache()
-    return state, peak, params
 
 
 def deterministic_and_resume(c: Check) -> list[Outcome]:
@@ -331,13 +280,13 @@ STEP_NAMES = ("doctor", "data path", "training", "host syncs", "DDP, 1 rank", "D
 def run(args) -> int:
     import torch
 
-    from lab import dist
+    from lab import provenance
 
     gpu = torch.cuda.is_available()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "runs", ignore_errors=True)  # a rerun must not resume the last check's runs
-    result: dict[str, Any] = {"benchmark": "gpu-check", "gpu": gpu, "versions": dist.versions(),
+    result: dict[str, Any] = {"benchmark": "gpu-check", "gpu": gpu, "versions": provenance.versions(),
                               "device": torch.cuda.get_device_name(0) if gpu else "cpu",
                               "gpus": torch.cuda.device_count() if gpu else 0, "quick": args.quick}
     unusable = None if gpu else _gpu_torch_cannot_use()

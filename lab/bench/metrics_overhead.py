@@ -13,55 +13,39 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 import urllib.request
 from typing import Any
 
-from lab.errors import LabError
-
 
 def run(args) -> int:
-    import torch
+    from lab import config, metrics, runs
+    from lab.bench import harness
 
-    from lab import config, data, dist, metrics, runs
-    from lab.trainer import Trainer, set_determinism
-
-    if args.rounds < 1 or args.steps < 1:
-        raise LabError(f"--rounds {args.rounds} / --steps {args.steps}: need at least 1 of each")
     cfg = config.load(args.config or "smoke", args.overrides)
     cfg = config.with_overrides(cfg, data={"source": "synthetic"}, metrics={"port_base": 0})
-    ctx = dist.init(cfg.dist)
-    try:
-        set_determinism(False)
-        dataset = data.load(cfg.data).to(ctx.device)
-        trainer = Trainer(cfg, ctx, dataset)
+    with harness.trainer_session(cfg) as (ctx, trainer, _):
         exporter = metrics.RankExporter(0, "127.0.0.1", {"run_id": "overhead", "rank": "0", "node": "local"},
                                         ctx.device, {"lab_version": "bench"})
         scraper = _Scraper(exporter.endpoint, args.scrape_interval)
         batches = trainer.train_loader.forever()
 
         def block(exporter_on: bool) -> float:
+            def train() -> None:
+                for step in range(1, args.steps + 1):
+                    trainer.train_step(*next(batches))
+                    if step % cfg.train.log_every == 0:
+                        trainer.flush_log()
+
             trainer.hooks = [exporter] if exporter_on else []
             scraper.active = exporter_on
-            t0 = time.perf_counter()
-            for step in range(1, args.steps + 1):
-                trainer.train_step(*next(batches))
-                if step % cfg.train.log_every == 0:
-                    trainer.flush_log()
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            return time.perf_counter() - t0
+            return harness.timed(ctx, train)
 
         block(False)  # warm-up
         on, off = [], []
-        for round_index in range(args.rounds):
-            # ABBA order: neither setting always runs first, so drifts (clocks, caches) cancel
-            for exporter_on in ((True, False) if round_index % 2 == 0 else (False, True)):
-                (on if exporter_on else off).append(block(exporter_on))
+        for exporter_on in harness.abba(args.rounds):
+            (on if exporter_on else off).append(block(exporter_on))
         scraper.stop()
         exporter.close()
-    finally:
-        dist.teardown(ctx)
     result = summarize(on, off, args, scraper.count, scraper.failures)
     print(render(result), flush=True)
     if args.json:

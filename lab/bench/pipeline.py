@@ -19,8 +19,6 @@ import statistics
 import time
 from typing import Any
 
-from lab.errors import LabError
-
 
 class _PilDataset:
     """CIFAR-10 as torchvision's CIFAR10 class serves it: HWC uint8 arrays -> PIL -> transforms."""
@@ -56,27 +54,18 @@ def torchvision_loader(images, labels, batch_size: int, num_workers: int, pin_me
 def run(args) -> int:
     import torch
 
-    from lab import config, data, dist, runs
-    from lab.trainer import Trainer, set_determinism
+    from lab import config, runs
+    from lab.bench import harness
 
-    if args.batch_size < 1 or args.batches < 1 or args.rounds < 1 or args.num_workers < 0:
-        raise LabError("--batch-size, --batches and --rounds must be at least 1, --num-workers at least 0")
-    cfg = config.load(args.config or "workshop-cpu", args.overrides)
-    size = args.batch_size * (args.batches + 1) * 2
-    cfg = config.with_overrides(cfg, data={"source": "synthetic", "synthetic_train_size": size,
-                                           "synthetic_test_size": 10},
-                                train={"global_batch_size": args.batch_size, "grad_accum_steps": 1})
-    ctx = dist.init(cfg.dist)
-    try:
-        set_determinism(False)
-        host_data = data.load(cfg.data)
-        trainer = Trainer(cfg, ctx, host_data.to(ctx.device))
-        lab_loader = trainer.train_loader
-        tv_loader = torchvision_loader(host_data.train_images, host_data.train_labels, args.batch_size,
+    cfg = harness.synthetic_config(config.load(args.config or "workshop-cpu", args.overrides), args.batch_size,
+                                   batches=(args.batches + 1) * 2)
+    with harness.trainer_session(cfg) as (ctx, trainer, dataset):
+        # The same images for both paths; the DataLoader path starts from the host, as it would from disk.
+        tv_loader = torchvision_loader(dataset.train_images.cpu(), dataset.train_labels.cpu(), args.batch_size,
                                        args.num_workers, ctx.device.type == "cuda", cfg.run.seed)
         device, dtype = ctx.device, trainer.dtype
         memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-        streams = {"lab": lab_loader.forever(),
+        streams = {"lab": trainer.train_loader.forever(),
                    "torchvision": itertools.chain.from_iterable(itertools.repeat(tv_loader))}
 
         def next_batch(path: str):
@@ -87,21 +76,16 @@ def run(args) -> int:
             return inputs, labels
 
         def block(path: str, train: bool) -> float:
-            def sync():
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+            def batches() -> None:
+                for _ in range(args.batches):
+                    inputs, labels = next_batch(path)
+                    if train:
+                        trainer.train_step(inputs, labels)
 
-            sync()
             # DataLoader workers keep prefetching after their block; let them finish so they do not
             # take the cores of the next block (either path's).
             time.sleep(args.settle_seconds)
-            t0 = time.perf_counter()
-            for _ in range(args.batches):
-                inputs, labels = next_batch(path)
-                if train:
-                    trainer.train_step(inputs, labels)
-            sync()
-            return args.batch_size * args.batches / (time.perf_counter() - t0)
+            return args.batch_size * args.batches / harness.timed(ctx, batches)
 
         for path in ("lab", "torchvision"):  # warm-up: workers started, kernels chosen
             block(path, False)
@@ -111,8 +95,6 @@ def run(args) -> int:
             for kind in ("data", "train"):
                 for path in ("lab", "torchvision"):
                     samples[f"{path}_{kind}"].append(block(path, kind == "train"))
-    finally:
-        dist.teardown(ctx)
     result = summarize(samples, args, str(ctx.device))
     print(render(result), flush=True)
     if args.json:

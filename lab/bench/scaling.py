@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +66,6 @@ def render(rows: list[dict[str, Any]], mode: str, context: str) -> str:
 def run(args) -> int:
     from lab import config, launch, plots, runs
 
-    if args.mode not in ("weak", "strong"):
-        raise LabError(f"--mode {args.mode}: expected weak or strong")
     world_sizes = _world_sizes(args.max_world_size)
     gpu = _has_cuda()
     args.batch_per_rank = args.batch_per_rank or (256 if gpu else 64)
@@ -144,8 +141,8 @@ def worker(argv: list[str]) -> None:
 
     import torch
 
-    from lab import config, data, dist, runs
-    from lab.trainer import Trainer, set_determinism
+    from lab import config, dist, provenance, runs
+    from lab.bench import harness
 
     p = argparse.ArgumentParser()
     p.add_argument("--config")
@@ -155,38 +152,29 @@ def worker(argv: list[str]) -> None:
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--global-batch", type=int, required=True)
     args = p.parse_args(argv)
-    cfg = config.load(args.config, args.overrides)
-    # Synthetic data sized for the steps, so no real data is read and no epoch boundary interrupts a block.
-    cfg = config.with_overrides(cfg, data={"source": "synthetic",
-                                           "synthetic_train_size": args.global_batch * (args.steps + args.warmup + 1),
-                                           "synthetic_test_size": 10},
-                                train={"global_batch_size": args.global_batch, "grad_accum_steps": 1})
-    ctx = dist.init(cfg.dist)
-    try:
-        set_determinism(False)
-        dataset = data.load(cfg.data).to(ctx.device)
-        trainer = Trainer(cfg, ctx, dataset)
+    # Synthetic data sized for the steps, so no epoch boundary interrupts a block.
+    cfg = harness.synthetic_config(config.load(args.config, args.overrides), args.global_batch,
+                                   batches=args.steps + args.warmup + 1)
+    with harness.trainer_session(cfg) as (ctx, trainer, dataset):
         batches = trainer.train_loader.forever()
 
         def block(steps: int, sync: bool) -> float:
-            dist.barrier(ctx)
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                trainer.train_step(*next(batches), sync=sync)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize(ctx.device)
-            return time.perf_counter() - t0
+            def train() -> None:
+                for _ in range(steps):
+                    trainer.train_step(*next(batches), sync=sync)
+
+            return harness.timed(ctx, train, barrier=True)
 
         block(args.warmup, True)
-        timed = {True: 0.0, False: 0.0}
+        seconds = {True: 0.0, False: 0.0}
         counted = {True: 0, False: 0}
         half = max(1, args.steps // 4)
         for sync in (True, False, True, False)[: 4 if ctx.distributed else 1]:
             steps = half if ctx.distributed else args.steps
-            timed[sync] += block(steps, sync)
+            seconds[sync] += block(steps, sync)
             counted[sync] += steps
-        step_seconds = timed[True] / counted[True]
-        no_sync_seconds = timed[False] / counted[False] if counted[False] else None
+        step_seconds = seconds[True] / counted[True]
+        no_sync_seconds = seconds[False] / counted[False] if counted[False] else None
         # Every rank's clock counts: the slowest rank sets the pace.
         step_seconds = max(dist.all_gather_object(ctx, step_seconds))
         if no_sync_seconds is not None:
@@ -198,10 +186,8 @@ def worker(argv: list[str]) -> None:
                 "no_sync_step_seconds": no_sync_seconds,
                 "samples_per_second": args.global_batch / step_seconds,
                 "communication_share": max(0.0, 1 - no_sync_seconds / step_seconds) if no_sync_seconds else None,
-                "device": dist.describe(ctx)["device_name"], "data": dataset.description.split(" (")[0],
+                "device": provenance.describe(ctx)["device_name"], "data": dataset.description.split(" (")[0],
                 "threads": torch.get_num_threads(), "timed_steps": counted[True]})
-    finally:
-        dist.teardown(ctx)
 
 
 if __name__ == "__main__":

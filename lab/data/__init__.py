@@ -16,7 +16,7 @@ from lab.data import cifar, synthetic
 from lab.data.loader import DeviceLoader
 from lab.errors import DataError
 
-__all__ = ["Dataset", "DeviceLoader", "check_source", "load", "from_files", "write_synthetic"]
+__all__ = ["Dataset", "DeviceLoader", "check_source", "generated_train_size", "load", "from_files", "write_synthetic"]
 
 SYNTHETIC_MARK = "lab_synthetic_seed"  # key in batches.meta of files written by `lab data synth`
 
@@ -42,9 +42,18 @@ def check_source(cfg: DataConfig) -> None:
                         f"`lab data prepare --root {cfg.root}` or set data.source=synthetic")
 
 
+def _reads_files(cfg: DataConfig) -> bool:
+    return cfg.source == "cifar10" or (cfg.source == "auto" and cifar.present(cfg.root))
+
+
+def generated_train_size(cfg: DataConfig) -> int | None:
+    """The training set's size when load() will generate it (known without loading), else None."""
+    return None if _reads_files(cfg) else cfg.synthetic_train_size
+
+
 def load(cfg: DataConfig) -> Dataset:
     check_source(cfg)
-    if cfg.source == "cifar10" or (cfg.source == "auto" and cifar.present(cfg.root)):
+    if _reads_files(cfg):
         return from_files(cfg.root)
     train = synthetic.generate(cfg.synthetic_train_size, cfg.synthetic_seed, "train")
     test = synthetic.generate(cfg.synthetic_test_size, cfg.synthetic_seed, "test")

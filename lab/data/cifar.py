@@ -7,13 +7,13 @@ numpy arrays and plain containers, so a planted file cannot run code.
 from __future__ import annotations
 
 import codecs
-import os
 import pickle
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from lab import atomic
 from lab.errors import DataError
 
 FOLDER = "cifar-10-batches-py"
@@ -120,12 +120,7 @@ def _write_batch(path: Path, images: torch.Tensor, labels: torch.Tensor, name: s
 
 
 def _atomic_pickle(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(obj, f, protocol=4)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic.write_bytes(path, pickle.dumps(obj, protocol=4), durable=True)
 
 
 def download(root: str | Path) -> Path:

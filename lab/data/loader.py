@@ -15,13 +15,12 @@ no worker processes, no per-sample Python, no host-to-device copy per step.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterator
 
 import torch
 
 from lab.data import augment as aug
-from lab.data.sharding import order, shard, shard_size
+from lab.data.sharding import batch_count, order, shard
 
 
 class DeviceLoader:
@@ -41,8 +40,8 @@ class DeviceLoader:
 
     def batches_per_epoch(self, rank: int | None = None) -> int:
         """Batches `rank` (default: this one) gets per epoch; a pure function, so every rank knows every rank's."""
-        n = shard_size(len(self.labels), self.world_size, self.rank if rank is None else rank, self.uneven)
-        return math.ceil(n / self.batch_size) if self.keep_partial else n // self.batch_size
+        return batch_count(len(self.labels), self.world_size, self.rank if rank is None else rank, self.uneven,
+                           self.batch_size, self.keep_partial)
 
     def indices(self, epoch: int) -> torch.Tensor:
         """This rank's sample indices for `epoch`, in order."""

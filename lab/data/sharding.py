@@ -41,6 +41,13 @@ def shard_size(n: int, world_size: int, rank: int, uneven: str) -> int:
     return len(range(rank, n, world_size))
 
 
+def batch_count(n: int, world_size: int, rank: int, uneven: str, batch_size: int, keep_partial: bool) -> int:
+    """Batches rank `rank` cuts from its shard per epoch; a partial last batch only when `keep_partial`
+    (under Join, where ranks may differ by a batch)."""
+    share = shard_size(n, world_size, rank, uneven)
+    return math.ceil(share / batch_size) if keep_partial else share // batch_size
+
+
 def shard(epoch_order: torch.Tensor, world_size: int, rank: int, uneven: str) -> torch.Tensor:
     """Rank `rank`'s indices out of `epoch_order`."""
     n = len(epoch_order)

@@ -1,12 +1,15 @@
 """A test rank: runs the lab's Trainer in this process and saves what the tests compare.
 
-    python tests.distributed.ibuted/worker.py fit OUT_DIR [section.key=value ...]          # world size 1
-    torchrun --standalone --nproc-per-node 2 tests.distributed.ibuted/worker.py fit OUT_DIR ...
+    python tests/distributed/worker.py MODE OUT_DIR [section.key=value ...]                 # world size 1
+    torchrun --standalone --nproc-per-node 2 tests/distributed/worker.py MODE OUT_DIR [section.key=value ...]
 
-Modes: `fit` trains and saves each rank's log rows and final parameters (and momentum);
-`grads` runs the first micro-batch and saves each rank's gradients after DDP's all-reduce;
-`shipped` trains every shipped config in turn (with the overrides on top) and saves each
-one's log rows as rows-<config>-<rank>.json: one torchrun start for all of them.
+MODE is one of:
+  fit      trains the smoke config (with the overrides on top) and saves each rank's log rows
+           as rows<rank>.json and its final parameters, momentum and step as final<rank>.pt;
+  grads    runs the smoke config's first micro-batch and saves each rank's gradients after
+           DDP's all-reduce as grads<rank>.pt;
+  shipped  trains every shipped config in turn (with the overrides on top) and saves each one's
+           log rows as rows-<config>-<rank>.json: one torchrun start for all of them.
 """
 
 from __future__ import annotations
@@ -35,7 +38,12 @@ def shipped(out: Path, overrides: list[str]) -> None:
         dist.teardown(ctx)
 
 
+MODES = ("fit", "grads", "shipped")
+
+
 def main() -> None:
+    if len(sys.argv) < 3 or sys.argv[1] not in MODES:
+        sys.exit(f"usage: worker.py {{{','.join(MODES)}}} OUT_DIR [section.key=value ...]")
     mode, out, overrides = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     if mode == "shipped":
         return shipped(out, overrides)
@@ -54,7 +62,7 @@ def main() -> None:
             trainer.fit()
             momentum = {n: trainer.optimizer.state[p]["momentum_buffer"] for n, p in trainer.model.named_parameters()}
             torch.save({"params": trainer.model.state_dict(), "momentum": momentum, "step": trainer.step,
-                        "backend": ctx.backend, "wrapped_in_ddp": trainer.ddp is not None},
+                        "backend": ctx.backend, "wrapped_in_ddp": trainer.strategy.ddp is not None},
                        out / f"final{rank}.pt")
             (out / f"rows{rank}.json").write_text(json.dumps(rows))
     finally:

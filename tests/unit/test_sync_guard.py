@@ -111,7 +111,7 @@ def test_the_guard_notices_a_sync(trainer, monkeypatch):
 
     def forward_backward_with_item(self, inputs, labels, sync=True, scale=1.0):
         original(self, inputs, labels, sync, scale)
-        self._loss_sum.item()  # the habit the lab avoids
+        self.meter.loss_sum.item()  # the habit the lab avoids
 
     monkeypatch.setattr(Trainer, "forward_backward", forward_backward_with_item)
     with SyncCounter().installed(monkeypatch) as counter:

@@ -1,0 +1,188 @@
+"""What each `lab` subcommand does once its arguments are parsed (lab.cli names a handler per subcommand).
+
+A handler takes the parsed Namespace and returns an exit code; bad input is a LabError
+(lab.cli prints it on one line and exits 2). Modules whose whole job is one command
+(benchmarks, memory, rerun) are called by lab.cli directly; what is here glues several.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import tempfile
+
+from lab import torchrun_env
+from lab.errors import EXIT_FAILED, EXIT_GATE_MISSED, EXIT_OK, LabError
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def train(args: argparse.Namespace) -> int:
+    from lab import config
+
+    if args.help_config:
+        print(config.describe())
+        return EXIT_OK
+    if args.profile:
+        args.overrides = ["train.profile_steps=5", *args.overrides]
+    cfg = config.load(args.config, args.overrides)
+    if args.nproc_per_node is not None:
+        return _launch_train(args, cfg)
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from lab import train as training
+
+    record(training.run)(cfg)  # record: torchrun reports a failed rank's traceback, not just its exit code
+    return EXIT_OK
+
+
+def workshop(args: argparse.Namespace) -> int:
+    from lab import workshop as lessons
+
+    return lessons.run(args.config or lessons.default_config(), args.overrides, args.nproc_per_node, args.output_dir)
+
+
+def _check_not_nested() -> None:
+    if torchrun_env.launched_by_torchrun():
+        raise LabError("--nproc-per-node: already running under torchrun; drop the option")
+
+
+def _launch_train(args: argparse.Namespace, cfg) -> int:
+    from lab import launch, runs
+
+    _check_not_nested()
+    check_training(cfg, args.nproc_per_node)
+    overrides = list(args.overrides)
+    if not cfg.run.id:  # one id, chosen here, so a restarted worker group finds its checkpoint
+        overrides.append(f"run.id={runs.new_run_id(cfg.run.name)}")
+    command = launch.torchrun_command(args.nproc_per_node, launch.lab_target("train", args.config, overrides))
+    return EXIT_OK if launch.run(command, args.nproc_per_node) == 0 else EXIT_FAILED
+
+
+def check_training(cfg, world_size: int | None) -> None:
+    """Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report."""
+    from lab import config, data, plan
+
+    if world_size is not None:
+        config.check_layout(cfg, world_size)
+    data.check_source(cfg.data)
+    known = data.generated_train_size(cfg.data)
+    if world_size is not None and known is not None:
+        plan.plan_steps(cfg, world_size, known)  # a global batch larger than a rank's share is refused here
+
+
+# ----------------------------------------------------------------------------- launching
+
+
+def launch(args: argparse.Namespace) -> int:
+    from lab import launch as launching
+
+    target = args.target[1:] if args.target[:1] == ["--"] else args.target
+    if not target:
+        raise LabError("nothing to run; end with `-- -m lab train --config ddp` or `-- SCRIPT.py ARGS`")
+    _check_not_nested()
+    rdzv = launching.Rendezvous(endpoint=args.rdzv_endpoint, nnodes=args.nnodes, run_id=args.rdzv_id,
+                                max_restarts=args.max_restarts, local_addr=args.local_addr,
+                                join_timeout=args.join_timeout)
+    rdzv.check()
+    fixed_nodes = rdzv.nnodes.isdigit()  # an elastic job's world size is known only at the rendezvous
+    _check_lab_train_target(target, args.nproc_per_node * int(rdzv.nnodes) if fixed_nodes else None)
+    command = launching.torchrun_command(args.nproc_per_node, target, rdzv)
+    if args.dry_run:
+        print(shlex.join(command))
+        return EXIT_OK
+    return EXIT_OK if launching.run(command, args.nproc_per_node, rdzv) == 0 else EXIT_FAILED
+
+
+def _check_lab_train_target(target: list[str], world_size: int | None) -> None:
+    """When the workers will run `-m lab train ...`, load its config now (a bad --set is exit 2 here)."""
+    if target[:3] != ["-m", "lab", "train"]:
+        return
+    from lab import config
+    from lab.cli import build_parser
+
+    args = build_parser().parse_args(target[2:])
+    if not args.help_config:
+        check_training(config.load(args.config, args.overrides), world_size)
+
+
+# ----------------------------------------------------------------------------- data, report, doctor
+
+
+def data_prepare(args: argparse.Namespace) -> int:
+    from lab.data import cifar
+
+    print(f"CIFAR-10 verified in {cifar.download(args.root)}")
+    return EXIT_OK
+
+
+def data_synth(args: argparse.Namespace) -> int:
+    from lab import data
+
+    where = data.write_synthetic(args.root, args.train_size, args.test_size, args.seed)
+    print(f"synthetic CIFAR-shaped data ({args.train_size} train / {args.test_size} test, seed {args.seed}) "
+          f"written to {where}")
+    return EXIT_OK
+
+
+def report(args: argparse.Namespace) -> int:
+    from lab import report as reports
+
+    print(f"report: {reports.build(args.paths, args.out)}")
+    return EXIT_OK
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from lab import doctor as checks
+
+    return checks.run(args.port, args.output_dir, args.expect_gpus, args.min_shm, args.json)
+
+
+# ----------------------------------------------------------------------------- all-reduce
+
+
+def allreduce(args: argparse.Namespace) -> int:
+    if args.nproc_per_node is not None:
+        return _relaunch_allreduce(args)
+    from lab.bench import allreduce as bench
+
+    return bench.run(args)
+
+
+def _relaunch_allreduce(args: argparse.Namespace) -> int:
+    """Run this same command under torchrun with --nproc-per-node workers. The gate is judged here, from
+    the result file (the workers get --gate-in-parent), because torchrun reports any worker's non-zero
+    exit as its own failure."""
+    from lab import launch
+
+    _check_not_nested()
+    tail = [*without_option(args.argv, "--nproc-per-node"), "--gate-in-parent"]
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = args.json or os.path.join(tmp, "result.json")
+        if not args.json:
+            tail += ["--json", result_path]
+        command = launch.torchrun_command(args.nproc_per_node, ["-m", "lab", *tail])
+        if launch.run(command, args.nproc_per_node) != 0:
+            return EXIT_FAILED
+        with open(result_path) as f:
+            return EXIT_GATE_MISSED if json.load(f).get("gate_missed") else EXIT_OK
+
+
+def without_option(argv: list[str], option: str) -> list[str]:
+    """argv without `option VALUE` / `option=VALUE`.
+
+    >>> without_option(["bench", "allreduce", "--nproc-per-node", "2", "-e", "1K"], "--nproc-per-node")
+    ['bench', 'allreduce', '-e', '1K']
+    """
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == option:
+            skip = True
+        elif not item.startswith(option + "="):
+            out.append(item)
+    return out

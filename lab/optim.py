@@ -1,0 +1,95 @@
+"""What a step does to the weights: the optimizer, the learning-rate schedule and the autocast precision.
+
+Functions of the config (and the device), each testable alone; the Trainer only calls them.
+
+>>> import torch
+>>> from lab import config
+>>> cfg = config.load("smoke", ["train.warmup_steps=2", "train.schedule=cosine"])
+>>> model = torch.nn.Linear(4, 2)
+>>> opt = build_optimizer(model, cfg.train, torch.device("cpu"))
+>>> [g["weight_decay"] for g in opt.param_groups]          # weights decay; the bias (1-d) does not
+[0.0005, 0.0]
+>>> schedule = build_schedule(opt, cfg.train, total_steps=10, origin="smoke")
+>>> [round(lr_factor(s, 2, 10, "cosine"), 3) for s in (0, 1, 2, 6, 10)]   # warm-up, peak, half-way, end
+[0.5, 1.0, 1.0, 0.5, 0.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from lab.config import TrainConfig
+from lab.errors import ConfigError
+
+
+def build_optimizer(model: nn.Module, t: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """SGD with momentum; weight decay on weights only (norms and biases are 1-d)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (decay if p.ndim > 1 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # fused kernels on CUDA; foreach (a few big kernels instead of one per tensor) elsewhere
+    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.SGD(groups, lr=t.lr, momentum=t.momentum, nesterov=t.nesterov and t.momentum > 0, **fast)
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    """The learning rate over train.lr after `step` optimizer steps: linear warm-up, then constant or a
+    half cosine to zero at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, t: TrainConfig, total_steps: int,
+                   origin: str) -> torch.optim.lr_scheduler.LRScheduler:
+    """train.schedule over `total_steps` optimizer steps; `origin` names the config in errors."""
+    if t.schedule == "onecycle":
+        if total_steps < 2:
+            raise ConfigError(f"{origin}: train.schedule: onecycle needs at least 2 steps, this run has "
+                              f"{total_steps}; use cosine or more steps")
+        rising = min(max(t.warmup_steps or round(0.3 * total_steps), 1), total_steps - 1)  # OneCycleLR's 0.3
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=t.lr, total_steps=total_steps,
+                                                   pct_start=rising / total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, t.warmup_steps, total_steps, t.schedule))
+
+
+def choose_amp(want: str, model_dtype: torch.dtype, device: torch.device,
+               say: Callable[[str], None] = print) -> torch.dtype | None:
+    """The autocast dtype for train.amp on `device`, or None for full precision; `say` explains a downgrade.
+
+    >>> choose_amp("auto", torch.float32, torch.device("cpu")) is None   # auto: AMP on GPUs only
+    True
+    >>> choose_amp("bf16", torch.float32, torch.device("cpu"))
+    torch.bfloat16
+    """
+    if want == "off" or (want == "auto" and device.type != "cuda"):
+        return None
+    if model_dtype == torch.float64:
+        say("train.amp: off, because model.dtype is float64")
+        return None
+    if device.type == "cuda":
+        if want in ("auto", "bf16") and not torch.cuda.is_bf16_supported():
+            say(f"train.amp: {torch.cuda.get_device_name(device)} has no bf16; running without AMP")
+            return None
+        return torch.float16 if want == "fp16" else torch.bfloat16
+    if want == "fp16":
+        say("train.amp: fp16 autocast is for GPUs; running the CPU without AMP")
+        return None
+    return torch.bfloat16  # CPU autocast supports bf16
+
+
+def autocast(device: torch.device, amp_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """Autocast to `amp_dtype` on `device`, or nothing when it is None."""
+    if amp_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=amp_dtype)

@@ -1,0 +1,87 @@
+"""The optimizer, the learning-rate schedule and the AMP choice, each on its own."""
+
+from __future__ import annotations
+import pytest
+import torch
+
+from lab import config, optim
+from lab.errors import ConfigError
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+
+
+def _lrs(overrides: list[str], total: int) -> list[float]:
+    """The learning rate of each of `total` optimizer steps, as the Trainer steps the schedule."""
+    cfg = config.load("smoke", ["train.lr=1.0", *overrides])
+    opt = optim.build_optimizer(_model(), cfg.train, torch.device("cpu"))
+    schedule = optim.build_schedule(opt, cfg.train, total, "test")
+    lrs = []
+    for _ in range(total):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        schedule.step()
+    return lrs
+
+
+def test_weight_decay_applies_to_weights_only_and_nesterov_needs_momentum():
+    cfg = config.load("smoke", ["train.weight_decay=0.01"])
+    opt = optim.build_optimizer(_model(), cfg.train, torch.device("cpu"))
+    decayed, plain = opt.param_groups
+    assert [p.ndim for p in decayed["params"]] == [4] and decayed["weight_decay"] == 0.01
+    assert all(p.ndim == 1 for p in plain["params"]) and plain["weight_decay"] == 0.0
+    assert opt.defaults["nesterov"] and opt.defaults["foreach"]  # foreach on the CPU, fused on CUDA
+    no_momentum = optim.build_optimizer(_model(), config.load("smoke", ["train.momentum=0"]).train, torch.device("cpu"))
+    assert not no_momentum.defaults["nesterov"]  # SGD refuses nesterov without momentum
+
+
+def test_cosine_warms_up_linearly_then_falls_to_zero():
+    lrs = _lrs(["train.schedule=cosine", "train.warmup_steps=4"], total=12)
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4] == pytest.approx(1.0) and lrs[8] == pytest.approx(0.5)
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    assert optim.lr_factor(12, 4, 12, "cosine") == pytest.approx(0.0)
+
+
+def test_constant_holds_after_warm_up():
+    assert _lrs(["train.schedule=constant", "train.warmup_steps=2"], total=6) == pytest.approx([0.5, 1, 1, 1, 1, 1])
+
+
+def test_onecycle_peaks_at_the_end_of_its_rising_phase_and_needs_two_steps():
+    lrs = _lrs(["train.schedule=onecycle", "train.warmup_steps=3"], total=10)
+    # OneCycleLR ends its rising phase at step pct_start * total - 1: the 3rd of 3 rising steps is the peak
+    assert max(lrs) == pytest.approx(1.0) and lrs.index(max(lrs)) == 2
+    cfg = config.load("smoke", ["train.schedule=onecycle"])
+    opt = optim.build_optimizer(_model(), cfg.train, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="onecycle needs at least 2 steps, this run has 1"):
+        optim.build_schedule(opt, cfg.train, 1, "smoke")
+
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("want, dtype, expected, said", [
+    ("off", torch.float32, None, None),
+    ("auto", torch.float32, None, None),                     # auto means GPUs only
+    ("bf16", torch.float32, torch.bfloat16, None),           # CPU autocast has bf16
+    ("fp16", torch.float32, None, "fp16 autocast is for GPUs"),
+    ("bf16", torch.float64, None, "because model.dtype is float64"),
+])
+def test_amp_choice_on_the_cpu(want, dtype, expected, said):
+    messages = []
+    assert optim.choose_amp(want, dtype, CPU, say=messages.append) == expected
+    assert (said in messages[0]) if said else messages == []
+
+
+def test_amp_choice_on_a_gpu_without_bf16(monkeypatch):
+    # No GPU here: the two CUDA queries choose_amp makes are replaced (the choice itself is host logic).
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
+    cuda, messages = torch.device("cuda", 0), []
+    assert optim.choose_amp("auto", torch.float32, cuda, say=messages.append) is None
+    assert messages == ["train.amp: Tesla V100 has no bf16; running without AMP"]
+    assert optim.choose_amp("fp16", torch.float32, cuda, say=messages.append) == torch.float16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert optim.choose_amp("auto", torch.float32, cuda, say=messages.append) == torch.bfloat16
+    assert len(messages) == 1
