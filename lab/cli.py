@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lab", description="A lab for PyTorch distributed data-parallel training.")
     parser.add_argument("--version", action="version", version=f"lab {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for add in (_add_train, _add_rerun, _add_workshop, _add_launch, _add_bench, _add_memory,
+    for add in (_add_train, _add_rerun, _add_workshop, _add_launch, _add_bench, _add_memory, _add_choose,
                 _add_report, _add_data, _add_doctor):
         add(commands)
     return parser
@@ -135,7 +135,7 @@ def _add_bench(commands) -> None:
     bench = commands.add_parser("bench",
                                 help="benchmarks: all-reduce, scaling, data pipeline, metrics overhead, GPU check")
     benchmarks = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser, metavar="NAME")
-    for add in (_add_allreduce, _add_scaling, _add_pipeline, _add_gpu_check, _add_overhead):
+    for add in (_add_allreduce, _add_scaling, _add_strategies, _add_pipeline, _add_gpu_check, _add_overhead):
         add(benchmarks)
 
 
@@ -175,6 +175,18 @@ def _add_scaling(benchmarks) -> None:
     scaling.add_argument("--plot", metavar="PNG", help="write throughput and efficiency against N")
     scaling.add_argument("--pushgateway", metavar="HOST:PORT", help="push the table to a Prometheus Pushgateway")
     scaling.set_defaults(handler=_module_run("lab.bench.scaling"))
+
+
+def _add_strategies(benchmarks) -> None:
+    strategies = benchmarks.add_parser("strategies", help="DDP, FSDP and DeepSpeed ZeRO-1/2/3 side by side: memory per "
+                                                          "rank, images/s, loss curves")
+    _config_args(strategies)
+    strategies.add_argument("--nproc-per-node", type=PROCESSES, metavar="N",
+                            help="ranks per strategy (default: the GPUs present, else 2)")
+    strategies.add_argument("--steps", type=at_least(2), default=6, help="training steps per strategy (default 6)")
+    strategies.add_argument("--json", metavar="PATH", help="write the table as JSON")
+    strategies.add_argument("--plot", metavar="PNG", help="memory per rank by strategy and the loss curves")
+    strategies.set_defaults(handler=_module_run("lab.bench.strategies"))
 
 
 def _add_pipeline(benchmarks) -> None:
@@ -236,6 +248,36 @@ def _add_memory(commands) -> None:
     memory.add_argument("--json", metavar="PATH")
     memory.add_argument("--plot", metavar="PNG", help="stacked bars of the estimate")
     memory.set_defaults(handler=_module_run("lab.memory"))
+
+
+def _add_choose(commands) -> None:
+    from lab import choose as tree  # no torch: its argparse types and tables only
+
+    choose = commands.add_parser(
+        "choose", help="which tool for this model: DDP, ZeRO-1/2, FSDP full/hybrid shard or offload",
+        description="Walk the scaling lecture's decision tree with numbers and print the lab train line it ends on, "
+                    "e.g. `lab choose --params 70B --nodes 2 --device h100 --interconnect ib-ndr`.")
+    choose.add_argument("--params", type=tree.parse_params, required=True, metavar="COUNT",
+                        help="parameter count: 7B, 70e9, 1.5T, 350M, 125e6")
+    choose.add_argument("--gpus-per-node", type=PROCESSES, default=8, metavar="G", help="GPUs per node (default 8)")
+    choose.add_argument("--nodes", type=at_least(1, "{} nodes"), default=1, metavar="N", help="nodes (default 1)")
+    device = choose.add_mutually_exclusive_group()
+    device.add_argument("--device", choices=sorted(tree.DEVICES_GB), help="GPU model (default h100)")
+    device.add_argument("--gpu-memory", type=tree.GPU_MEMORY_GB, metavar="GB", help="GPU memory in GB (instead of "
+                                                                                    "--device)")
+    choose.add_argument("--interconnect", default="ib-ndr", choices=list(tree.INTERCONNECT_GBPS),
+                        help="inter-node link, one NIC per GPU (default ib-ndr: 400 Gb/s)")
+    choose.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd-momentum", "sgd"])
+    choose.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"],
+                        help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)")
+    for name, says in (("seq-len", "tokens per sequence"), ("hidden", "hidden size"), ("layers", "layers")):
+        choose.add_argument(f"--{name}", type=at_least(1), help=f"{says}, for activations (give all three)")
+    choose.add_argument("--micro-batch", type=at_least(1), default=1, help="sequences per GPU per step (default 1)")
+    choose.add_argument("--heads", type=at_least(1), help="attention heads (default hidden/128)")
+    choose.add_argument("--headroom", type=tree.FRACTION, default=tree.HEADROOM, metavar="FRACTION",
+                        help="part of GPU memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)")
+    choose.add_argument("--json", metavar="PATH", help="write the decisions and the choice as JSON")
+    choose.set_defaults(handler=_module_run("lab.choose"))
 
 
 def _add_report(commands) -> None:

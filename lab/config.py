@@ -100,9 +100,12 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DistConfig:
-    strategy: Literal["ddp"] = knob("ddp", "How the model is wrapped, stepped and saved across ranks "
-                                           "(lab/strategies/): ddp (whole model on every rank; at world size 1 "
-                                           "no wrapper).")
+    strategy: Literal["ddp", "fsdp", "deepspeed"] = knob(
+        "ddp", "How the model is wrapped, stepped and saved across ranks (lab/strategies/): ddp (whole model on "
+               "every rank; at world size 1 no wrapper), fsdp (FSDP2 fully_shard per ResNet stage), deepspeed "
+               "(a DeepSpeed engine with ZeRO stage dist.zero_stage; the [deepspeed] extra).")
+    zero_stage: int = knob(2, "DeepSpeed ZeRO stage with dist.strategy=deepspeed: 1 shards optimizer state, 2 also "
+                              "gradients, 3 also parameters.", min=1, max=3)
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "auto: one CUDA device per process when present, else the CPU.")
     backend: Literal["auto", "nccl", "gloo"] = knob("auto", "auto: nccl on CUDA, gloo on the CPU.")
     timeout_seconds: float = knob(600.0, "Process-group timeout: a collective that waits longer fails the run.", min=1.0)
@@ -317,6 +320,14 @@ def _check_consistency(cfg: Config) -> None:
         raise ConfigError(f"{cfg.origin}: dist.static_graph: true cannot be combined with train.grad_accum_steps="
                           f"{cfg.train.grad_accum_steps} (DDP's no_sync fails with a static graph, PyTorch issue "
                           f"143580); set dist.static_graph=false or train.grad_accum_steps=1")
+    if cfg.dist.zero_stage != 2 and cfg.dist.strategy != "deepspeed":
+        raise ConfigError(f"{cfg.origin}: dist.zero_stage: {cfg.dist.zero_stage} applies to dist.strategy=deepspeed "
+                          f"only (this run: {cfg.dist.strategy}); set dist.strategy=deepspeed, or drop the key "
+                          f"(fsdp shards everything, as ZeRO-3)")
+    if cfg.dist.strategy != "ddp":
+        from lab import strategy_limits
+
+        strategy_limits.check(cfg)
     if cfg.train.global_batch_size % cfg.train.grad_accum_steps:
         _indivisible(cfg, 1)
     if cfg.model.sync_batchnorm and cfg.model.norm != "batch":

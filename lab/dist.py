@@ -76,7 +76,8 @@ def init(cfg: DistConfig) -> DistContext:
     else:
         torch.set_num_threads(cores.threads_per_process(local_world_size))
     backend = None
-    grouped = world_size > 1 or cfg.single_process_group
+    # A sharding strategy needs a group (a device mesh) even alone: then one rank runs its code path unsharded.
+    grouped = world_size > 1 or cfg.single_process_group or cfg.strategy != "ddp"
     if grouped:
         backend = choose_backend(cfg.backend, device)
         timeout = datetime.timedelta(seconds=cfg.timeout_seconds)
@@ -151,12 +152,22 @@ def teardown(ctx: DistContext) -> None:
 
 @contextlib.contextmanager
 def initialized(cfg: DistConfig) -> Iterator[DistContext]:
-    """init(cfg) for the length of a with-block; the process group is torn down however the block ends."""
+    """init(cfg) for the length of a with-block; the process group is torn down however the block ends.
+
+    A block that ends normally meets at a barrier first. Why: gloo's worker threads release each finished
+    collective's tensors after the caller has moved on; a tensor Python has seen needs the GIL to be freed,
+    and on torch 2.6 the group's destructor joins those threads while holding the GIL, so a release still
+    in flight deadlocks the exit (seen once in CI under load). The barrier's own tensor is C++'s alone,
+    and by the time every rank has met there the earlier releases are done. Not after an error: a rank
+    that is gone would keep the others at the barrier until the timeout."""
     ctx = init(cfg)
     try:
         yield ctx
-    finally:
+    except BaseException:
         teardown(ctx)
+        raise
+    barrier(ctx)
+    teardown(ctx)
 
 
 # ----------------------------------------------------------------------------- collectives

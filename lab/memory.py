@@ -189,16 +189,10 @@ def render_measured(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tensor_bytes(tensors) -> int:
-    total = 0
-    for t in tensors:
-        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor holds only this rank's shard
-        total += local.numel() * local.element_size()
-    return total
-
-
 def _train_and_count(model, ctx, steps: int = 3) -> dict[str, Any]:
     import torch
+
+    from lab.strategies import tensor_bytes  # a DTensor (an FSDP shard) counts this rank's part only
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if ctx.device.type == "cuda":
@@ -211,9 +205,9 @@ def _train_and_count(model, ctx, steps: int = 3) -> dict[str, Any]:
         if _ != steps - 1:
             optimizer.zero_grad()
     params = list(model.parameters())
-    counts = {"parameters_bytes": _tensor_bytes(params),
-              "gradients_bytes": _tensor_bytes([p.grad for p in params if p.grad is not None]),
-              "optimizer_states_bytes": _tensor_bytes([v for s in optimizer.state.values() for v in s.values()
+    counts = {"parameters_bytes": tensor_bytes(params),
+              "gradients_bytes": tensor_bytes([p.grad for p in params if p.grad is not None]),
+              "optimizer_states_bytes": tensor_bytes([v for s in optimizer.state.values() for v in s.values()
                                                        if torch.is_tensor(v)])}
     counts["total_bytes"] = sum(counts.values())
     counts["measured_bytes"] = (torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda"
@@ -227,8 +221,7 @@ def worker(out: str, width: int) -> None:
     from lab import dist, model, runs
     from lab.config import DistConfig, ModelConfig
 
-    ctx = dist.init(DistConfig())
-    try:
+    with dist.initialized(DistConfig()) as ctx:
         torch.manual_seed(0)
         build = lambda: model.build(ModelConfig(width=width)).to(ctx.device)  # noqa: E731
         if not ctx.distributed:
@@ -253,8 +246,6 @@ def worker(out: str, width: int) -> None:
         # Every rank holds its own shard; rank 0's figures stand for all (shards are equal up to padding).
         if ctx.is_primary:
             runs.write_json(out, result)
-    finally:
-        dist.teardown(ctx)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

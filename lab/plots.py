@@ -107,3 +107,32 @@ def memory_bars(rows: list[dict[str, Any]], device_gb: float | None, context: st
     ax.legend()
     return _finish(fig, ax, "Estimated memory per device by strategy", context, path)
 
+
+def strategies(rows: list[dict[str, Any]], context: str, path: Path) -> Path:
+    """Measured bytes per rank by strategy (stacked: parameters, gradients, optimizer state), the estimate as
+    a marker, and each strategy's loss curve beside."""
+    measured = [r for r in rows if "error" not in r]
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
+    names, bottom = [r["label"] for r in measured], [0.0] * len(measured)
+    for part, color in (("parameters", "tab:blue"), ("gradients", "tab:orange"), ("optimizer_states", "tab:green")):
+        values = [r[f"{part}_bytes"] / 2**20 for r in measured]
+        bars.bar(names, values, bottom=bottom, label=part.replace("_", " "), color=color)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    bars.scatter(names, [r["estimate_bytes"] / 2**20 for r in measured], color="black", marker="_", s=400,
+                 label="lab memory's estimate", zorder=3)
+    bars.set_ylabel("training state per rank (MiB)")
+    bars.legend(fontsize=8)
+    bars.set_title("Measured per rank", fontsize=10)
+    for r in measured:  # losses: [step, loss] pairs
+        curves.plot([s for s, _ in r["losses"]], [v for _, v in r["losses"]], marker=".", label=r["label"])
+    curves.set_xlabel("optimizer step")
+    curves.set_ylabel("training loss")
+    curves.legend(fontsize=8)
+    curves.set_title("Loss curves (each strategy, the same steps)", fontsize=10)
+    for ax in (bars, curves):
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(_wrap(context), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -2,7 +2,7 @@
 
 A DIR is a run directory (it has manifest.json), a folder of them (a workshop), or
 a benchmark result JSON (`lab bench allreduce --json`, `lab bench scaling --json`,
-`lab memory --json`); folders are searched one level down for both. Every figure
+`lab memory --json`, `lab bench strategies --json`); folders are searched one level down for both. Every figure
 says what was measured, its units, and on what: data source, device, world size.
 """
 
@@ -27,7 +27,7 @@ def collect(paths: list[str]) -> tuple[list[Path], dict[str, dict[str, Any]]]:
             doc = runs.read_json(path)
         except (OSError, ValueError) as exc:
             raise LabError(f"{path}: not a readable result file ({exc})") from None
-        if isinstance(doc, dict) and doc.get("benchmark") in ("allreduce", "scaling", "memory"):
+        if isinstance(doc, dict) and doc.get("benchmark") in ("allreduce", "scaling", "memory", "strategies"):
             benchmarks[doc["benchmark"]] = doc
 
     for name in paths:
@@ -64,6 +64,8 @@ def build(paths: list[str], out_dir: str | None = None) -> Path:
         sections.append(_scaling(benchmarks["scaling"], out))
     if "memory" in benchmarks:
         sections.append(_memory(benchmarks["memory"], out))
+    if "strategies" in benchmarks:
+        sections.append(_strategies(benchmarks["strategies"], out))
     report = out / "report.md"
     runs_text = "\n".join(sections)
     report.write_text(runs_text)
@@ -143,6 +145,14 @@ def _memory(result: dict[str, Any], out: Path) -> str:
     if "measured" in result:
         lines += [memory.render_measured(result["measured"]), ""]
     return "\n".join(lines)
+
+
+def _strategies(result: dict[str, Any], out: Path) -> str:
+    from lab.bench import strategies
+
+    plots.strategies(result["rows"], result["context"], out / "strategies.png")
+    return "\n".join(["## Strategies side by side", "", strategies.render(result), "",
+                      "![Memory per rank and loss curves by strategy](strategies.png)", ""])
 
 
 def _relative(path: Path, start: Path) -> str:

@@ -112,8 +112,7 @@ def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
             results = _fit(r)
         summary = r.summary(results, status="stopped" if r.trainer.stopped else "completed")
         _record_end(r, summary)
-        dist.barrier(ctx)
-        return summary
+        return summary  # dist.initialized meets at a barrier before the group goes
 
 
 def _open(cfg: Config, ctx: dist.DistContext, hooks: Iterable[Hook], wall_start: float) -> RunStart:
@@ -210,12 +209,27 @@ def find_checkpoint(cfg: Config, own: Path) -> str | None:
     """The checkpoint to resume from (checkpoint.resume: auto -> this run's own `own` when it exists, never,
     or a path), or None."""
     choice = cfg.checkpoint.resume
-    if choice == "never" or (choice == "auto" and not os.path.exists(own)):
+    if choice == "auto" and not os.path.exists(own):
+        _refuse_another_strategys_checkpoint(cfg, own)
+        return None
+    if choice == "never":
         return None
     path = own if choice == "auto" else choice
     if not os.path.exists(path):
         raise CheckpointError(f"checkpoint.resume: {path} does not exist; give an existing file, auto or never")
     return str(path)
+
+
+def _refuse_another_strategys_checkpoint(cfg: Config, own: Path) -> None:
+    """A run id whose checkpoints/ holds another strategy's checkpoint would silently start over (and leave two
+    checkpoints of one run): refuse. Temporary and staging leftovers of a crash are not checkpoints."""
+    folder = own.parent
+    others = sorted(p.name for p in folder.iterdir() if ".tmp-" not in p.name
+                    and not p.name.endswith((".next", ".prev"))) if folder.is_dir() else []
+    if others:
+        raise CheckpointError(f"{folder}: holds {others[0]}, a checkpoint of another dist.strategy than "
+                              f"{cfg.dist.strategy} (which keeps {own.name}); resume with the strategy that wrote "
+                              f"it, give a new run.id, or set checkpoint.resume=never")
 
 
 def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, str]:

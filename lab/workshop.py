@@ -7,10 +7,12 @@
 4. the all-reduce benchmark over the largest N (nccl-tests' algbw and busbw);
 5. weak scaling of the training step over 1..N processes;
 6. the memory footprint of a 7B model under DDP vs ZeRO/FSDP, and ResNet-18 measured;
-7. a report with plots.
+7. the same training under DDP, FSDP and DeepSpeed ZeRO-1/2/3 side by side (memory per rank, images/s,
+   loss curves) over the largest N;
+8. a report with plots.
 
 Everything lands in one folder: runs/<workshop id>/{baseline, ddp-N, comparison.md,
-allreduce.json, scaling.json, memory.json, report.md, *.png}.
+allreduce.json, scaling.json, memory.json, strategies.json, report.md, *.png}.
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ def run(config_name: str, overrides: list[str], nproc_per_node: int | None, outp
     steps.append(("memory: a 7B model under DDP vs ZeRO/FSDP, and ResNet-18 measured", 1, [
         sys.executable, "-m", "lab", "memory", "--params", "7e9", "--world-size", "8", "--device", device,
         "--measure", "--json", str(folder / "memory.json")]))
+    steps.append((f"strategies: DDP, FSDP and ZeRO-1/2/3 over {largest} ranks", largest, [
+        sys.executable, "-m", "lab", "bench", "strategies", "--config", config_name, *set_args,
+        "--nproc-per-node", str(largest), "--steps", "20" if on_gpu else "6", "--json", str(folder / "strategies.json")]))
 
     total = len(steps) + 1  # + the report
     for index, (title, processes, command) in enumerate(steps, start=1):

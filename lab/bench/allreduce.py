@@ -242,8 +242,7 @@ def run(args) -> int:
         # (thousands of GB/s on a CPU; a division by a zero event time on CUDA).
         raise LabError("lab bench allreduce: 1 rank: an all-reduce over one process moves no data, so there is "
                        "nothing to measure; use --nproc-per-node 2 or more, or torchrun over several nodes")
-    ctx = dist.init(DistConfig())
-    try:
+    with dist.initialized(DistConfig()) as ctx:
         if args.op == "avg" and ctx.backend == "gloo":
             raise LabError("--op avg: the gloo backend has no AVG reduction; use --op sum (or NCCL on GPUs)")
         corrupt = os.environ.get("LAB_ALLREDUCE_CORRUPT_RANK")  # test hook: make #wrong non-zero on purpose
@@ -270,8 +269,6 @@ def run(args) -> int:
         # Under `--nproc-per-node` the parent judges the gate from the JSON (torchrun would report a worker's 3
         # as its own failure), so the workers it starts (--gate-in-parent) exit 0.
         return 3 if gate_missed and not args.gate_in_parent else 0
-    finally:
-        dist.teardown(ctx)
 
 
 def result(ctx, ranks: list[dict], rows: list[Row], args, link: str | None, avg: float,

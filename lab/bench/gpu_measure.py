@@ -21,8 +21,7 @@ def first_host_sync(cfg: Config, steps: int) -> str | None:
     from lab import data, dist
     from lab.trainer import Trainer
 
-    ctx = dist.init(cfg.dist)
-    try:
+    with dist.initialized(cfg.dist) as ctx:
         trainer = Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device))
         batches = trainer.train_loader.epoch(0)  # the caller sizes the epoch: no boundary inside the guarded steps
         for _ in range(3):  # warm-up: first-use allocations, cuDNN autotuning
@@ -39,8 +38,6 @@ def first_host_sync(cfg: Config, steps: int) -> str | None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
         trainer.flush_log()  # the one sync, outside the guarded loop
-    finally:
-        dist.teardown(ctx)
     return None
 
 

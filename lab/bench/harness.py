@@ -39,13 +39,10 @@ def trainer_session(cfg: Config) -> Iterator[tuple[DistContext, Trainer, Dataset
     from lab import data, dist
     from lab.trainer import Trainer, set_determinism
 
-    ctx = dist.init(cfg.dist)
-    try:
+    with dist.initialized(cfg.dist) as ctx:
         set_determinism(False)
         dataset = data.load(cfg.data).to(ctx.device)
         yield ctx, Trainer(cfg, ctx, dataset), dataset
-    finally:
-        dist.teardown(ctx)
 
 
 def timed(ctx: DistContext, work: Callable[[], object], barrier: bool = False) -> float:

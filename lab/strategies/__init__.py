@@ -111,7 +111,15 @@ def tensor_bytes(tensors) -> int:
 def build(cfg: Config, ctx: DistContext, model: nn.Module, amp_dtype: torch.dtype | None = None) -> Strategy:
     """The strategy dist.strategy names (config.DistConfig lists them), around `model` (on ctx.device);
     `amp_dtype` is train.amp as lab.optim.choose_amp resolved it (a strategy may cast parameters itself).
-    Each is imported only when chosen."""
+    Each is imported only when chosen: DeepSpeed is an optional extra."""
+    if cfg.dist.strategy == "fsdp":
+        from lab.strategies.fsdp import FSDPStrategy
+
+        return FSDPStrategy(cfg, ctx, model, amp_dtype)
+    if cfg.dist.strategy == "deepspeed":
+        from lab.strategies.deepspeed import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(cfg, ctx, model, amp_dtype)
     from lab.strategies.ddp import DDPStrategy
 
     return DDPStrategy(cfg, ctx, model, amp_dtype)

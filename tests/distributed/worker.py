@@ -26,16 +26,13 @@ from lab.trainer import Trainer, set_determinism
 
 def shipped(out: Path, overrides: list[str]) -> None:
     names = config.shipped_names()
-    ctx = dist.init(config.load(names[0], overrides).dist)
-    try:
+    with dist.initialized(config.load(names[0], overrides).dist) as ctx:
         for name in names:
             cfg = config.load(name, overrides)
             set_determinism(cfg.run.deterministic)
             rows: list[dict] = []
             Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device), hooks=[rows.append]).fit()
             (out / f"rows-{name}-{ctx.global_rank}.json").write_text(json.dumps(rows))
-    finally:
-        dist.teardown(ctx)
 
 
 MODES = ("fit", "grads", "shipped")
@@ -48,8 +45,7 @@ def main() -> None:
     if mode == "shipped":
         return shipped(out, overrides)
     cfg = config.load("smoke", overrides)
-    ctx = dist.init(cfg.dist)
-    try:
+    with dist.initialized(cfg.dist) as ctx:
         set_determinism(cfg.run.deterministic)
         rows: list[dict] = []
         trainer = Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device), hooks=[rows.append])
@@ -65,8 +61,6 @@ def main() -> None:
                         "backend": ctx.backend, "wrapped_in_ddp": trainer.strategy.ddp is not None},
                        out / f"final{rank}.pt")
             (out / f"rows{rank}.json").write_text(json.dumps(rows))
-    finally:
-        dist.teardown(ctx)
 
 
 if __name__ == "__main__":

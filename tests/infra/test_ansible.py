@@ -174,7 +174,6 @@ def test_preflight_fails_on_a_busy_rendezvous_port_naming_the_host(tmp_path):
 
 def _sshd_binary() -> str:
     """sshd, installed with apt-get (Debian's openssh-server) when missing; skip, saying why, where it cannot be."""
-    import os
     import shutil
 
     sshd = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)

@@ -85,6 +85,13 @@ CASES = {
     "unknown bench command": (lambda t: ["bench", "allreducee"], "invalid choice: 'allreducee'"),
     "a negative step count": (lambda t: ["bench", "scaling", "--steps", "0"], "--steps: 0; use 1 or more"),
     "rerun of a folder that is no run": (lambda t: ["rerun", str(t)], "manifest.json"),
+    "fsdp with fp16": (lambda t: ["train", *TINY, "--set", "dist.strategy=fsdp", "--set", "train.amp=fp16"],
+                       "dist.strategy=fsdp: train.amp: fp16 needs a sharded gradient scaler"),
+    "a zero stage without deepspeed": (lambda t: ["train", *TINY, "--set", "dist.zero_stage=3"],
+                                       "dist.zero_stage: 3 applies to dist.strategy=deepspeed only"),
+    "deepspeed with compile, 2 processes": (lambda t: ["train", *TINY, "--nproc-per-node", "2", "--set",
+                                                       "dist.strategy=deepspeed", "--set", "model.compile=true"],
+                                            "dist.strategy=deepspeed: model.compile: true is not mapped"),
     "truncated batch file": (lambda t: ["train", *TINY, "--set", "data.source=cifar10",
                                         "--set", f"data.root={_truncated_cifar(t)}"],
                              "data_batch_1: truncated or not a CIFAR-10 batch file"),
@@ -128,6 +135,10 @@ CASES = {
     "static graph with accumulation": (lambda t: ["train", *TINY, "--set", "dist.static_graph=true", "--set",
                                                   "train.grad_accum_steps=2"], "dist.static_graph: true cannot be"),
     "workshop of one process": (lambda t: ["workshop", "--nproc-per-node", "1"], "the workshop compares 1 process"),
+    "choose of an unreadable parameter count": (lambda t: ["choose", "--params", "seven billion"],
+                                                "--params 'seven billion' is not a parameter count; use e.g. 7B"),
+    "choose with half the activation terms": (lambda t: ["choose", "--params", "7B", "--seq-len", "4096"],
+                                              "--seq-len, --hidden, --layers: give all three"),
 }
 
 

@@ -23,14 +23,15 @@ def test_workshop_runs_everything_and_reports(tmp_path):
     assert "| step | baseline loss | DDP x2 loss |" in proc.stdout
     assert (folder / "comparison.md").read_text().strip() in proc.stdout
 
-    for name in ("allreduce", "scaling", "memory"):
+    for name in ("allreduce", "scaling", "memory", "strategies"):
         assert json.loads((folder / f"{name}.json").read_text())["benchmark"] == name
     report = (folder / "report.md").read_text()
     assert f"report: {folder / 'report.md'}" in proc.stdout
-    for section in ("## Training runs", "## All-reduce bus bandwidth", "## Scaling", "## Memory per device"):
+    for section in ("## Training runs", "## All-reduce bus bandwidth", "## Scaling", "## Memory per device",
+                    "## Strategies side by side"):
         assert section in report
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
-    assert set(images) == {"loss.png", "throughput.png", "allreduce.png", "scaling.png", "memory.png"}
+    assert set(images) == {"loss.png", "throughput.png", "allreduce.png", "scaling.png", "memory.png", "strategies.png"}
     for image in images:
         with Image.open(folder / image) as png:
             png.verify()  # a real PNG, not an empty file

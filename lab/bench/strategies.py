@@ -1,0 +1,170 @@
+"""The same training under DDP, FSDP and DeepSpeed ZeRO-1/2/3, side by side: memory per rank, speed, loss.
+
+    lab bench strategies --nproc-per-node 2 --json strategies.json --plot strategies.png
+
+Each strategy is its own torchrun job of the lab's Trainer on one config (model, data, global batch,
+seed): a few steps, the loss of each, images/s over the steps after the first, then one more
+forward and backward so the gradients exist while this rank's bytes are counted (parameters,
+gradients, optimizer state: a sharded tensor counts its local shard). Beside each count sits
+`lab memory`'s estimate for the same strategy and world size (fp32 SGD with momentum, the lab's
+recipe), and the loss curve's largest relative difference from DDP's.
+
+On a CPU "peak" is the process's peak resident memory (Python, torch and the data set included), so
+the parameter/gradient/optimizer split is the figure that shows sharding; on GPUs it is
+torch.cuda.max_memory_allocated. DeepSpeed rows need the [deepspeed] extra; without it they say so.
+
+>>> relative_gap({1: 2.0, 2: 1.0}, {1: 2.0, 2: 1.001})
+0.000999000999000999
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# (label, dist.strategy, dist.zero_stage, lab memory's estimate row)
+STRATEGIES = [("DDP", "ddp", 2, "DDP"), ("FSDP", "fsdp", 2, "ZeRO-3 / FSDP full shard"),
+              ("ZeRO-1", "deepspeed", 1, "ZeRO-1"), ("ZeRO-2", "deepspeed", 2, "ZeRO-2"),
+              ("ZeRO-3", "deepspeed", 3, "ZeRO-3 / FSDP full shard")]
+PARTS = ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes")
+
+
+def relative_gap(reference: dict[int, float], other: dict[int, float]) -> float:
+    """The largest |a - b| / |a| over the steps both curves have."""
+    return max(abs(reference[s] - other[s]) / abs(reference[s]) for s in reference.keys() & other.keys())
+
+
+def run(args) -> int:
+    from lab import config, launch, memory, plots, runs
+
+    n = args.nproc_per_node or _default_world_size()
+    cfg = config.load(args.config or "smoke", args.overrides)
+    config.check_layout(cfg, n)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, strategy, stage, _ in STRATEGIES:
+            if strategy == "deepspeed" and not _deepspeed_installed():
+                rows.append({"label": label, "error": "DeepSpeed is not installed (pip install '.[deepspeed]')"})
+                continue
+            out = Path(tmp) / f"{label}.json"
+            target = ["-m", "lab.bench.strategies", "--worker", str(out), "--steps", str(args.steps),
+                      "--config", args.config or "smoke", *[x for o in args.overrides for x in ("--set", o)],
+                      "--set", f"dist.strategy={strategy}", "--set", f"dist.zero_stage={stage}"]
+            command = launch.torchrun_command(n, target)
+            print(f"$ {' '.join(command)}", flush=True)
+            done = subprocess.run(command, env=launch.worker_env(n), capture_output=True, text=True)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+                rows.append({"label": label, "error": f"failed: {last}"})
+                continue
+            rows.append({"label": label, **json.loads(out.read_text())})
+    result = summarize(rows, n, memory)
+    print(render(result), flush=True)
+    if args.json:
+        runs.write_json(args.json, result)
+    if args.plot:
+        plots.strategies(result["rows"], result["context"], Path(args.plot))
+        print(f"plot: {args.plot}", flush=True)
+    return 0 if all("error" not in r or "not installed" in r["error"] for r in rows) else 1
+
+
+def summarize(rows: list[dict[str, Any]], world_size: int, memory) -> dict[str, Any]:
+    """Add the estimate, its ratio and the loss gap from DDP to each measured row."""
+    measured = [r for r in rows if "error" not in r]
+    ddp = next((r for r in measured if r["label"] == "DDP"), None)
+    params = measured[0]["parameter_count"] if measured else 0
+    estimates = {r["strategy"]: r["total_bytes"] for r in memory.estimate(params, world_size, *memory.MEASURED_RECIPE)}
+    by_label = {label: est for label, _, _, est in STRATEGIES}
+    for r in measured:
+        r["losses"] = sorted([int(step), loss] for step, loss in dict(r["losses"]).items())  # JSON keeps pairs
+    curve = {r["label"]: dict(r["losses"]) for r in measured}
+    for r in measured:
+        r["state_bytes"] = sum(r[p] for p in PARTS)
+        r["estimate_bytes"] = estimates[by_label[r["label"]]]
+        r["measured_over_estimate"] = r["state_bytes"] / r["estimate_bytes"]
+        r["rest_bytes"] = max(0, r["peak_bytes"] - r["state_bytes"])
+        r["loss_gap_from_ddp"] = relative_gap(curve["DDP"], curve[r["label"]]) if ddp else None
+    device = measured[0]["device"] if measured else "?"
+    context = (f"ResNet-18 ({params / 1e6:.2f}M parameters), {world_size} ranks on {device}, "
+               f"{measured[0]['data'] if measured else ''}, global batch {measured[0]['global_batch_size'] if measured else '?'}")
+    return {"benchmark": "strategies", "world_size": world_size, "context": context, "rows": rows}
+
+
+def render(result: dict[str, Any]) -> str:
+    mib = 2**20
+    lines = [f"Strategies side by side: {result['context']}", "",
+             "| strategy | parameters | gradients | optimizer state | state per rank | estimate | measured / "
+             "estimate | peak (rest) | images/s | loss gap from DDP |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['label']} | {r['error']} | | | | | | | | |")
+            continue
+        gap = "-" if r["loss_gap_from_ddp"] is None else f"{r['loss_gap_from_ddp']:.1e}"
+        lines.append(f"| {r['label']} | {r['parameters_bytes'] / mib:.2f} MiB | {r['gradients_bytes'] / mib:.2f} MiB | "
+                     f"{r['optimizer_states_bytes'] / mib:.2f} MiB | {r['state_bytes'] / mib:.2f} MiB | "
+                     f"{r['estimate_bytes'] / mib:.2f} MiB | {r['measured_over_estimate']:.2f} | "
+                     f"{r['peak_bytes'] / mib:.0f} MiB ({r['rest_bytes'] / mib:.0f}) | {r['samples_per_second']:.0f} | "
+                     f"{gap} |")
+    lines.append("state = parameters + gradients + optimizer state held by one rank (a shard counts its own part); "
+                 "estimate: `lab memory` for fp32 SGD with momentum; loss gap: largest relative difference per step")
+    return "\n".join(lines)
+
+
+def _default_world_size() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def _deepspeed_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+# ----------------------------------------------------------------------------- one strategy (a torchrun worker)
+
+
+def worker(argv: list[str]) -> None:
+    import argparse
+
+    from lab import config, data, dist, runs
+    from lab.trainer import Trainer, set_determinism
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--config")
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    args = p.parse_args(argv)
+    cfg = config.with_overrides(config.load(args.config, args.overrides),
+                                train={"max_steps": args.steps, "log_every": 1},
+                                checkpoint={"save": False}, metrics={"port_base": 0})
+    with dist.initialized(cfg.dist) as ctx:
+        set_determinism(cfg.run.deterministic)
+        dataset = data.load(cfg.data).to(ctx.device)
+        losses: dict[int, float] = {}
+        trainer = Trainer(cfg, ctx, dataset, hooks=[lambda row: losses.update(
+            {row["step"]: row["loss"]} if row["kind"] == "train" else {})])
+        results = trainer.fit()
+        # One more forward and backward, no step: the gradients exist while the bytes are counted.
+        trainer.forward_backward(*next(trainer.train_loader.forever()))
+        split = trainer.strategy.memory_split(trainer.optimizer)
+        if ctx.is_primary:
+            from lab import provenance
+
+            runs.write_json(args.worker, {
+                **split, "strategy": trainer.strategy.describe(), "losses": losses,
+                "samples_per_second": results["samples_per_second"], "peak_bytes": results["device_memory_peak_bytes"],
+                "parameter_count": sum(p.numel() for p in trainer.model.parameters()),
+                "device": provenance.describe(ctx)["device_name"], "global_batch_size": cfg.train.global_batch_size,
+                "data": dataset.description.split(" (")[0]})
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1:])
