@@ -21,6 +21,7 @@ About 5 minutes on one H100/H200:
                  torch.cuda.memory_allocated against the estimator, like with like; peak apart
   deterministic  two runs with run.deterministic=true give bit-identical losses
   resume         a run stopped at half way and resumed matches the run that was not stopped
+  strategies     `lab bench strategies` on every GPU in bf16: DDP, FSDP, ZeRO-1/2/3 each train over NCCL
   metrics        `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
 
 Without a GPU, `--skip-without-gpu` (what `make gpu-check` passes) says so, lists the
@@ -261,6 +262,22 @@ def deterministic_and_resume(c: Check) -> list[Outcome]:
     return outcomes
 
 
+def strategies(c: Check) -> Outcome:
+    """DDP, FSDP and DeepSpeed ZeRO-1/2/3 each train on this host's GPUs over NCCL with bf16 (FSDP's mixed-precision
+    policy, DeepSpeed's own bf16): what the CPU tests cannot run."""
+    if not c.gpu:
+        return Outcome("strategies", "skipped", "no CUDA device: the CPU tests train every strategy on gloo")
+    c.lab("strategies", "bench", "strategies", "--nproc-per-node", str(c.gpus), "--steps", "6",
+          "--set", "train.amp=bf16", "--json", str(c.out / "strategies.json"))
+    rows = json.loads((c.out / "strategies.json").read_text())["rows"]
+    ran = [r for r in rows if "error" not in r]
+    absent = [r["label"] for r in rows if "not installed" in r.get("error", "")]
+    state = ", ".join(f"{r['label']} {r['state_bytes'] / 2**20:.1f}" for r in ran)
+    return Outcome("strategies", "passed", f"{c.gpus} GPU(s), bf16: state per rank (MiB) {state}; largest loss gap "
+                   f"from DDP {max(r['loss_gap_from_ddp'] for r in ran):.1e}"
+                   + (f"; not installed: {', '.join(absent)}" if absent else ""), figures={"rows": rows})
+
+
 def metrics_overhead(c: Check) -> Outcome:
     c.lab("metrics-overhead", "bench", "metrics-overhead", "--config", c.config, *c.fast,
           "--rounds", "1" if c.quick else "3",
@@ -271,7 +288,7 @@ def metrics_overhead(c: Check) -> Outcome:
 
 
 STEP_NAMES = ("doctor", "data path", "training", "host syncs", "DDP, 1 rank", "DDP + compile", "all-reduce", "memory",
-              "deterministic", "resume", "metrics")
+              "deterministic", "resume", "strategies", "metrics")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -316,6 +333,7 @@ def run(args) -> int:
         ("all-reduce", lambda: all_reduce(check)),
         ("memory", lambda: memory(check)),
         ("deterministic", lambda: deterministic_and_resume(check)),
+        ("strategies", lambda: strategies(check)),
         ("metrics", lambda: metrics_overhead(check)),
     ]
     outcomes: list[Outcome] = []

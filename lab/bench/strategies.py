@@ -13,8 +13,8 @@ On a CPU "peak" is the process's peak resident memory (Python, torch and the dat
 the parameter/gradient/optimizer split is the figure that shows sharding; on GPUs it is
 torch.cuda.max_memory_allocated. DeepSpeed rows need the [deepspeed] extra; without it they say so.
 
->>> relative_gap({1: 2.0, 2: 1.0}, {1: 2.0, 2: 1.001})
-0.000999000999000999
+>>> round(relative_gap({1: 2.0, 2: 1.0}, {1: 2.0, 2: 1.001, 3: 5.0}), 9)   # step 3: only one curve has it
+0.001
 """
 
 from __future__ import annotations

@@ -19,7 +19,10 @@ def test_pipeline_benchmark_interleaves_both_paths(tmp_path):
     assert all(len(samples[k]) == 2 for k in ("lab_data", "torchvision_data", "lab_train", "torchvision_train"))
     median = result["median_images_per_second"]
     assert result["data_ratio_lab_over_torchvision"] == pytest.approx(median["lab_data"] / median["torchvision_data"])
-    assert result["data_ratio_lab_over_torchvision"] > 1  # even at toy sizes the device path wins
+    # No speed assertion: a toy block is a millisecond, so one scheduler hiccup decides it (CI once measured
+    # 0.06x here while the same command gave 1.3x and 3.4x on an idle machine). The ratio at real sizes is
+    # BENCHMARKS.md's, measured by the benchmark itself.
+    assert all(v > 0 for values in samples.values() for v in values)
     assert "| data path alone |" in proc.stdout and "lab / torchvision" in proc.stdout
 
 
@@ -47,10 +50,10 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_cpu(tmp_path):
     # accumulation, a deterministic pair of runs and a stop-and-resume compared bit for bit.
     for step in ("doctor", "data path", "training", "DDP, 1 rank", "deterministic", "resume", "metrics"):
         assert status[step] == "passed", (step, result["steps"])
-    for step in ("host syncs", "DDP + compile", "all-reduce", "memory"):  # CUDA-only, each says why
+    for step in ("host syncs", "DDP + compile", "all-reduce", "memory", "strategies"):  # CUDA-only, each says why
         assert status[step] == "skipped", (step, result["steps"])
     last = proc.stdout.strip().splitlines()
-    assert last[-1] == "7 step(s) passed, 4 skipped" and last[-13].startswith("# lab gpu-check")
+    assert last[-1] == "7 step(s) passed, 5 skipped" and last[-14].startswith("# lab gpu-check")
     assert (tmp_path / "g" / "ddp-1rank.log").read_text().startswith("$ ")  # each step's own output kept
 
 
