@@ -50,6 +50,7 @@ def replacing(path: str | Path, durable: bool = False) -> Iterator[Path]:
     files rewritten every few seconds: an fsync can take long on a busy disk.
     """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # `--json out/r.json` names a folder that may not exist yet
     tmp = temp_path(path)
     try:
         yield tmp

@@ -20,6 +20,8 @@ from lab.errors import CheckpointError
 
 FORMAT = 1
 LAST = "last.pt"
+# In a sharded strategy's checkpoint folder: the trainer's part (progress, schedule, RNG), written by rank 0
+TRAINER_PART = "trainer.pt"
 
 
 class CheckpointWriteError(RuntimeError):
@@ -28,7 +30,6 @@ class CheckpointWriteError(RuntimeError):
 
 def save(path: str | Path, state: dict) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # Serialised in memory first: torch.save into a file turns a write error (a full disk) into an opaque
     # RuntimeError, a plain write keeps the OSError and its reason. ResNet-18's state is ~90 MB.
     buffer = io.BytesIO()

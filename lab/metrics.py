@@ -197,7 +197,6 @@ def write_targets(path: Path, targets: list[dict[str, Any] | None]) -> Path | No
     entries = [t for t in targets if t]
     if not entries:
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
     # Prometheus never reads half a file, and its `*.json` glob never matches the temporary one
     atomic.write_text(path, json.dumps(entries, indent=2) + "\n")
     return path

@@ -39,7 +39,7 @@ def relative_gap(reference: dict[int, float], other: dict[int, float]) -> float:
 
 
 def run(args) -> int:
-    from lab import config, launch, memory, plots, runs
+    from lab import config, launch, plots, runs
 
     n = args.nproc_per_node or _default_world_size()
     cfg = config.load(args.config or "smoke", args.overrides)
@@ -62,7 +62,7 @@ def run(args) -> int:
                 rows.append({"label": label, "error": f"failed: {last}"})
                 continue
             rows.append({"label": label, **json.loads(out.read_text())})
-    result = summarize(rows, n, memory)
+    result = summarize(rows, n)
     print(render(result), flush=True)
     if args.json:
         runs.write_json(args.json, result)
@@ -72,8 +72,10 @@ def run(args) -> int:
     return 0 if all("error" not in r or "not installed" in r["error"] for r in rows) else 1
 
 
-def summarize(rows: list[dict[str, Any]], world_size: int, memory) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
     """Add the estimate, its ratio and the loss gap from DDP to each measured row."""
+    from lab import memory
+
     measured = [r for r in rows if "error" not in r]
     ddp = next((r for r in measured if r["label"] == "DDP"), None)
     params = measured[0]["parameter_count"] if measured else 0

@@ -48,7 +48,7 @@ from lab.errors import CheckpointError, LaunchError
 from lab.strategies import Strategy
 
 POINTER = "latest"           # DeepSpeed's name: a text file naming the last complete tag folder
-TRAINER_PART = "trainer.pt"  # the Trainer's state, beside DeepSpeed's files in each tag folder
+TRAINER_PART = checkpoint.TRAINER_PART  # beside DeepSpeed's files in each tag folder
 
 
 class DeepSpeedStrategy(Strategy):

@@ -37,7 +37,7 @@ from lab.dist import DistContext
 from lab.errors import CheckpointError, LaunchError
 from lab.strategies import Strategy
 
-TRAINER_PART = "trainer.pt"   # the trainer's part of a checkpoint, written last: its presence marks a whole one
+TRAINER_PART = checkpoint.TRAINER_PART  # written last: its presence marks a whole checkpoint
 
 
 class FSDPStrategy(Strategy):

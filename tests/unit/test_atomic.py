@@ -46,10 +46,14 @@ def test_a_failing_writer_keeps_the_previous_content_and_leaves_no_temp_file(tmp
 
 
 def test_a_write_error_is_the_oserror_with_its_reason_and_nothing_is_created(tmp_path):
-    path = tmp_path / "missing-directory" / "last.pt"
-    with pytest.raises(FileNotFoundError):
-        atomic.write_bytes(path, b"x", durable=True)
-    assert not path.parent.exists()
+    # A missing folder is created (a --json path may name one); a folder that cannot be is the error here.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(OSError):
+        atomic.write_bytes(blocker / "last.pt", b"x", durable=True)
+    assert blocker.read_text() == "not a folder" and [p.name for p in tmp_path.iterdir()] == ["a-file"]
+    atomic.write_bytes(tmp_path / "new" / "r.json", b"{}")
+    assert (tmp_path / "new" / "r.json").read_bytes() == b"{}"
 
 
 def test_the_temp_name_is_what_run_cleanup_removes_and_prometheus_never_reads(tmp_path):
