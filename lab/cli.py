@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lab", description="A lab for PyTorch distributed data-parallel training.")
     parser.add_argument("--version", action="version", version=f"lab {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for add in (_add_train, _add_rerun, _add_workshop, _add_launch, _add_bench, _add_memory, _add_choose,
-                _add_report, _add_data, _add_doctor):
+    for add in (_add_train, _add_rerun, _add_workshop, _add_launch, _add_bench, _add_pitfall, _add_memory,
+                _add_choose, _add_report, _add_data, _add_doctor):
         add(commands)
     return parser
 
@@ -126,16 +126,20 @@ def _add_workshop(commands) -> None:
     workshop = commands.add_parser("workshop", help="baseline, then DDP with the same global batch, then compare")
     _config_args(workshop)
     workshop.add_argument("--nproc-per-node", type=PROCESSES, metavar="N",
-                          help="DDP processes (default: 2 on a CPU; 2, 4, 8 ... up to the GPUs present)")
+                          help="DDP processes (default: 2 and 4 on a CPU; 2, 4, 8 ... up to the GPUs present)")
     workshop.add_argument("--output-dir", default="runs", metavar="DIR", help="where the workshop folder goes")
+    workshop.add_argument("--only", metavar="PART[,PART]", help="run some parts: training, pitfalls, allreduce, "
+                                                               "scaling, levers, memory, strategies (the report closes)")
     workshop.set_defaults(handler=handlers.workshop)
 
 
 def _add_bench(commands) -> None:
     bench = commands.add_parser("bench",
-                                help="benchmarks: all-reduce, scaling, data pipeline, metrics overhead, GPU check")
+                                help="benchmarks: all-reduce, scaling, levers, data pipeline, metrics overhead, "
+                                     "GPU check")
     benchmarks = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser, metavar="NAME")
-    for add in (_add_allreduce, _add_scaling, _add_strategies, _add_pipeline, _add_gpu_check, _add_overhead):
+    for add in (_add_allreduce, _add_scaling, _add_strategies, _add_levers, _add_pipeline, _add_gpu_check,
+                _add_overhead):
         add(benchmarks)
 
 
@@ -187,6 +191,30 @@ def _add_strategies(benchmarks) -> None:
     strategies.add_argument("--json", metavar="PATH", help="write the table as JSON")
     strategies.add_argument("--plot", metavar="PNG", help="memory per rank by strategy and the loss curves")
     strategies.set_defaults(handler=_module_run("lab.bench.strategies"))
+
+
+def _add_levers(benchmarks) -> None:
+    levers = benchmarks.add_parser(
+        "levers", help="AMP, gradient accumulation, DDP buckets and NCCL settings as ratios to the plain step",
+        description="One torchrun job times the plain DDP step and each lever (bf16/fp16 autocast, accumulation, "
+                    "bucket size, gradients as bucket views) in interleaved blocks, each against its no_sync twin "
+                    "for the communication share; checks accumulation is exact in float64; on GPUs also sweeps "
+                    "NCCL_ALGO, NCCL_PROTO and NCCL_P2P_DISABLE with lab bench allreduce.")
+    _config_args(levers)
+    levers.add_argument("--nproc-per-node", type=PROCESSES, metavar="N",
+                        help="ranks (default: the GPUs present, else 2)")
+    levers.add_argument("--steps", type=at_least(1), default=4, help="optimizer steps per timed block (default 4)")
+    levers.add_argument("--warmup", type=at_least(0), default=2, help="warm-up steps per variant (default 2)")
+    levers.add_argument("--rounds", type=at_least(1), default=3,
+                        help="rounds of one block per variant, the order reversed every other round (default 3)")
+    levers.add_argument("--accum-steps", type=at_least(2), default=4, metavar="K",
+                        help="micro-batches per optimizer step of the accumulation lever; must divide the batch per "
+                             "rank (default 4)")
+    levers.add_argument("--equivalence-steps", type=at_least(1), default=3,
+                        help="float64 optimizer steps of the accumulation exactness check (default 3)")
+    levers.add_argument("--json", metavar="PATH", help="write the tables as JSON")
+    levers.add_argument("--plot", metavar="PNG", help="the levers' ratios to the plain step as bars")
+    levers.set_defaults(handler=_module_run("lab.bench.levers"))
 
 
 def _add_pipeline(benchmarks) -> None:
@@ -248,6 +276,18 @@ def _add_memory(commands) -> None:
     memory.add_argument("--json", metavar="PATH")
     memory.add_argument("--plot", metavar="PNG", help="stacked bars of the estimate")
     memory.set_defaults(handler=_module_run("lab.memory"))
+
+
+def _add_pitfall(commands) -> None:
+    from lab.pitfalls import PITFALLS  # names and one-line summaries only: no torch at parse time
+
+    pitfall = commands.add_parser("pitfall", help="the course's pitfalls: the mistake, then the fix, measured")
+    pitfall.add_argument("name", nargs="?", choices=list(PITFALLS), metavar="NAME",
+                         help="one of: " + ", ".join(PITFALLS) + " (none: list them)")
+    pitfall.add_argument("--nproc-per-node", type=PROCESSES, metavar="N",
+                         help="ranks (default: the GPUs present, else 2)")
+    pitfall.add_argument("--json", metavar="PATH", help="write the broken and the fixed measurement as JSON")
+    pitfall.set_defaults(handler=_module_run("lab.pitfalls.command"))
 
 
 def _add_choose(commands) -> None:

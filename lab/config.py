@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,8 @@ from typing import Any, Literal
 import yaml
 
 from lab.errors import ConfigError
+
+_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
@@ -274,6 +277,8 @@ def _check(origin: str, section: str, key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer{_range(lo, hi)}, got {_show(value)}")
     elif hint is float:
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 (PyYAML) reads 5e-4 as text: it wants 5.0e-4
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number{_range(lo, hi)}, got {_show(value)}")
         value = float(value)

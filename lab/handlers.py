@@ -42,7 +42,8 @@ def train(args: argparse.Namespace) -> int:
 def workshop(args: argparse.Namespace) -> int:
     from lab import workshop as lessons
 
-    return lessons.run(args.config or lessons.default_config(), args.overrides, args.nproc_per_node, args.output_dir)
+    return lessons.run(args.config or lessons.default_config(), args.overrides, args.nproc_per_node, args.output_dir,
+                       args.only)
 
 
 def _check_not_nested() -> None:

@@ -81,15 +81,15 @@ def recommend(rows: list[dict[str, Any]], device_bytes: float) -> str:
 
 
 def render(rows: list[dict[str, Any]], title: str, device_bytes: float | None) -> str:
-    lines = [f"# {title}", "| strategy | parameters | gradients | optimizer states | activations | total per device "
+    lines = [f"Memory per device: {title}.", "", "| strategy | parameters | gradients | optimizer states | activations | total per device "
              "| fits |", "|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         fits = "-" if device_bytes is None else ("yes" if r["total_bytes"] <= device_bytes else "no")
         lines.append(f"| {r['strategy']} | {_gb(r['parameters_bytes'])} | {_gb(r['gradients_bytes'])} | "
                      f"{_gb(r['optimizer_states_bytes'])} | {_gb(r['activations_bytes'])} | "
                      f"{_gb(r['total_bytes'])} | {fits} |")
-    lines.append("GB = 1e9 bytes; no headroom is reserved for the CUDA context, allocator fragmentation or NCCL "
-                 "buffers: keep about 10% free.")
+    lines += ["", "GB = 1e9 bytes; no headroom is reserved for the CUDA context, allocator fragmentation or NCCL "
+                 "buffers: keep about 10% free."]
     return "\n".join(lines)
 
 
@@ -169,14 +169,14 @@ def render_measured(m: dict[str, Any]) -> str:
     estimate_1 = estimate(params, 1, *MEASURED_RECIPE)[0]["total_bytes"]
     what = "torch.cuda.max_memory_allocated" if single["device"] == "cuda" else "bytes of parameter, gradient " \
         "and optimizer-state tensors"
-    lines = [f"# measured: ResNet-18 ({params / 1e6:.2f}M parameters), SGD with momentum, fp32; measured = {what}",
+    lines = [f"Measured: ResNet-18 ({params / 1e6:.2f}M parameters), SGD with momentum, fp32; measured = {what}.", "",
              f"1 process: estimate {_gb(estimate_1)}, measured {_gb(single['measured_bytes'])}, "
              f"ratio {single['measured_bytes'] / estimate_1:.2f}"]
     two = m["two_ranks"]
     if "error" in two:
-        lines.append(f"2 ranks: {two['error']}")
+        lines += ["", f"2 ranks: {two['error']}"]
         return "\n".join(lines)
-    lines += ["| 2 ranks | parameters | gradients | optimizer states | total per rank | estimate | ratio |",
+    lines += ["", "| 2 ranks | parameters | gradients | optimizer states | total per rank | estimate | ratio |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     for name, key in (("DDP", "DDP"), ("FSDP (fully_shard)", "ZeRO-3 / FSDP full shard")):
         if name.startswith("FSDP") and "fsdp_error" in two:

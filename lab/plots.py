@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # files only; no display on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
@@ -62,8 +63,13 @@ def bus_bandwidth(rows: list[dict[str, Any]], link_gbps: float | None, link: str
     return _finish(fig, ax, "All-reduce bus bandwidth against message size", context, path)
 
 
-def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path) -> Path:
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path,
+            fit: dict[str, Any] | None = None) -> Path:
+    """Throughput and speedup against N: measured points, the ideal, and (given `fit`, lab.scaling_laws'
+    JSON form) the fitted law's curve with the other law at the same serial fraction for contrast."""
+    from lab import scaling_laws
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     n = [r["world_size"] for r in rows]
     thr = [r["samples_per_second"] for r in rows]
     base = rows[0]["samples_per_second"] / rows[0]["world_size"]
@@ -75,20 +81,59 @@ def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path) -> 
     ax.set_xticks(n)
     ax.grid(True, alpha=0.3)
     ax.set_title("Throughput", fontsize=10)
-    ax2.plot(n, [r["efficiency"] for r in rows], marker="o", color="tab:orange", label="measured")
-    ax2.axhline(1.0, linestyle="--", color="gray", label="ideal")
-    ax2.set_ylim(0, 1.15)
-    ax2.set_xticks(n)
+    top = max(n) * (8 if fit else 1)  # with a fit, draw the projection past the measured points
+    grid = [1 + (top - 1) * i / 200 for i in range(201)]
+    own = [r for r in rows if not r.get("oversubscribed")]
+    shared = [r for r in rows if r.get("oversubscribed")]
+    ax2.plot([r["world_size"] for r in own], [r["speedup"] for r in own], "o", color="tab:orange",
+             label="measured speedup", zorder=3)
+    if shared:
+        ax2.plot([r["world_size"] for r in shared], [r["speedup"] for r in shared], "o", mfc="none",
+                 color="tab:orange", label="measured, more processes than cores (not fitted)", zorder=3)
+    ax2.plot(grid, grid, linestyle="--", color="gray", label="ideal (N)")
+    if fit:
+        s = fit["serial_fraction"]
+        for law in ("amdahl", "gustafson"):
+            fitted = law == fit["law"]
+            label = (f"{law.capitalize()} fit, s = {s:.3f}" if fitted else f"{law.capitalize()} at the same s")
+            ax2.plot(grid, [scaling_laws.LAWS[law](s, k) for k in grid], linestyle="-" if fitted else ":",
+                     color="tab:red" if fitted else "tab:purple", label=label)
+        ax2.set_xscale("log", base=2)
+        ax2.set_yscale("log", base=2)
+        ax2.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    else:
+        ax2.set_xticks(n)
     ax2.set_xlabel("processes (world size)")
-    ax2.set_ylabel("efficiency = thr_N / (N thr_1)")
-    ax2.legend()
+    ax2.set_ylabel("speedup = thr_N / thr_1")
+    ax2.legend(fontsize=8)
     ax2.grid(True, alpha=0.3)
-    ax2.set_title("Scaling efficiency", fontsize=10)
+    ax2.set_title("Speedup and the scaling laws", fontsize=10)
     fig.suptitle(f"{mode.capitalize()} scaling of the training step\n{_wrap(context)}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def step_breakdown(rows: list[dict[str, Any]], context: str, path: Path) -> Path:
+    """Where a step's time goes at each world size: compute (forward + backward), the rest of a step
+    without communication (optimizer, zeroing, batch slicing), and the communication not hidden."""
+    parts = (("compute_seconds", "forward + backward", "tab:blue"),
+             ("other_seconds", "optimizer and the rest", "tab:green"),
+             ("exposed_communication_seconds", "exposed communication", "tab:red"))
+    shown = [r for r in rows if r.get("breakdown")]
+    labels = [f"N = {r['world_size']}" for r in shown]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(shown)
+    for key, label, color in parts:
+        values = [r["breakdown"][key] * 1e3 for r in shown]
+        ax.bar(labels, values, bottom=bottom, label=label, color=color)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("milliseconds per training step")
+    ax.set_ylim(0, max(bottom, default=1.0) * 1.35)  # room for the legend above the bars
+    ax.legend(fontsize=8)
+    return _finish(fig, ax, "Where a training step's time goes", context, path)
 
 
 def memory_bars(rows: list[dict[str, Any]], device_gb: float | None, context: str, path: Path) -> Path:
@@ -132,6 +177,57 @@ def strategies(rows: list[dict[str, Any]], context: str, path: Path) -> Path:
     for ax in (bars, curves):
         ax.grid(True, alpha=0.3)
     fig.suptitle(_wrap(context), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def levers(result: dict[str, Any], path: Path) -> Path:
+    """One figure: images/s and activation bytes of every lever as a ratio to the plain step (1.0 drawn),
+    and beside them, on GPUs with 2+ ranks, each NCCL setting's busbw as a ratio to NCCL's own choice."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    g = result["groups"]
+    timed = [("precision", g["precision"]), ("accumulation", g["accumulation"]["rows"]), ("buckets", g["buckets"])]
+    nccl = [r for r in g["nccl"].get("rows", []) if r.get("ratio_to_default") is not None]
+    panels = 3 if nccl else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
+    colors = {"precision": "tab:blue", "accumulation": "tab:green", "buckets": "tab:orange"}
+    plain_activations = result["plain"]["activation_bytes"]
+    for ax, key, ylabel, title in (
+            (axes[0], "ratio_to_plain", "images/s / plain's", "Throughput against the plain step"),
+            (axes[1], "activation_ratio", "activation bytes / plain's", "Activations saved for backward")):
+        labels, values, shades = [], [], []
+        for group, rows in timed:
+            for r in rows:
+                labels.append(r["label"])
+                values.append(r["ratio_to_plain"] if key == "ratio_to_plain"
+                              else r["activation_bytes"] / plain_activations)
+                shades.append(colors[group])
+        bars = ax.bar(labels, values, color=shades)
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+        ax.axhline(1.0, color="gray", linestyle="--")
+        ax.set_ylim(0, max([1.0, *values]) * 1.15)  # room for the labels above the tallest bar
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(handles=[Patch(color=color, label=group) for group, color in colors.items()]
+                   + [Line2D([], [], color="gray", linestyle="--", label="plain = 1.0")], fontsize=8,
+                   loc="upper center", bbox_to_anchor=(0.5, -0.33), ncol=4)  # below: never over a bar
+    if nccl:
+        bars = axes[2].bar([r["label"] for r in nccl], [r["ratio_to_default"] for r in nccl], color="tab:purple")
+        axes[2].bar_label(bars, fmt="%.2f", fontsize=8)
+        axes[2].axhline(1.0, color="gray", linestyle="--")
+        axes[2].set_ylim(0, max(1.0, *(r["ratio_to_default"] for r in nccl)) * 1.15)
+        axes[2].set_ylabel("average busbw / default's")
+        axes[2].set_title("NCCL settings (all-reduce)", fontsize=10)
+        axes[2].tick_params(axis="x", rotation=30, labelsize=8)
+        axes[2].grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"The levers of a training step, as ratios to the plain step\n{_wrap(result['context'])}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

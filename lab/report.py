@@ -1,9 +1,11 @@
 """`lab report DIR...`: report.md and PNG plots from run directories and benchmark results.
 
 A DIR is a run directory (it has manifest.json), a folder of them (a workshop), or
-a benchmark result JSON (`lab bench allreduce --json`, `lab bench scaling --json`,
-`lab memory --json`, `lab bench strategies --json`); folders are searched one level down for both. Every figure
-says what was measured, its units, and on what: data source, device, world size.
+a benchmark result JSON (`lab bench allreduce --json`, `lab bench scaling --json` in either mode,
+`lab memory --json`, `lab bench strategies --json`, `lab bench levers --json`); folders are searched one
+level down for both. Every figure says what was measured, its units, and on what: data source, device,
+world size. The Markdown is what GitHub and JupyterLab render: a blank line ends every table, and the
+report's title is its only top-level heading (tests/unit/test_report_markdown.py parses it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,27 @@ from lab.errors import LabError
 from lab.formatting import num, pct
 
 
+BENCHMARKS = ("allreduce", "scaling", "memory", "strategies", "levers")
+
+
+def result_key(doc: dict[str, Any]) -> str | None:
+    """What a result file holds, as the report files it; None for other JSON.
+
+    >>> result_key({"benchmark": "scaling", "mode": "strong"}), result_key({"pitfall": "set-epoch"})
+    ('scaling-strong', 'pitfall-set-epoch')
+    """
+    if doc.get("benchmark") in BENCHMARKS:
+        # strong and weak scaling are two results of one benchmark
+        return f"scaling-{doc.get('mode', 'weak')}" if doc["benchmark"] == "scaling" else doc["benchmark"]
+    if "pitfall" in doc:
+        return f"pitfall-{doc['pitfall']}"
+    if "loss_at_matching_steps" in doc:  # the workshop's comparison
+        return "comparison"
+    if "loads_into_plain_model" in doc:  # the workshop's look into the baseline's checkpoint
+        return "checkpoint"
+    return None
+
+
 def collect(paths: list[str]) -> tuple[list[Path], dict[str, dict[str, Any]]]:
     """(training run directories, benchmark results by kind) found under `paths`."""
     run_dirs: list[Path] = []
@@ -27,8 +50,8 @@ def collect(paths: list[str]) -> tuple[list[Path], dict[str, dict[str, Any]]]:
             doc = runs.read_json(path)
         except (OSError, ValueError) as exc:
             raise LabError(f"{path}: not a readable result file ({exc})") from None
-        if isinstance(doc, dict) and doc.get("benchmark") in ("allreduce", "scaling", "memory", "strategies"):
-            benchmarks[doc["benchmark"]] = doc
+        if isinstance(doc, dict) and (key := result_key(doc)):
+            benchmarks[key] = doc
 
     for name in paths:
         path = Path(name)
@@ -58,10 +81,20 @@ def build(paths: list[str], out_dir: str | None = None) -> Path:
                 f"(git {runs.git_revision() or 'unknown'}).\n"]
     if run_dirs:
         sections.append(_training(run_dirs, out))
+    if "comparison" in benchmarks:
+        sections.append(_comparison(benchmarks["comparison"]))
+    if "checkpoint" in benchmarks:
+        sections.append(_checkpoint(benchmarks["checkpoint"]))
+    pitfalls = [benchmarks[k] for k in benchmarks if k.startswith("pitfall-")]
+    if pitfalls:
+        sections.append(_pitfalls(pitfalls, out))
     if "allreduce" in benchmarks:
         sections.append(_allreduce(benchmarks["allreduce"], out))
-    if "scaling" in benchmarks:
-        sections.append(_scaling(benchmarks["scaling"], out))
+    for mode in ("strong", "weak"):
+        if f"scaling-{mode}" in benchmarks:
+            sections.append(_scaling(benchmarks[f"scaling-{mode}"], out))
+    if "levers" in benchmarks:
+        sections.append(_levers(benchmarks["levers"], out))
     if "memory" in benchmarks:
         sections.append(_memory(benchmarks["memory"], out))
     if "strategies" in benchmarks:
@@ -107,6 +140,38 @@ def _training(run_dirs: list[Path], out: Path) -> str:
     return "\n".join(lines)
 
 
+def _comparison(result: dict[str, Any]) -> str:
+    from lab import comparison
+
+    return "\n".join(["## Baseline and DDP at one global batch", "", comparison.render(result), ""])
+
+
+def _checkpoint(tour: dict[str, Any]) -> str:
+    from lab import checkpoint_tour
+
+    return "\n".join(["## The baseline's checkpoint", "", checkpoint_tour.render(tour), "",
+                      "The baseline stopped there and resumed from this file: its loss curve above runs on "
+                      "through the resume.", ""])
+
+
+def _pitfalls(results: list[dict[str, Any]], out: Path) -> str:
+    from lab.pitfalls import PITFALLS
+    from lab.pitfalls.command import render_table
+
+    lines = ["## Pitfalls: the mistake, then the fix", "",
+             "Each ran broken, then fixed, on the same ranks; `lab pitfall NAME` repeats one.", ""]
+    for r in sorted(results, key=lambda r: list(PITFALLS).index(r["pitfall"]) if r["pitfall"] in PITFALLS else 99):
+        shown = ("skipped: " + r.get("reason", "") if r.get("skipped") else
+                 "demonstrated" if r["demonstrated"] else "NOT demonstrated in this run")
+        lines += [f"### {r['pitfall']} ({shown})", "", f"{PITFALLS.get(r['pitfall'], '')}. {r['world_size']} ranks "
+                  f"on {r['device']}; {r['summary']}.", ""]
+        if r.get("table"):
+            lines += [render_table(r["table"]), ""]
+        lines += [f"- {note}" for note in r.get("notes", [])]
+        lines += ["", f"Why: {r['why']}", ""]
+    return "\n".join(lines)
+
+
 def _allreduce(result: dict[str, Any], out: Path) -> str:
     devices = ", ".join(sorted(set(result.get("devices", [])))) or "unknown"
     context = (f"{result['world_size']} ranks, {result['backend']}, {result['dtype']} {result['op']}, "
@@ -127,9 +192,24 @@ def _allreduce(result: dict[str, Any], out: Path) -> str:
 def _scaling(result: dict[str, Any], out: Path) -> str:
     from lab.bench import scaling
 
-    plots.scaling(result["rows"], result["mode"], result["context"], out / "scaling.png")
-    return "\n".join(["## Scaling", "", scaling.render(result["rows"], result["mode"], result["context"]), "",
-                      "![Scaling](scaling.png)", ""])
+    mode = result["mode"]
+    fitted = result.get("amdahl") or result.get("gustafson")
+    plots.scaling(result["rows"], mode, result["context"], out / f"scaling-{mode}.png", fitted)
+    lines = [f"## {mode.capitalize()} scaling", "",
+             scaling.render(result["rows"], mode, result["context"], fitted, result.get("note")), "",
+             f"![{mode.capitalize()} scaling](scaling-{mode}.png)", ""]
+    if any(r.get("breakdown") for r in result["rows"][1:]):
+        plots.step_breakdown(result["rows"], f"{mode} scaling, {result['context']}", out / f"step-time-{mode}.png")
+        lines += [f"![Where a step's time goes, {mode} scaling](step-time-{mode}.png)", ""]
+    return "\n".join(lines)
+
+
+def _levers(result: dict[str, Any], out: Path) -> str:
+    from lab.bench import levers
+
+    plots.levers(result, out / "levers.png")
+    return "\n".join(["## Levers: precision, accumulation, DDP buckets, NCCL", "", levers.render(result), "",
+                      "![Each lever against the plain step](levers.png)", ""])
 
 
 def _memory(result: dict[str, Any], out: Path) -> str:

@@ -22,6 +22,8 @@ About 5 minutes on one H100/H200:
   deterministic  two runs with run.deterministic=true give bit-identical losses
   resume         a run stopped at half way and resumed matches the run that was not stopped
   strategies     `lab bench strategies` on every GPU in bf16: DDP, FSDP, ZeRO-1/2/3 each train over NCCL
+  levers         `lab bench levers` on every GPU: bf16 and fp16 + GradScaler against fp32, accumulation, buckets,
+                 the step's peak memory, and (2 GPUs or more) the NCCL_ALGO/PROTO/P2P sweep
   metrics        `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
 
 Without a GPU, `--skip-without-gpu` (what `make gpu-check` passes) says so, lists the
@@ -278,6 +280,24 @@ def strategies(c: Check) -> Outcome:
                    + (f"; not installed: {', '.join(absent)}" if absent else ""), figures={"rows": rows})
 
 
+def levers(c: Check) -> Outcome:
+    """The levers where they matter: fp16 with its GradScaler, CUDA peak memory, and NCCL's variables."""
+    if not c.gpu:
+        return Outcome("levers", "skipped", "no CUDA device: the CPU tests run the levers on gloo (no fp16, no NCCL)")
+    c.lab("levers", "bench", "levers", "--nproc-per-node", str(c.gpus), "--steps", "5", "--rounds", "2",
+          "--json", str(c.out / "levers.json"))
+    result = json.loads((c.out / "levers.json").read_text())
+    groups = result["groups"]
+    ratios = ", ".join(f"{r['label']} {r['ratio_to_plain']:.2f}x" for r in groups["precision"] if "ratio_to_plain" in r)
+    difference = groups["accumulation"]["equivalence"]["max_parameter_difference"]
+    nccl = groups["nccl"]
+    sweep = (", ".join(f"{r['label']} {r['ratio_to_default']:.2f}x" for r in nccl["rows"] if r.get("ratio_to_default"))
+             if nccl.get("applicable") else f"NCCL sweep not applicable ({nccl.get('reason', '')[:60]})")
+    state = "passed" if difference < 1e-10 else "failed"
+    return Outcome("levers", state, f"images/s vs fp32: {ratios}; accumulation vs one batch (float64) "
+                   f"{difference:.1e}; {sweep}", figures={"levers": result})
+
+
 def metrics_overhead(c: Check) -> Outcome:
     c.lab("metrics-overhead", "bench", "metrics-overhead", "--config", c.config, *c.fast,
           "--rounds", "1" if c.quick else "3",
@@ -288,7 +308,7 @@ def metrics_overhead(c: Check) -> Outcome:
 
 
 STEP_NAMES = ("doctor", "data path", "training", "host syncs", "DDP, 1 rank", "DDP + compile", "all-reduce", "memory",
-              "deterministic", "resume", "strategies", "metrics")
+              "deterministic", "resume", "strategies", "levers", "metrics")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -334,6 +354,7 @@ def run(args) -> int:
         ("memory", lambda: memory(check)),
         ("deterministic", lambda: deterministic_and_resume(check)),
         ("strategies", lambda: strategies(check)),
+        ("levers", lambda: levers(check)),
         ("metrics", lambda: metrics_overhead(check)),
     ]
     outcomes: list[Outcome] = []

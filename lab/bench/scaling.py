@@ -1,20 +1,25 @@
-"""Strong and weak scaling of the real training step, 1..N processes.
+"""Strong and weak scaling of the real training step over 1, 2, 4, ... N processes, with Amdahl's or
+Gustafson's law fitted to the speedups.
 
-    lab bench scaling --mode weak --max-world-size 8 --json scaling.json
+    lab bench scaling --mode strong --max-world-size 8 --json strong.json --plot strong.png
 
-Each world size is its own torchrun job running the lab's Trainer on synthetic
-data: warm-up steps, then timed blocks. Blocks alternate between normal DDP steps
-and steps under `no_sync()` (no gradient all-reduce), interleaved so both see the
-same machine; their difference is the step time spent waiting on communication.
+Each world size is its own torchrun job running the lab's Trainer on synthetic data: warm-up steps,
+then timed blocks, interleaved so all see the same machine: normal DDP steps; steps under
+`no_sync()` (no gradient all-reduce); forward + backward alone. Their differences split a step into
+compute, the rest of a step (optimizer, zeroing), and the communication the backward pass did not hide.
 
 Definitions (as in Horovod's and the DDP paper's scaling tables):
     speedup    = thr_N / thr_1
     efficiency = thr_N / (N * thr_1)
     Karp-Flatt serial fraction e = (1/speedup - 1/N) / (1 - 1/N)     (N > 1)
+Strong mode fits Amdahl's serial fraction to the speedups, weak mode Gustafson's (lab.scaling_laws),
+and projects both to 8, 64 and 512 workers.
 
 >>> rows = derive([{"world_size": 1, "samples_per_second": 100.0}, {"world_size": 2, "samples_per_second": 160.0}])
 >>> rows[1]["speedup"], rows[1]["efficiency"], rows[1]["karp_flatt"]
 (1.6, 0.8, 0.25)
+>>> world_sizes(8), world_sizes(6), world_sizes(1)
+([1, 2, 4, 8], [1, 2, 4, 6], [1])
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from lab import cores
+from lab import cores, scaling_laws
 from lab.errors import LabError
 
 
@@ -40,12 +45,42 @@ def derive(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         speedup = r["samples_per_second"] / base
         karp = (1 / speedup - 1 / n) / (1 - 1 / n) if n > 1 else None
         out.append({**r, "speedup": round(speedup, 12), "efficiency": round(speedup / n, 12),
-                    "karp_flatt": round(karp, 12) if karp is not None else None})
+                    "karp_flatt": round(karp, 12) if karp is not None else None, "breakdown": breakdown(r)})
     return out
 
 
-def render(rows: list[dict[str, Any]], mode: str, context: str) -> str:
-    lines = [f"{mode.capitalize()} scaling: {context}", "",
+def breakdown(row: dict[str, Any]) -> dict[str, float] | None:
+    """A step's seconds split three ways from the interleaved blocks; each part is a difference of two
+    measured times, so noise can make one slightly negative: clamped at 0.
+
+    >>> breakdown({"step_seconds": 1.0, "no_sync_step_seconds": 0.8, "compute_step_seconds": 0.6})
+    {'compute_seconds': 0.6, 'other_seconds': 0.2, 'exposed_communication_seconds': 0.2}
+    """
+    compute = row.get("compute_step_seconds")
+    if compute is None:
+        return None
+    without_communication = row.get("no_sync_step_seconds") or row["step_seconds"]
+    compute = min(compute, without_communication)  # the parts add up to the step
+    return {"compute_seconds": compute,
+            "other_seconds": round(max(0.0, without_communication - compute), 12),
+            "exposed_communication_seconds": round(max(0.0, row["step_seconds"] - without_communication), 12)}
+
+
+def fit(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
+    """Amdahl's law fitted to strong-scaling speedups, Gustafson's to weak-scaling ones (JSON form), over
+    the world sizes where each process had cores of its own; None with fewer than two of them."""
+    speedups = {r["world_size"]: r["speedup"] for r in rows if not r.get("oversubscribed")}
+    if len(speedups) < 2:
+        return None
+    law = scaling_laws.fit_amdahl if mode == "strong" else scaling_laws.fit_gustafson
+    return law(speedups).as_dict()
+
+
+def render(rows: list[dict[str, Any]], mode: str, context: str, fitted: dict[str, Any] | None = None,
+           note: str | None = None) -> str:
+    """The table, then (blank-line separated, so Markdown keeps them out of the table) the fit, the step
+    breakdown at the largest N and `note`."""
+    lines = [f"{mode.capitalize()} scaling: {context}.", "",
              "| world size | global batch | images/s | images/s per rank | speedup | efficiency | Karp-Flatt e "
              "| communication share |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -55,9 +90,39 @@ def render(rows: list[dict[str, Any]], mode: str, context: str) -> str:
         lines.append(f"| {r['world_size']} | {r['global_batch_size']} | {r['samples_per_second']:.1f} | "
                      f"{r['samples_per_second'] / r['world_size']:.1f} | {r['speedup']:.2f} | "
                      f"{r['efficiency']:.1%} | {karp} | {comm} |")
-    lines.append("communication share = 1 - (step time under no_sync) / (step time with the all-reduce), "
-                 "interleaved blocks")
+    lines += ["", "communication share = 1 - (step time under no_sync) / (step time with the all-reduce), "
+              "interleaved blocks."]
+    if fitted:
+        lines += ["", describe_fit(fitted)]
+    # the largest world size with cores of its own: past them the split measures turn-taking
+    largest = next((r for r in reversed(rows) if not r.get("oversubscribed")), rows[-1])
+    if largest.get("breakdown"):
+        b = largest["breakdown"]
+        lines += ["", f"A step at N = {largest['world_size']}: forward + backward {b['compute_seconds'] * 1e3:.1f} ms, "
+                      f"optimizer and the rest {b['other_seconds'] * 1e3:.1f} ms, exposed communication "
+                      f"{b['exposed_communication_seconds'] * 1e3:.1f} ms (of {largest['step_seconds'] * 1e3:.1f} ms)."]
+    if note:
+        lines += ["", note]
     return "\n".join(lines)
+
+
+def describe_fit(fitted: dict[str, Any]) -> str:
+    """One paragraph: the fitted fraction, how well it fits, and the projection.
+
+    >>> from lab import scaling_laws
+    >>> print(describe_fit(scaling_laws.fit_amdahl({1: 1.0, 2: 1.8, 4: 3.0}).as_dict()))  # doctest: +ELLIPSIS
+    Amdahl's law fitted (least squares) to the measured speedups: serial fraction s = 0.111, ... at most 1/s = 9.0x.
+    """
+    s, law = fitted["serial_fraction"], fitted["law"]
+    # JSON keys are text (and written sorted): order them as numbers
+    projection = sorted(fitted["projection"].items(), key=lambda item: int(item[0]))
+    projected = ", ".join(f"{n}: {p['speedup']:.1f}x ({p['efficiency']:.0%})" for n, p in projection)
+    text = (f"{law.capitalize()}'s law fitted (least squares) to the measured speedups: serial fraction "
+            f"s = {s:.3f}, root-mean-square residual {fitted['residual_rms']:.3f} over {fitted['points']} world sizes. "
+            f"Projected speedup (efficiency) at {projected}")
+    if law == "amdahl":
+        return text + (f"; at most 1/s = {1 / s:.1f}x." if s > 0 else "; no serial part measured.")
+    return text + "; weak scaling grows the problem with N, so there is no ceiling."
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -66,19 +131,19 @@ def render(rows: list[dict[str, Any]], mode: str, context: str) -> str:
 def run(args) -> int:
     from lab import config, launch, plots, runs
 
-    world_sizes = _world_sizes(args.max_world_size)
+    sizes = world_sizes(args.max_world_size or _available_workers())
     gpu = _has_cuda()
     args.batch_per_rank = args.batch_per_rank or (256 if gpu else 64)
     args.global_batch = args.global_batch or (2048 if gpu else 128)
     base_overrides = list(args.overrides)
     args.config = args.config or ("workshop-gpu" if gpu else "workshop-cpu")
     cfg = config.load(args.config, base_overrides)
-    for n in world_sizes:
+    for n in sizes:
         config.check_layout(config.with_overrides(cfg, train={"global_batch_size": _global_batch(args, n)}), n)
-    threads = cores.threads_per_process(world_sizes[-1])
+    threads = cores.threads_per_process(sizes[-1])
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in world_sizes:
+        for n in sizes:
             out = Path(tmp) / f"n{n}.json"
             target = ["-m", "lab.bench.scaling", "--config", args.config, "--out", str(out),
                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--global-batch",
@@ -92,15 +157,19 @@ def run(args) -> int:
                 print(f"scaling: world size {n} failed", file=sys.stderr)
                 return 1
             results.append(json.loads(out.read_text()))
-    rows = derive(results)
+    available = cores.available()
+    rows = [{**r, "oversubscribed": r["device"] == "cpu" and r["world_size"] * threads > available}
+            for r in derive(results)]
+    fitted = fit(rows, args.mode)
     device = results[0]["device"]
     context = (f"{results[0]['data']}, ResNet-18 width {cfg.model.width}, {device}, "
                f"{threads} thread(s) per process" if device == "cpu" else
                f"{results[0]['data']}, ResNet-18 width {cfg.model.width}, {device}")
-    text = render(rows, args.mode, context)
-    print(text, flush=True)
-    result = {"benchmark": "scaling", "mode": args.mode, "rows": rows, "context": context,
-              "threads_per_process": threads, "steps": args.steps, "warmup": args.warmup}
+    note = oversubscription_note(sizes[-1], threads, available) if device == "cpu" else None
+    print(render(rows, args.mode, context, fitted, note), flush=True)
+    result = {"benchmark": "scaling", "mode": args.mode, "rows": rows, "context": context, "note": note,
+              "threads_per_process": threads, "steps": args.steps, "warmup": args.warmup,
+              **({fitted["law"]: fitted} if fitted else {})}
     if args.json:
         runs.write_json(args.json, result)
     if args.pushgateway:
@@ -108,9 +177,33 @@ def run(args) -> int:
 
         metrics.push_scaling(args.pushgateway, runs.new_run_id("scaling"), rows, args.mode)
     if args.plot:
-        plots.scaling(rows, args.mode, context, Path(args.plot))
+        plots.scaling(rows, args.mode, context, Path(args.plot), fitted)
         print(f"plot: {args.plot}", flush=True)
     return 0
+
+
+def oversubscription_note(largest: int, threads: int, available: int) -> str | None:
+    """What a CPU run past its cores measures, said where it happens.
+
+    >>> oversubscription_note(4, 1, 2)[:39]
+    '4 processes x 1 thread(s) need 4 cores;'
+    >>> oversubscription_note(2, 1, 2) is None
+    True
+    """
+    if largest * threads <= available:
+        return None
+    return (f"{largest} processes x {threads} thread(s) need {largest * threads} cores; this machine gives "
+            f"{available}, so beyond {max(1, available // threads)} processes they take turns on the same "
+            f"cores: measured and shown, but left out of the fit (each law assumes a processor per worker). "
+            f"On GPUs every rank has its own device.")
+
+
+def world_sizes(largest: int) -> list[int]:
+    """1, 2, 4, ... up to `largest`, and `largest` itself: the doublings a scaling law is read from."""
+    if largest < 1:
+        raise LabError(f"--max-world-size {largest}: need at least 1")
+    sizes = [n for n in (2 ** k for k in range(largest.bit_length())) if n <= largest]
+    return sizes if sizes[-1] == largest else [*sizes, largest]
 
 
 def _has_cuda() -> bool:
@@ -119,14 +212,10 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _world_sizes(limit: int | None) -> list[int]:
+def _available_workers() -> int:
     import torch
 
-    available = torch.cuda.device_count() if _has_cuda() else cores.available()
-    top = limit or available
-    if top < 1:
-        raise LabError(f"--max-world-size {top}: need at least 1")
-    return list(range(1, top + 1))
+    return torch.cuda.device_count() if _has_cuda() else cores.available()
 
 
 def _global_batch(args, n: int) -> int:
@@ -154,40 +243,46 @@ def worker(argv: list[str]) -> None:
     args = p.parse_args(argv)
     # Synthetic data sized for the steps, so no epoch boundary interrupts a block.
     cfg = harness.synthetic_config(config.load(args.config, args.overrides), args.global_batch,
-                                   batches=args.steps + args.warmup + 1)
+                                   batches=2 * args.steps + args.warmup + 1)
     with harness.trainer_session(cfg) as (ctx, trainer, dataset):
         batches = trainer.train_loader.forever()
 
-        def block(steps: int, sync: bool) -> float:
+        def block(kind: str, steps: int) -> float:
             def train() -> None:
                 for _ in range(steps):
-                    trainer.train_step(*next(batches), sync=sync)
+                    trainer.train_step(*next(batches), sync=kind == "step")
 
-            return harness.timed(ctx, train, barrier=True)
+            def forward_backward() -> None:  # no optimizer, no all-reduce: the compute alone
+                for _ in range(steps):
+                    trainer.forward_backward(*next(batches), sync=False)
 
-        block(args.warmup, True)
-        seconds = {True: 0.0, False: 0.0}
-        counted = {True: 0, False: 0}
-        half = max(1, args.steps // 4)
-        for sync in (True, False, True, False)[: 4 if ctx.distributed else 1]:
-            steps = half if ctx.distributed else args.steps
-            seconds[sync] += block(steps, sync)
-            counted[sync] += steps
-        step_seconds = seconds[True] / counted[True]
-        no_sync_seconds = seconds[False] / counted[False] if counted[False] else None
+            seconds = harness.timed(ctx, forward_backward if kind == "compute" else train, barrier=True)
+            trainer.optimizer.zero_grad(set_to_none=True)  # the compute blocks leave gradients summed up
+            return seconds
+
+        block("step", args.warmup)
+        quarter = max(1, args.steps // 4)
+        # Mirror order (A B C C B A): a drift of the machine over the blocks falls on every kind alike.
+        # At world size 1 there is no all-reduce to leave out, so no no_sync blocks.
+        order = [("step", quarter), ("no_sync", quarter), ("compute", quarter)] if ctx.distributed else \
+                [("step", max(1, args.steps // 2)), ("compute", quarter)]
+        seconds: dict[str, float] = {}
+        counted: dict[str, int] = {}
+        for kind, steps in [*order, *reversed(order)]:
+            seconds[kind] = seconds.get(kind, 0.0) + block(kind, steps)
+            counted[kind] = counted.get(kind, 0) + steps
         # Every rank's clock counts: the slowest rank sets the pace.
-        step_seconds = max(dist.all_gather_object(ctx, step_seconds))
-        if no_sync_seconds is not None:
-            no_sync_seconds = max(dist.all_gather_object(ctx, no_sync_seconds))
+        per_step = {kind: max(dist.all_gather_object(ctx, seconds[kind] / counted[kind])) for kind in seconds}
+        step_seconds, no_sync_seconds = per_step["step"], per_step.get("no_sync")
         if ctx.is_primary:
             runs.write_json(args.out, {
                 "world_size": ctx.world_size, "global_batch_size": args.global_batch,
                 "batch_size_per_rank": trainer.batch_size, "step_seconds": step_seconds,
-                "no_sync_step_seconds": no_sync_seconds,
+                "no_sync_step_seconds": no_sync_seconds, "compute_step_seconds": per_step["compute"],
                 "samples_per_second": args.global_batch / step_seconds,
                 "communication_share": max(0.0, 1 - no_sync_seconds / step_seconds) if no_sync_seconds else None,
                 "device": provenance.describe(ctx)["device_name"], "data": dataset.description.split(" (")[0],
-                "threads": torch.get_num_threads(), "timed_steps": counted[True]})
+                "threads": torch.get_num_threads(), "timed_steps": counted["step"]})
 
 
 if __name__ == "__main__":

@@ -112,8 +112,8 @@ def render(result: dict[str, Any]) -> str:
                      f"{r['estimate_bytes'] / mib:.2f} MiB | {r['measured_over_estimate']:.2f} | "
                      f"{r['peak_bytes'] / mib:.0f} MiB ({r['rest_bytes'] / mib:.0f}) | {r['samples_per_second']:.0f} | "
                      f"{gap} |")
-    lines.append("state = parameters + gradients + optimizer state held by one rank (a shard counts its own part); "
-                 "estimate: `lab memory` for fp32 SGD with momentum; loss gap: largest relative difference per step")
+    lines += ["", "state = parameters + gradients + optimizer state held by one rank (a shard counts its own part); "
+                  "estimate: `lab memory` for fp32 SGD with momentum; loss gap: largest relative difference per step."]
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ ARCHIVE = "cifar-10-python.tar.gz"
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 NUM_CLASSES = len(CLASSES)
 IMAGE_SHAPE = (3, 32, 32)
+TRAIN_SIZE = 50_000  # images in the five training batches
 
 try:  # numpy >= 2
     from numpy._core.multiarray import _reconstruct

@@ -39,15 +39,32 @@ def test_allreduce_gate_exits_3():
     assert "is below --min-busbw" in proc.stdout
 
 
-def test_scaling_one_and_two_processes(tmp_path):
-    lab("bench", "scaling", "--config", "smoke", "--set", "model.width=8", "--max-world-size", "2", "--steps", "4",
-        "--warmup", "1", "--batch-per-rank", "16", "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.png"))
-    rows = json.loads((tmp_path / "s.json").read_text())["rows"]
-    assert [(r["world_size"], r["global_batch_size"]) for r in rows] == [(1, 16), (2, 32)]
+def test_strong_scaling_one_and_two_processes_with_amdahls_fit(tmp_path):
+    proc = lab("bench", "scaling", "--mode", "strong", "--config", "smoke", "--set", "model.width=8",
+               "--max-world-size", "2", "--steps", "4", "--warmup", "1", "--global-batch", "32",
+               "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.png"))
+    result = json.loads((tmp_path / "s.json").read_text())
+    rows = result["rows"]
+    assert [(r["world_size"], r["global_batch_size"]) for r in rows] == [(1, 32), (2, 32)]
     one, two = rows
     assert two["efficiency"] == pytest.approx(two["samples_per_second"] / (2 * one["samples_per_second"]))
     assert two["karp_flatt"] == pytest.approx((1 / two["speedup"] - 1 / 2) / (1 - 1 / 2))
     assert one["communication_share"] is None and 0 <= two["communication_share"] < 1
+    # the three parts of a step add up to it; no all-reduce to expose at world size 1
+    for r in rows:
+        assert sum(r["breakdown"].values()) == pytest.approx(r["step_seconds"])
+    assert one["breakdown"]["exposed_communication_seconds"] == 0.0
+    # two points determine Amdahl's fraction exactly (it reproduces the measured speedup at 2), unless
+    # the speedup fell outside [1, 2] (noise, caches), where s stops at its bound
+    fit = result["amdahl"]
+    assert fit["points"] == 2 and "gustafson" not in result
+    s = fit["serial_fraction"]
+    if 1 <= two["speedup"] <= 2:
+        assert fit["residual_rms"] < 1e-6 and 1 / (s + (1 - s) / 2) == pytest.approx(two["speedup"], abs=1e-6)
+    else:
+        assert s == (0.0 if two["speedup"] > 2 else 1.0)
+    assert set(fit["projection"]) == {"8", "64", "512"}
+    assert "Amdahl's law fitted (least squares)" in proc.stdout
     with Image.open(tmp_path / "s.png") as png:
         png.verify()
 

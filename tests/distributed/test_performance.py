@@ -50,10 +50,10 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_cpu(tmp_path):
     # accumulation, a deterministic pair of runs and a stop-and-resume compared bit for bit.
     for step in ("doctor", "data path", "training", "DDP, 1 rank", "deterministic", "resume", "metrics"):
         assert status[step] == "passed", (step, result["steps"])
-    for step in ("host syncs", "DDP + compile", "all-reduce", "memory", "strategies"):  # CUDA-only, each says why
+    for step in ("host syncs", "DDP + compile", "all-reduce", "memory", "strategies", "levers"):  # CUDA-only, each says why
         assert status[step] == "skipped", (step, result["steps"])
     last = proc.stdout.strip().splitlines()
-    assert last[-1] == "7 step(s) passed, 5 skipped" and last[-14].startswith("# lab gpu-check")
+    assert last[-1] == "7 step(s) passed, 6 skipped" and last[-15].startswith("# lab gpu-check")
     assert (tmp_path / "g" / "ddp-1rank.log").read_text().startswith("$ ")  # each step's own output kept
 
 

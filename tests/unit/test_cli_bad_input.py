@@ -135,6 +135,8 @@ CASES = {
     "static graph with accumulation": (lambda t: ["train", *TINY, "--set", "dist.static_graph=true", "--set",
                                                   "train.grad_accum_steps=2"], "dist.static_graph: true cannot be"),
     "workshop of one process": (lambda t: ["workshop", "--nproc-per-node", "1"], "the workshop compares 1 process"),
+    "an unknown workshop part": (lambda t: ["workshop", "--only", "scaling,lunch"],
+                                 "--only scaling,lunch: unknown part lunch; choose from training, pitfalls"),
     "choose of an unreadable parameter count": (lambda t: ["choose", "--params", "seven billion"],
                                                 "--params 'seven billion' is not a parameter count; use e.g. 7B"),
     "choose with half the activation terms": (lambda t: ["choose", "--params", "7B", "--seq-len", "4096"],

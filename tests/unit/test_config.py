@@ -40,6 +40,15 @@ def test_int_accepted_for_float_fields():
     assert config.load(None, ["train.lr=1"]).train.lr == 1.0
 
 
+def test_scientific_notation_is_a_number_in_files_and_overrides(tmp_path):
+    # YAML 1.1 reads 5e-4 (no dot) as text; the course writes weight decay that way
+    (tmp_path / "c.yaml").write_text("train:\n  weight_decay: 5e-4\n")
+    assert config.load(tmp_path / "c.yaml").train.weight_decay == 5e-4
+    assert config.load(None, ["train.weight_decay=5E-4"]).train.weight_decay == 5e-4
+    with pytest.raises(ConfigError, match="expected a number"):
+        config.load(None, ["train.lr=fast"])
+
+
 @pytest.mark.parametrize("yaml_text, overrides, expected", [
     ("train:\n  lrr: 0.1\n", [], "c.yaml: train.lrr: unknown key; did you mean lr?"),
     ("trian:\n  lr: 0.1\n", [], "c.yaml: trian: unknown key; did you mean train?"),

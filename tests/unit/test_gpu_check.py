@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from lab import nvml
 from lab.bench import gpu_check
 
@@ -31,3 +33,17 @@ def test_the_table_counts_what_ran():
     assert lines[0] == "# lab gpu-check: NVIDIA H200 x 1; driver 570, CUDA 12.8, NCCL 2.26, torch 2.11.0"
     assert lines[1].split() == ["doctor", "passed", "7", "checks"]
     assert lines[-1] == "1 of 2 step(s) failed"
+
+
+def test_the_levers_line_reads_a_gpu_result(tmp_path, monkeypatch):
+    # No GPU here: the `lab bench levers` command is replaced by the 8-GPU result its own tests build (say so);
+    # what is checked is the line gpu-check makes of it.
+    from tests.distributed.test_levers import _gpu_result
+
+    check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=8)
+    monkeypatch.setattr(gpu_check.Check, "lab", lambda self, log, *args: (tmp_path / "levers.json").write_text(
+        json.dumps(_gpu_result())))
+    outcome = gpu_check.levers(check)
+    assert outcome.status == "passed"
+    assert "images/s vs fp32: bf16 2.00x, fp16 1.90x" in outcome.detail
+    assert "(float64) 2.0e-16" in outcome.detail and "NCCL_P2P_DISABLE=1 0.20x" in outcome.detail

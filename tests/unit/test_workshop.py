@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import lab
+from tests.markdown import problems
 
 
 def test_workshop_runs_everything_and_reports(tmp_path):
@@ -18,28 +19,63 @@ def test_workshop_runs_everything_and_reports(tmp_path):
                "--set", "train.log_every=4", "--set", "run.deterministic=true")
     [folder] = list(tmp_path.iterdir())
     result = json.loads((folder / "comparison.json").read_text())
-    assert result["runs"]["baseline"]["world_size"] == 1 and result["runs"]["ddp-2"]["world_size"] == 2
+    assert [result["runs"][name]["world_size"] for name in ("baseline", "ddp-2", "ddp-4")] == [1, 2, 4]
+    # the baseline stopped at step 8 and resumed: its curve is whole, its log says where it resumed
     assert [r["step"] for r in result["loss_at_matching_steps"]] == [4, 8, 12, 16]
+    assert "resuming from" in proc.stdout and "checkpoints/last.pt at step 8" in proc.stdout
     # Same global batch, same data order: the first interval's loss agrees closely even with BatchNorm.
     assert result["loss_at_matching_steps"][0]["max_relative_difference"] < 0.05
     assert "synthetic" in result["data"]
-    assert "| step | baseline loss | DDP x2 loss |" in proc.stdout
+    assert "| step | baseline loss | DDP x2 loss | DDP x4 loss |" in proc.stdout
     assert (folder / "comparison.md").read_text().strip() in proc.stdout
+    tour = json.loads((folder / "checkpoint.json").read_text())
+    assert tour["progress"]["step"] == 8 and tour["loads_into_plain_model"] == "yes" and not tour["module_prefix"]
+    assert {"model", "optimizer", "scheduler", "rng", "progress"} <= set(tour["parts"])
+    for name in ("set-epoch", "checkpoint-every-rank", "batchnorm", "uneven-batches"):
+        pitfall = json.loads((folder / f"pitfall-{name}.json").read_text())
+        assert pitfall["demonstrated"] is True, (name, pitfall["summary"])
+    assert not (folder / "pitfall-cuda-visible-devices.json").exists()  # a GPU host's step
 
-    for name in ("allreduce", "scaling", "memory", "strategies"):
-        assert json.loads((folder / f"{name}.json").read_text())["benchmark"] == name
+    for name in ("allreduce", "scaling-strong", "scaling-weak", "levers", "memory", "strategies"):
+        assert json.loads((folder / f"{name}.json").read_text())["benchmark"] == name.split("-")[0]
     report = (folder / "report.md").read_text()
     assert f"report: {folder / 'report.md'}" in proc.stdout
-    for section in ("## Training runs", "## All-reduce bus bandwidth", "## Scaling", "## Memory per device",
-                    "## Strategies side by side"):
+    for section in ("## Training runs", "## Baseline and DDP at one global batch", "## The baseline's checkpoint",
+                    "## Pitfalls", "### set-epoch (demonstrated)", "### uneven-batches (demonstrated)",
+                    "## All-reduce bus bandwidth", "## Strong scaling", "## Weak scaling", "## Levers",
+                    "## Memory per device", "## Strategies side by side"):
         assert section in report
+    assert problems(report) == []  # as GitHub and JupyterLab render it
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
-    assert set(images) == {"loss.png", "throughput.png", "allreduce.png", "scaling.png", "memory.png", "strategies.png"}
+    assert set(images) == {"loss.png", "throughput.png", "allreduce.png", "scaling-strong.png", "scaling-weak.png",
+                           "step-time-strong.png", "step-time-weak.png", "levers.png", "memory.png", "strategies.png"}
     for image in images:
         with Image.open(folder / image) as png:
             png.verify()  # a real PNG, not an empty file
     _strategies_shard_memory_and_agree_on_the_loss(json.loads((folder / "strategies.json").read_text()))
+    _scaling_fits_both_laws(folder)
 
+
+def test_workshop_runs_only_the_parts_asked_for(tmp_path):
+    proc = lab("workshop", "--config", "smoke", "--output-dir", str(tmp_path), "--only", "memory")
+    [folder] = list(tmp_path.iterdir())
+    assert "== 1/2 memory" in proc.stdout and "== 2/2 report" in proc.stdout
+    assert sorted(p.name for p in folder.glob("*.json")) == ["memory.json"]
+    assert "## Memory per device" in (folder / "report.md").read_text()
+
+
+def _scaling_fits_both_laws(folder):
+    """Strong and weak scaling over 1, 2 and 4 processes on this CPU, each with its law fitted."""
+    strong, weak = (json.loads((folder / f"scaling-{mode}.json").read_text()) for mode in ("strong", "weak"))
+    assert [r["world_size"] for r in strong["rows"]] == [1, 2, 4] == [r["world_size"] for r in weak["rows"]]
+    assert len({r["global_batch_size"] for r in strong["rows"]}) == 1
+    assert [r["global_batch_size"] // r["world_size"] for r in weak["rows"]] == [64, 64, 64]
+    for result, law in ((strong, "amdahl"), (weak, "gustafson")):
+        fit = result[law]
+        assert 0 <= fit["serial_fraction"] <= 1 and fit["residual_rms"] >= 0
+        assert set(fit["projection"]) == {"8", "64", "512"}
+        # processes past the cores are measured but not fitted
+        assert fit["points"] == sum(not r["oversubscribed"] for r in result["rows"])
 
 def _strategies_shard_memory_and_agree_on_the_loss(result):
     """The workshop's `lab bench strategies` step: DDP, FSDP and ZeRO-1/2/3 on 2 ranks, one torchrun job each."""
