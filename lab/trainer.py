@@ -164,11 +164,7 @@ class Trainer:
         batches = self.train_loader.epoch(self.epoch, start=self.step_in_epoch * accum)
         with self.strategy.uneven_inputs(self.plan.join):
             while self.step_in_epoch < my_steps and self.step < self.total_steps:
-                for micro in range(accum):
-                    inputs, labels = next(batches)
-                    self.forward_backward(inputs, labels, sync=micro == accum - 1, scale=1.0 / accum)
-                self.optimizer_step()
-                self.step += 1
+                self.accumulated_step(batches, accum)
                 self.step_in_epoch += 1
                 self.console.advance()
                 if self._profiler is not None:
@@ -198,12 +194,20 @@ class Trainer:
             self.strategy.backward(loss * scale, self.scaler)
         self.meter.add(loss, logits, labels)
 
-    def train_step(self, inputs: torch.Tensor, labels: torch.Tensor, sync: bool = True) -> None:
-        """One optimizer step on one batch, no accumulation: what the benchmarks time.
-        With sync=False the gradients stay local (DDP's no_sync), to time a step without communication."""
-        self.forward_backward(inputs, labels, sync=sync)
+    def accumulated_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], accum: int,
+                         sync: bool = True) -> None:
+        """One optimizer step from the next `accum` micro-batches of `batches` (drawn one at a time), each loss
+        scaled 1/accum; gradients are communicated with the last one only. With sync=False they stay local
+        (DDP's no_sync), to time a step without communication."""
+        for micro in range(accum):
+            inputs, labels = next(batches)
+            self.forward_backward(inputs, labels, sync=sync and micro == accum - 1, scale=1.0 / accum)
         self.optimizer_step()
         self.step += 1
+
+    def train_step(self, inputs: torch.Tensor, labels: torch.Tensor, sync: bool = True) -> None:
+        """One optimizer step on one batch, no accumulation: what the benchmarks time."""
+        self.accumulated_step(iter([(inputs, labels)]), 1, sync)
 
     def optimizer_step(self) -> None:
         self.strategy.step(self.optimizer, self.scheduler, self.scaler)

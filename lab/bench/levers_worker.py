@@ -50,17 +50,6 @@ def saved_activation_bytes(forward: Callable[[], object], leave_out: Iterable[to
     return sum(seen.values())
 
 
-def optimizer_step(trainer: Trainer, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], accum: int,
-                   communicate: bool) -> None:
-    """One optimizer step from `accum` micro-batches, as Trainer._train_epoch takes it: the last one synced
-    (none when not `communicate`: the no_sync twin), each loss scaled 1/accum."""
-    for micro in range(accum):
-        inputs, labels = next(batches)
-        trainer.forward_backward(inputs, labels, sync=communicate and micro == accum - 1, scale=1.0 / accum)
-    trainer.optimizer_step()
-    trainer.step += 1
-
-
 @dataclass
 class Timed:
     """A trainer being timed: its blocks' seconds, peaks and last loss."""
@@ -69,7 +58,7 @@ class Timed:
     trainer: Trainer
     accum: int
     communicate: bool
-    batches: Iterator = None  # type: ignore[assignment]
+    batches: Iterator = field(init=False)
     block_seconds: list[float] = field(default_factory=list)
     peak_bytes: int | None = None
     step_peak_bytes: int | None = None
@@ -81,7 +70,7 @@ class Timed:
     def steps_of(self, count: int) -> Callable[[], None]:
         def work() -> None:
             for _ in range(count):
-                optimizer_step(self.trainer, self.batches, self.accum, self.communicate)
+                self.trainer.accumulated_step(self.batches, self.accum, self.communicate)
         return work
 
 
@@ -140,8 +129,8 @@ def _equivalence(ctx, cfg: Config, dataset, accum: int, steps: int) -> dict[str,
         if not (torch.equal(torch.cat([x for x, _ in micro]), inputs)
                 and torch.equal(torch.cat([y for _, y in micro]), labels)):
             raise RuntimeError("levers: the accumulating trainer's micro-batches are not the whole batch split")
-        optimizer_step(whole, iter([(inputs, labels)]), 1, True)
-        optimizer_step(split, iter(micro), accum, True)
+        whole.train_step(inputs, labels)
+        split.accumulated_step(iter(micro), accum)
     with torch.no_grad():
         difference = max((a - b).abs().max().item() for a, b in zip(whole.model.parameters(),
                                                                        split.model.parameters()))
