@@ -23,8 +23,11 @@ lab: $(STAMP)
 
 # LAB_REQUIRE_DEEPSPEED=1: the DeepSpeed tests fail, not skip, when DeepSpeed is missing from .venv (it never is
 # after $(STAMP)); the lowest-torch venv has no DeepSpeed and skips them, saying why.
+# CI=true (.ci/run sets it): the container test's engine cache (~6 GB, nothing reuses it on a fresh machine) is
+# deleted before the second venv (~6 GB) is installed. With both, a CI machine's disk ran out (stop 21).
 test: $(STAMP) test-tools
 	LAB_REQUIRE_DEEPSPEED=1 $(BIN)/python -m pytest
+	@if [ "$${CI:-}" = true ]; then scripts/container-base.sh clean; fi
 	$(MAKE) test-torch-lowest
 
 # The lowest supported torch (pyproject.toml's floor; NGC 25.01's torch): the unit and distributed tests
@@ -33,6 +36,7 @@ test: $(STAMP) test-tools
 # slowest (they ran above, on the pinned torch). The course scripts stay: NGC 25.01's torch is this one.
 # From PyPI, whose x86_64 torch wheels are CUDA builds (~3 GB with their nvidia-* libraries, about 2 minutes
 # here): PyTorch's CPU-only index is not reachable from CI machines, which reach package registries only.
+# --no-cache-dir: the ~3 GB of wheels are not kept a second time in pip's cache.
 LOWEST_VENV  ?= .venv-torch-lowest
 LOWEST_TORCH ?= torch==2.6.0 torchvision==0.21.0
 LOWEST_STAMP := $(LOWEST_VENV)/.installed-stamp
@@ -43,9 +47,9 @@ LOWEST_SKIPS := --ignore=tests/unit/test_cli_bad_input.py --ignore=tests/unit/te
 
 $(LOWEST_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)
-	$(LOWEST_VENV)/bin/python -m pip install --quiet $(LOWEST_TORCH)
+	$(LOWEST_VENV)/bin/python -m pip install --quiet --no-cache-dir $(LOWEST_TORCH)
 	grep -v -E '^(torch|torchvision)==' constraints.txt > $(LOWEST_VENV)/constraints.txt
-	$(LOWEST_VENV)/bin/python -m pip install --quiet -c $(LOWEST_VENV)/constraints.txt -e '.[test]'
+	$(LOWEST_VENV)/bin/python -m pip install --quiet --no-cache-dir -c $(LOWEST_VENV)/constraints.txt -e '.[test]'
 	@touch $(LOWEST_STAMP)
 
 .PHONY: test-torch-lowest
