@@ -9,14 +9,16 @@ builds tensors and plain containers only and refuses to run code from the file.
 from __future__ import annotations
 
 import io
+import os
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lab import atomic
-from lab.errors import CheckpointError
+from lab.errors import CheckpointError, LabError
 
 FORMAT = 1
 LAST = "last.pt"
@@ -26,6 +28,44 @@ TRAINER_PART = "trainer.pt"
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (the run fails; what was saved before is untouched)."""
+
+
+def run_folder(checkpoint_dir: str, run_id: str, default: Path) -> Path:
+    """Where a run keeps its checkpoints: <checkpoint.dir>/<run id>/ when checkpoint.dir is set, else `default`
+    (the run directory's checkpoints/, on the node that holds global rank 0).
+
+    >>> run_folder("", "r1", Path("runs/r1/checkpoints")).as_posix()
+    'runs/r1/checkpoints'
+    >>> run_folder("/shared/lab", "r1", Path("runs/r1/checkpoints")).as_posix()
+    '/shared/lab/r1'
+    """
+    return Path(checkpoint_dir) / run_id if checkpoint_dir else default
+
+
+def prepare_folder(folder: Path) -> Path:
+    """A checkpoint folder outside the run directory (checkpoint.dir): created and proved writable now, not
+    after an hour of training, and cleared of the temporary files a save killed midway left (lab.atomic's
+    `*.tmp-*`: nothing writes them while rank 0 starts the run)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"\0" * 4096)
+        probe.unlink()
+    except OSError as exc:
+        raise LabError(f"checkpoint.dir: cannot write to {folder} ({exc.strerror or exc}); choose a writable "
+                       f"folder (every node's, for a multi-node run) with --set checkpoint.dir=DIR") from None
+    for tmp in folder.glob("*.tmp-*"):
+        tmp.unlink(missing_ok=True)
+    return folder
+
+
+def check_space(folder: Path, need_bytes: int, what: str) -> None:
+    """Refuse to start when checkpoint.dir's file system cannot hold `need_bytes` more."""
+    free = shutil.disk_usage(folder).free
+    if free < need_bytes:
+        raise LabError(f"checkpoint.dir: {folder} has {free / 2**20:.1f} MiB free but this run needs about "
+                       f"{need_bytes / 2**20:.1f} MiB ({what}); free some space or choose another folder with "
+                       f"--set checkpoint.dir=DIR")
 
 
 def save(path: str | Path, state: dict) -> Path:

@@ -135,31 +135,53 @@ def _add_workshop(commands) -> None:
 
 def _add_bench(commands) -> None:
     bench = commands.add_parser("bench",
-                                help="benchmarks: all-reduce, scaling, levers, data pipeline, metrics overhead, "
-                                     "GPU check")
+                                help="benchmarks: all-reduce and the other collectives, scaling, levers, data "
+                                     "pipeline, metrics overhead, GPU check")
     benchmarks = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser, metavar="NAME")
-    for add in (_add_allreduce, _add_scaling, _add_strategies, _add_levers, _add_pipeline, _add_gpu_check,
-                _add_overhead):
+    for add in (_add_allreduce, _add_collective, _add_scaling, _add_strategies, _add_levers, _add_pipeline,
+                _add_gpu_check, _add_overhead):
         add(benchmarks)
+
+
+def _nccl_tests_args(p: argparse.ArgumentParser, op_help: str, op_default: str | None) -> None:
+    """The options `lab bench allreduce` and `lab bench collective` share: nccl-tests' -b -e -f -n -w, the type,
+    the reduction, JSON, the gate, the reference link and --nproc-per-node."""
+    p.add_argument("-b", "--minbytes", default="8", help="smallest size, bytes with K/M/G (default 8)")
+    p.add_argument("-e", "--maxbytes", default="256M", help="largest size (default 256M)")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplication factor (default 2)")
+    p.add_argument("-n", "--iters", type=at_least(1), default=20, help="timed iterations per size (default 20)")
+    p.add_argument("-w", "--warmup-iters", type=at_least(0), default=5, help="warm-up iterations (default 5)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--op", default=op_default, choices=["sum", "avg", "max"], help=op_help)
+    p.add_argument("--json", metavar="PATH", help="write rows and environment as JSON")
+    p.add_argument("--min-busbw", type=float, metavar="GBPS", help="exit 3 when the average busbw is lower")
+    p.add_argument("--link", help="reference link for the busbw ratio (nvlink4, ndr-ib, pcie5, ...)")
+    p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N", help="start torchrun with N processes")
+    # The worker side of --nproc-per-node: the parent judges --min-busbw from the JSON, so workers exit 0.
+    p.add_argument("--gate-in-parent", action="store_true", help=argparse.SUPPRESS)
 
 
 def _add_allreduce(benchmarks) -> None:
     allreduce = benchmarks.add_parser("allreduce", help="all-reduce bus bandwidth with nccl-tests' columns")
-    allreduce.add_argument("-b", "--minbytes", default="8", help="smallest size, bytes with K/M/G (default 8)")
-    allreduce.add_argument("-e", "--maxbytes", default="256M", help="largest size (default 256M)")
-    allreduce.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplication factor (default 2)")
-    allreduce.add_argument("-n", "--iters", type=at_least(1), default=20, help="timed iterations per size (default 20)")
-    allreduce.add_argument("-w", "--warmup-iters", type=at_least(0), default=5, help="warm-up iterations (default 5)")
-    allreduce.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    allreduce.add_argument("--op", default="sum", choices=["sum", "avg", "max"])
-    allreduce.add_argument("--json", metavar="PATH", help="write rows and environment as JSON")
-    allreduce.add_argument("--min-busbw", type=float, metavar="GBPS", help="exit 3 when the average busbw is lower")
-    allreduce.add_argument("--link", help="reference link for the busbw ratio (nvlink4, ndr-ib, pcie5, ...)")
-    allreduce.add_argument("--nproc-per-node", type=PROCESSES, metavar="N", help="start torchrun with N processes")
+    _nccl_tests_args(allreduce, "the reduction (default sum)", "sum")
     allreduce.add_argument("--pushgateway", metavar="HOST:PORT", help="push busbw per size to a Prometheus Pushgateway")
-    # The worker side of --nproc-per-node: the parent judges --min-busbw from the JSON, so workers exit 0.
-    allreduce.add_argument("--gate-in-parent", action="store_true", help=argparse.SUPPRESS)
     allreduce.set_defaults(handler=handlers.allreduce)
+
+
+def _add_collective(benchmarks) -> None:
+    collective = benchmarks.add_parser(
+        "collective", help="bus bandwidth of all_reduce, all_gather, reduce_scatter, broadcast, alltoall or "
+                           "sendrecv with nccl-tests' columns",
+        description="nccl-tests' table for one collective, a comma list or all of them, in one torchrun job: "
+                    "size as nccl-tests defines it per op, algbw = size / time, busbw = algbw x 2(n-1)/n "
+                    "(all_reduce), (n-1)/n (all_gather, reduce_scatter, alltoall) or 1 (broadcast, sendrecv). "
+                    "With several ops, --json PATH writes PATH-OP.json per op. gloo has no real reduce-scatter: "
+                    "named, it is refused; `all` leaves it out.")
+    collective.add_argument("collectives", metavar="OP",
+                            help="all_reduce, all_gather, reduce_scatter, broadcast, alltoall, sendrecv, a comma "
+                                 "list of them, or all")
+    _nccl_tests_args(collective, "the reduction of all_reduce and reduce_scatter (default sum)", None)
+    collective.set_defaults(handler=handlers.collective)
 
 
 def _add_scaling(benchmarks) -> None:

@@ -126,6 +126,9 @@ class DistConfig:
 @dataclass(frozen=True)
 class CheckpointConfig:
     every_steps: int = knob(0, "Write runs/<id>/checkpoints/last.pt every this many steps (0: only at the end).", min=0)
+    dir: str = knob("", "Folder for checkpoints, one sub-folder per run id (<dir>/<id>/last.pt); empty: the run "
+                        "directory's checkpoints/. On a file system every node shares, a restart whose rank 0 "
+                        "lands on another node resumes instead of starting over.")
     resume: str = knob("auto", "auto: resume from this run id's last.pt when it exists; never; or a checkpoint path.")
     save: bool = knob(True, "Write checkpoints at all.")
 
@@ -134,7 +137,9 @@ class CheckpointConfig:
 class MetricsConfig:
     port_base: int = knob(0, "Each rank serves Prometheus /metrics on port_base + local_rank (0: no exporter).",
                           min=0, max=65535)
-    bind_address: str = knob("127.0.0.1", "Address the exporters listen on; 0.0.0.0 to be scraped from other hosts.")
+    bind_address: str = knob("127.0.0.1", "Address the exporters listen on; 0.0.0.0 to be scraped from other hosts. "
+                                          "On a multi-node run loopback becomes 0.0.0.0, and the file_sd targets "
+                                          "name the node's address (multinode.yml passes lab_node_address).")
     pushgateway: str = knob("", "host:port of a Prometheus Pushgateway for the run summary (empty: no push).")
     targets_dir: str = knob("", "Also write the run's Prometheus file_sd target file here (a directory Prometheus "
                                 "globs); empty: only runs/<id>/prometheus-targets.json.")

@@ -12,10 +12,18 @@ Exit 0 when no check failed (warnings are allowed), 1 when one did. `--json PATH
 found (GPU count and names, versions, /dev/shm size, interfaces): the Ansible
 preflight role runs this on every node and reads that file. torch is imported
 inside the checks, so a host without it gets a failed check, not a traceback.
+
+Checks that only matter across hosts read the run's shape from the environment:
+LAB_NNODES (N or MIN:MAX) and LAB_RDZV_ENDPOINT (HOST:PORT), which the preflight
+role sets, else torchrun's GROUP_WORLD_SIZE (the nodes of the worker group):
+
+    $ LAB_NNODES=2 LAB_RDZV_ENDPOINT=10.0.0.11:29400 lab doctor
+    fail  hostname   dgx-01 resolves to 127.0.1.1 (loopback) and GLOO_SOCKET_IFNAME is unset: ...
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import platform
@@ -112,6 +120,73 @@ def check_interfaces(env: Mapping[str, str], names: list[str]) -> list[Check]:
     return checks
 
 
+def resolve_host(name: str) -> list[str]:
+    """The addresses `name` resolves to, in the resolver's order (/etc/hosts first on most hosts); [] if none."""
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except OSError:  # socket.gaierror: the name does not resolve
+        return []
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _is_loopback(address: str) -> bool:
+    """
+    >>> [_is_loopback(a) for a in ("127.0.1.1", "::1", "localhost", "10.0.0.11", "dgx-01")]
+    [True, True, True, False, False]
+    """
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:  # a host name, not an address
+        return False
+
+
+def run_nodes(env: Mapping[str, str]) -> tuple[int, str | None]:
+    """(the most nodes the run may have, the rendezvous host when known) from LAB_NNODES and LAB_RDZV_ENDPOINT
+    (the preflight role's) or torchrun's GROUP_WORLD_SIZE; (1, None) outside both.
+
+    >>> run_nodes({"LAB_NNODES": "1:4", "LAB_RDZV_ENDPOINT": "[::1]:29400"})
+    (4, '::1')
+    >>> run_nodes({"GROUP_WORLD_SIZE": "2"})
+    (2, None)
+    """
+    name = "LAB_NNODES" if env.get("LAB_NNODES") else "GROUP_WORLD_SIZE"
+    spec = env.get(name) or "1"
+    counts = spec.split(":")
+    if len(counts) > 2 or not all(c.isdigit() and int(c) > 0 for c in counts):
+        raise LabError(f"{name}: {spec!r} is not a node count; use N or MIN:MAX, e.g. 2 or 1:4")
+    endpoint = env.get("LAB_RDZV_ENDPOINT", "")
+    host = endpoint.rpartition(":")[0].strip("[]") if ":" in endpoint else endpoint
+    return int(counts[-1]), host or None
+
+
+def check_hostname(env: Mapping[str, str], hostname: str | None = None) -> Check:
+    """gloo without GLOO_SOCKET_IFNAME binds to the first address this host's name resolves to and gives it to
+    the other ranks. Debian's `127.0.1.1 <host name>` line in /etc/hosts makes that a loopback address, so a
+    rank on another node connects to itself and the gloo group hangs until its timeout; a name that does not
+    resolve falls back to the loopback address too. Fatal only in a run across hosts: a rendezvous on a
+    loopback address means every node is this machine (the local two-node inventory)."""
+    hostname = hostname or socket.gethostname()
+    addresses = resolve_host(hostname)
+    first = addresses[0] if addresses else None
+    detail = f"{hostname} resolves to {', '.join(addresses)}" if addresses else f"{hostname} does not resolve"
+    if first is not None and not _is_loopback(first):
+        return Check("hostname", "ok", detail)
+    gloo = env.get("GLOO_SOCKET_IFNAME")
+    if gloo:
+        return Check("hostname", "ok", f"{detail}; gloo binds GLOO_SOCKET_IFNAME={gloo} instead")
+    nodes, rdzv_host = run_nodes(env)
+    if nodes <= 1 or (rdzv_host is not None and _is_loopback(rdzv_host)):
+        return Check("hostname", "ok", f"{detail} (loopback: fine while every rank runs on this host)")
+    offered = first or "127.0.0.1"
+    return Check("hostname", "fail",
+                 f"{detail} ({'loopback' if first else 'gloo falls back to the loopback address'}) and "
+                 f"GLOO_SOCKET_IFNAME is unset: in this {nodes}-node run gloo would give {offered} to the other nodes",
+                 "set GLOO_SOCKET_IFNAME to the cluster interface (lab_env in the inventory), or map the host "
+                 "name to its cluster address in /etc/hosts")
+
+
 def check_shm(min_bytes: int, path: str = "/dev/shm") -> tuple[Check, int | None]:
     try:
         st = os.statvfs(path)
@@ -196,6 +271,7 @@ def run_checks(ports: list[int], output_dir: str, expect_gpus: int | None = None
     checks.append(check_output_dir(output_dir))
     facts["interfaces"] = interfaces()
     checks += check_interfaces(env, facts["interfaces"])
+    checks.append(check_hostname(env))
     facts.update(host=socket.gethostname(), python=platform.python_version())
     return checks, facts
 

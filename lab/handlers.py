@@ -142,24 +142,36 @@ def doctor(args: argparse.Namespace) -> int:
     return checks.run(args.port, args.output_dir, args.expect_gpus, args.min_shm, args.json)
 
 
-# ----------------------------------------------------------------------------- all-reduce
+# ----------------------------------------------------------------------------- all-reduce and the collectives
 
 
 def allreduce(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None:
-        return _relaunch_allreduce(args)
+        return _relaunch_collectives(args, "allreduce")
     from lab.bench import allreduce as bench
 
     return bench.run(args)
 
 
-def _relaunch_allreduce(args: argparse.Namespace) -> int:
-    """Run this same command under torchrun with --nproc-per-node workers. The gate is judged here, from
-    the result file (the workers get --gate-in-parent), because torchrun reports any worker's non-zero
-    exit as its own failure."""
+def collective(args: argparse.Namespace) -> int:
+    from lab.bench import collective_perf
+
+    if args.nproc_per_node is not None:
+        return _relaunch_collectives(args, "collective")
+    return collective_perf.run(args, "collective")
+
+
+def _relaunch_collectives(args: argparse.Namespace, benchmark: str) -> int:
+    """Run this same command under torchrun with --nproc-per-node workers. Bad input is refused here first
+    (one line, exit 2, rather than every worker's failure). The gate is judged here, from the result files
+    (the workers get --gate-in-parent), because torchrun reports any worker's non-zero exit as its own failure."""
     from lab import launch
+    from lab.bench import collective_perf
 
     _check_not_nested()
+    request = collective_perf.plan(args, benchmark)
+    if args.nproc_per_node < 2:
+        raise collective_perf.one_rank(benchmark)
     tail = [*without_option(args.argv, "--nproc-per-node"), "--gate-in-parent"]
     with tempfile.TemporaryDirectory() as tmp:
         result_path = args.json or os.path.join(tmp, "result.json")
@@ -168,8 +180,11 @@ def _relaunch_allreduce(args: argparse.Namespace) -> int:
         command = launch.torchrun_command(args.nproc_per_node, ["-m", "lab", *tail])
         if launch.run(command, args.nproc_per_node) != 0:
             return EXIT_FAILED
-        with open(result_path) as f:
-            return EXIT_GATE_MISSED if json.load(f).get("gate_missed") else EXIT_OK
+        gate_missed = False
+        for path in collective_perf.json_paths(result_path, request.names).values():
+            with open(path) as f:
+                gate_missed |= bool(json.load(f).get("gate_missed"))
+        return EXIT_GATE_MISSED if gate_missed else EXIT_OK
 
 
 def without_option(argv: list[str], option: str) -> list[str]:

@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,14 +134,22 @@ def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None =
     rdzv = rendezvous or Rendezvous()
     print(f"$ {shlex.join(command)}", flush=True)
     started = time.monotonic()
-    proc = subprocess.Popen(command, env={**worker_env(nproc_per_node), **(extra_env or {})})
+    multi_node = rdzv.endpoint is not None
+    proc = subprocess.Popen(command, env={**worker_env(nproc_per_node), **(extra_env or {})},
+                            stderr=subprocess.PIPE if multi_node else None, text=multi_node,
+                            bufsize=1 if multi_node else -1)  # line by line: the log keeps its order
+    folder = StackFolder()
+    relay = threading.Thread(target=folder.relay, args=(proc.stderr, sys.stderr), daemon=True) if multi_node else None
+    if relay is not None:
+        relay.start()
     previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     roll_call = None
     try:
         if rdzv.endpoint is not None:
             host, port = rdzv.host_port
-            roll_call = RollCall(host, int(port), rdzv.run_id or "default", rdzv.join_timeout_or_default).start()
+            roll_call = RollCall(host, int(port), rdzv.run_id or "default", rdzv.join_timeout_or_default,
+                                 expected=rdzv.min_nodes).start()
         status = proc.wait()
     finally:
         for sig, handler in previous.items():
@@ -149,10 +159,57 @@ def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None =
             proc.wait()
         if roll_call is not None:
             roll_call.stop()
+        if relay is not None:
+            relay.join(timeout=5)
+    if status == 0 and folder.warnings:
+        print(f"lab launch: the run succeeded; the {folder.warnings} c10d warning(s) above ({folder.folded} lines of "
+              f"C++ stack left out) are torchrun's agents closing the rendezvous after the store on the head had "
+              f"gone: harmless", file=sys.stderr, flush=True)
     if (roll_call is not None and status != 0 and (roll_call.arrived or 0) < rdzv.min_nodes
             and time.monotonic() - started >= rdzv.join_timeout_or_default):
         print(rendezvous_failure(rdzv, roll_call.arrived), file=sys.stderr, flush=True)
     return status
+
+
+class StackFolder:
+    """Relays torchrun's stderr, leaving out the C++ stack c10d prints under each of its warnings (the warning
+    line itself stays). When one node's agent outlives the rendezvous store (hosted by another agent, which
+    exits first at the end of every run), closing the rendezvous fails with such a warning and ~20 frames of
+    C++ addresses: a page of noise at the end of a log whose run succeeded.
+
+    >>> folder = StackFolder()
+    >>> lines = ["[W1201 11:08:44.93 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=3): got 0 bytes",
+    ...          "Exception raised from recvBytes at Utils.hpp:790 (most recent call first):",
+    ...          "frame #0: c10::Error::Error(...) + 0x9d (0x7fcb in libc10.so)", "<omitting python frames>", "",
+    ...          "W1201 11:08:44.430000 29708 dynamic_rendezvous.py:1298] The node has failed to shutdown", ""]
+    >>> [line for line in lines if folder.keep(line)], folder.warnings, folder.folded
+    (['[W1201 11:08:44.93 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=3): got 0 bytes', 'W1201 11:08:44.430000 29708 dynamic_rendezvous.py:1298] The node has failed to shutdown', ''], 1, 4)
+    """
+
+    WARNING = re.compile(r"^\[W\d{4} \S+ \S+\] \[c10d\] ")
+    STACK = re.compile(r"^(Exception raised from .*|frame #\d+: .*|<omitting python frames>|)$")
+
+    def __init__(self) -> None:
+        self.warnings = 0  # c10d warnings seen
+        self.folded = 0  # stack lines left out
+        self._under_warning = False
+
+    def keep(self, line: str) -> bool:
+        if self.WARNING.match(line):
+            self.warnings += 1
+            self._under_warning = True
+            return True
+        if self._under_warning and self.STACK.match(line):
+            self.folded += 1
+            return False
+        self._under_warning = False
+        return True
+
+    def relay(self, source, sink) -> None:
+        for line in source:
+            if self.keep(line.rstrip("\n")):
+                sink.write(line)
+                sink.flush()
 
 
 def rendezvous_failure(rdzv: Rendezvous, arrived: int | None) -> str:

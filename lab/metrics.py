@@ -7,22 +7,24 @@ sum over `rank` is the run's total:
 
     sum by (run_id) (lab_train_samples_per_second)       # images/s of the whole run
 
-Each rank serves /metrics on `metrics.port_base + local_rank`. The trainer calls the
-exporter at log intervals with numbers it has already synced: no extra host sync.
+Each rank serves /metrics on `metrics.port_base + local_rank`, at the address `listen_address`
+chooses (reachable from other hosts on a multi-node run). The trainer calls the exporter at log
+intervals with numbers it has already synced: no extra host sync.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, push_to_gateway, start_http_server
 
-from lab import __version__, atomic
+from lab import __version__, atomic, torchrun_env
 
 LABELS = ("run_id", "rank", "node")
 GPU_LABELS = (*LABELS, "gpu")
@@ -90,13 +92,16 @@ class NullExporter:
 
 class RankExporter(NullExporter):
     def __init__(self, port: int, bind_address: str, labels: dict[str, str], device, info: dict[str, str],
-                 say=print) -> None:
+                 say=print, advertise: str | None = None) -> None:
+        """Serve on bind_address:port; `advertise` is the host other machines reach it by (default: the bind
+        address, or this host's name for a wildcard)."""
         self.registry = CollectorRegistry()
         self.series = _Definitions(self.registry)
         self.labels, self.device = labels, device
         self.server, self._thread = start_http_server(port, addr=bind_address, registry=self.registry)
         self.port = self.server.server_port
-        host = bind_address if bind_address not in ("0.0.0.0", "::", "") else socket.getfqdn()
+        host = advertise or (bind_address if not _is_wildcard(bind_address) else socket.getfqdn())
+        host = f"[{host}]" if ":" in host else host  # an IPv6 literal in a URL or a file_sd target
         self.endpoint = f"http://{host}:{self.port}/metrics"
         self._address = f"{host}:{self.port}"
         self.series.info.labels(**labels).info(info)
@@ -178,16 +183,82 @@ class _Nvml:
         series.gpu_utilization.labels(**gpu).set(utilization.gpu / 100)
 
 
+class Listen(NamedTuple):
+    bind: str        # the address the exporter listens on
+    advertise: str   # the host its file_sd target names: where another host's Prometheus finds it
+    reason: str      # why, when it is not metrics.bind_address as given ('' when it is)
+
+
+def _is_wildcard(address: str) -> bool:
+    return address in ("0.0.0.0", "::", "")
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False  # a host name: it may well resolve to this host, but other hosts use it to reach it
+
+
+def route_address(peer: str) -> str | None:
+    """This host's address on its route to `peer` (a UDP connect picks the route and sends nothing)."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(peer, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(sockaddr)
+            return probe.getsockname()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def listen_address(bind_address: str, multi_node: bool, head: str,
+                   route: Callable[[str], str | None] | None = None) -> Listen:
+    """Where a rank's exporter listens and the host its file_sd entry advertises.
+
+    `head` is the host the workers rendezvous at (torchrun's MASTER_ADDR). On one node everything stays as
+    configured: loopback by default, and a wildcard advertised by host name (compose resolves `lab`). On a
+    multi-node run the targets must be reachable from another host's Prometheus:
+
+    - a specific address (the launch role passes the node's, lab_node_address): listen and advertise there;
+    - a wildcard: advertise the node's address, the one it reaches the head from;
+    - loopback while the head is another host (a loopback exporter could only be scraped from its own node):
+      listen on 0.0.0.0 and advertise the node's address. When the head itself is a loopback address, every
+      "node" shares this host (the local two-node inventory) and loopback is right.
+
+    The node's address falls back to this host's name when the route gives none, or only loopback (a head
+    named by a host name that /etc/hosts maps to 127.0.1.1 on the head itself).
+    """
+    specific = not _is_wildcard(bind_address) and not _is_loopback(bind_address)
+    all_on_this_host = _is_loopback(bind_address) and _is_loopback(head)
+    if not multi_node or specific or all_on_this_host:
+        return Listen(bind_address, "", "")
+
+    def node_address() -> str:
+        address = (route or route_address)(head)
+        return address if address and not _is_loopback(address) else socket.getfqdn()
+
+    if _is_wildcard(bind_address):
+        return Listen(bind_address, node_address(), "")
+    return Listen("0.0.0.0", node_address(),
+                  f"metrics.bind_address={bind_address} cannot be scraped from the other nodes of this run")
+
+
 def start(cfg, ctx, run_id: str, info: dict[str, str], say=print) -> NullExporter:
     """This rank's exporter, or a null one when metrics are off or its port is taken (one warning)."""
     if not cfg.port_base:
         return NullExporter()
     port = cfg.port_base + ctx.local_rank
     labels = {"run_id": run_id, "rank": str(ctx.global_rank), "node": socket.gethostname()}
+    listen = listen_address(cfg.bind_address, multi_node=ctx.world_size > ctx.local_world_size,
+                            head=torchrun_env.store_endpoint()[0])
+    if listen.reason:
+        say(f"metrics: {listen.reason}: the exporters listen on {listen.bind} and advertise {listen.advertise}")
     try:
-        return RankExporter(port, cfg.bind_address, labels, ctx.device, info, say)
+        return RankExporter(port, listen.bind, labels, ctx.device, info, say, advertise=listen.advertise or None)
     except OSError as exc:
-        print(f"warning: metrics: rank {ctx.global_rank} cannot serve on {cfg.bind_address}:{port} ({exc.strerror}); "
+        print(f"warning: metrics: rank {ctx.global_rank} cannot serve on {listen.bind}:{port} ({exc.strerror}); "
               f"training goes on without its exporter", file=sys.stderr, flush=True)
         return NullExporter()
 

@@ -63,6 +63,22 @@ def bus_bandwidth(rows: list[dict[str, Any]], link_gbps: float | None, link: str
     return _finish(fig, ax, "All-reduce bus bandwidth against message size", context, path)
 
 
+def collectives_bus_bandwidth(results: list[dict[str, Any]], context: str, path: Path) -> Path:
+    """Bus bandwidth against size, a line per `lab bench collective` result: out-of-place solid, in-place
+    dotted in the same colour."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, r in enumerate(results):
+        color, rows = f"C{i % 10}", r["rows"]
+        sizes = [row["size"] for row in rows]
+        ax.plot(sizes, [row["oop_busbw"] for row in rows], marker="o", color=color, label=r["collective"])
+        ax.plot(sizes, [row["ip_busbw"] for row in rows], linestyle=":", color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes, as nccl-tests counts it per collective)")
+    ax.set_ylabel("bus bandwidth (GB/s, 1e9 bytes)")
+    ax.legend(fontsize=8, title="solid: out-of-place, dotted: in-place", title_fontsize=8)
+    return _finish(fig, ax, "Collectives: bus bandwidth against size", context, path)
+
+
 def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path,
             fit: dict[str, Any] | None = None) -> Path:
     """Throughput and speedup against N: measured points, the ideal, and (given `fit`, lab.scaling_laws'

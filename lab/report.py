@@ -1,7 +1,8 @@
 """`lab report DIR...`: report.md and PNG plots from run directories and benchmark results.
 
 A DIR is a run directory (it has manifest.json), a folder of them (a workshop), or
-a benchmark result JSON (`lab bench allreduce --json`, `lab bench scaling --json` in either mode,
+a benchmark result JSON (`lab bench allreduce --json`, `lab bench collective --json` (one file per op;
+all of them drawn in one plot), `lab bench scaling --json` in either mode,
 `lab memory --json`, `lab bench strategies --json`, `lab bench levers --json`); folders are searched one
 level down for both. Every figure says what was measured, its units, and on what: data source, device,
 world size. The Markdown is what GitHub and JupyterLab render: a blank line ends every table, and the
@@ -27,7 +28,11 @@ def result_key(doc: dict[str, Any]) -> str | None:
 
     >>> result_key({"benchmark": "scaling", "mode": "strong"}), result_key({"pitfall": "set-epoch"})
     ('scaling-strong', 'pitfall-set-epoch')
+    >>> result_key({"benchmark": "collective", "collective": "all_gather"})
+    'collective-all_gather'
     """
+    if doc.get("benchmark") == "collective":  # one file per op: each its own result, drawn together
+        return f"collective-{doc.get('collective')}"
     if doc.get("benchmark") in BENCHMARKS:
         # strong and weak scaling are two results of one benchmark
         return f"scaling-{doc.get('mode', 'weak')}" if doc["benchmark"] == "scaling" else doc["benchmark"]
@@ -37,6 +42,8 @@ def result_key(doc: dict[str, Any]) -> str | None:
         return "comparison"
     if "loads_into_plain_model" in doc:  # the workshop's look into the baseline's checkpoint
         return "checkpoint"
+    if doc.get("check") == "validate":  # the playbook's validate role (validate.json)
+        return "validate"
     return None
 
 
@@ -59,6 +66,9 @@ def collect(paths: list[str]) -> tuple[list[Path], dict[str, dict[str, Any]]]:
             add_json(path)
         elif (path / "manifest.json").exists():
             run_dirs.append(path)
+            validate = path / "validate.json"  # a multi-node run's fabric check, beside its records
+            if validate.exists():
+                add_json(validate)
         elif path.is_dir():
             run_dirs += sorted(p.parent for p in path.glob("*/manifest.json"))
             for candidate in sorted(path.glob("*.json")):
@@ -79,6 +89,8 @@ def build(paths: list[str], out_dir: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     sections = [f"# Report\n\nGenerated {datetime.datetime.now():%Y-%m-%d %H:%M} by lab {__version__} "
                 f"(git {runs.git_revision() or 'unknown'}).\n"]
+    if "validate" in benchmarks:
+        sections.append(_validate(benchmarks["validate"]))
     if run_dirs:
         sections.append(_training(run_dirs, out))
     if "comparison" in benchmarks:
@@ -90,6 +102,9 @@ def build(paths: list[str], out_dir: str | None = None) -> Path:
         sections.append(_pitfalls(pitfalls, out))
     if "allreduce" in benchmarks:
         sections.append(_allreduce(benchmarks["allreduce"], out))
+    collectives = [benchmarks[k] for k in benchmarks if k.startswith("collective-")]
+    if collectives:
+        sections.append(_collectives(collectives, out))
     for mode in ("strong", "weak"):
         if f"scaling-{mode}" in benchmarks:
             sections.append(_scaling(benchmarks[f"scaling-{mode}"], out))
@@ -103,6 +118,39 @@ def build(paths: list[str], out_dir: str | None = None) -> Path:
     runs_text = "\n".join(sections)
     report.write_text(runs_text)
     return report
+
+
+def _validate(result: dict[str, Any]) -> str:
+    """The playbook's fabric check (validate.json): every all-reduce it ran against its floor, then the
+    health readings, then what failed."""
+    def busbw(value: Any) -> str:
+        return "did not run" if value is None else f"{value:.3g}"
+
+    lines = ["## Fabric validation", "",
+             f"The validate role ran `lab bench allreduce` before the job: {result['definitions']['busbw']}; "
+             f"the floor is {result['definitions']['floor']}. Verdict: "
+             f"{'passed' if result['ok'] else 'FAILED'}.", "",
+             "| check | nodes | ranks | busbw (GB/s) | floor (GB/s) | verdict |", "|---|---|---:|---:|---:|---|"]
+    for node, record in result["nodes"].items():
+        for pair in record["pairs"]:
+            what = "two CPU processes" if pair["pair"] == "cpu" else f"GPU pair {pair['pair']}"
+            lines.append(f"| {what} | {node} | 2 | {busbw(pair['avg_busbw'])} | {pair['floor']:g} | "
+                         f"{'ok' if pair['ok'] else 'below'} |")
+    across = ([("all nodes", result["all_nodes"])] if result.get("all_nodes") else []) + list(result["ring"].items())
+    for name, check in across:
+        lines.append(f"| {'ring pair' if name != 'all nodes' else name} | {', '.join(check['hosts'])} | "
+                     f"{check['world_size']} | {busbw(check['avg_busbw'])} | {check['floor']:g} | "
+                     f"{'ok' if check['ok'] else 'below'} |")
+    lines += ["", "| node | GPUs | DCGM diagnostic | XID events since boot | uncorrected ECC errors |",
+              "|---|---:|---|---|---|"]
+    for node, record in result["nodes"].items():
+        health = record["health"]
+        lines.append(f"| {node} | {record['gpus']} | {health['dcgm_diag']} | {health['xid_events']} | "
+                     f"{health['ecc_uncorrected']} |")
+    lines.append("")
+    if result["problems"]:
+        lines += ["Problems:", "", *[f"- {problem}" for problem in result["problems"]], ""]
+    return "\n".join(lines)
 
 
 def _training(run_dirs: list[Path], out: Path) -> str:
@@ -186,6 +234,36 @@ def _allreduce(result: dict[str, Any], out: Path) -> str:
         lines.append(f"Reference link {result['link']}: {result['link_gbps']:g} GB/s; the best size reaches "
                      f"{best['ip_busbw'] / result['link_gbps']:.1%} of it.")
     lines += ["", "![All-reduce bus bandwidth](allreduce.png)", ""]
+    return "\n".join(lines)
+
+
+def _collectives(results: list[dict[str, Any]], out: Path) -> str:
+    """`lab bench collective` results: a table of each op's average and best busbw, one plot of busbw against
+    size with a line per op."""
+    from lab.bench.collective import COLLECTIVES, NAMES
+
+    results = sorted(results, key=lambda r: NAMES.index(r["collective"]) if r["collective"] in NAMES else 99)
+    setups = sorted({(r["world_size"], r["backend"], ", ".join(sorted(set(r.get("devices", [])))) or "unknown")
+                     for r in results})
+    context = "; ".join(f"{n} ranks, {backend}, devices: {devices}" for n, backend, devices in setups)
+    plots.collectives_bus_bandwidth(results, context, out / "collectives.png")
+    lines = ["## Collectives: bus bandwidth by operation", "",
+             f"{context}. nccl-tests' definitions: algbw = size / time, busbw = algbw x the op's factor; the "
+             f"average covers every size, out-of-place and in-place; #wrong counts elements that differ from "
+             f"the exact result (N/A: in-place, where the op has no defined result).", "",
+             "| collective | busbw factor | ranks | backend | type, op | sizes (B) | average busbw (GB/s) | "
+             "best busbw (GB/s) | #wrong |",
+             "|---|---|---:|---|---|---|---:|---:|---:|"]
+    for r in results:
+        rows = r["rows"]
+        factor = COLLECTIVES[r["collective"]].factor_text if r["collective"] in COLLECTIVES else "?"
+        sizes = f"{rows[0]['size']} to {rows[-1]['size']}" if rows else "none"
+        best = max(rows, key=lambda row: max(row["oop_busbw"], row["ip_busbw"]), default=None)
+        best_text = (f"{max(best['oop_busbw'], best['ip_busbw']):.3g} at {best['size']} B" if best else "n/a")
+        wrong = sum(row["oop_wrong"] + (row["ip_wrong"] or 0) for row in rows)
+        lines.append(f"| {r['collective']} | {factor} | {r['world_size']} | {r['backend']} | {r['dtype']} "
+                     f"{r['op']} | {sizes} | {r['avg_busbw']:.3g} | {best_text} | {wrong} |")
+    lines += ["", "![Bus bandwidth against size, one line per collective](collectives.png)", ""]
     return "\n".join(lines)
 
 

@@ -2,13 +2,16 @@
 
 torchrun's c10d rendezvous gives up with a bare `RendezvousTimeoutError`. Every node's
 launcher therefore also connects to the store torchrun serves at the rendezvous endpoint
-and adds itself to a counter there; while torchrun runs it keeps the last count it saw.
-When the rendezvous fails, that count is what the launcher reports.
+and adds itself to a counter there, polling it until the expected nodes have arrived. When the
+rendezvous fails, the last count seen is what the launcher reports.
+
+It stops polling once `expected` nodes arrived: past that the count tells nothing, and a poll that
+outlives the head's torchrun (which owns the store) ends in c10d's "recvValue failed" warning with a
+page of C++ frames in a launch log whose run succeeded.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from datetime import timedelta
 
@@ -17,8 +20,9 @@ class RollCall:
     """Background observer of one rendezvous: `arrived` counts the launchers that reached the rendezvous
     store (each adds itself once), None until this one did."""
 
-    def __init__(self, host: str, port: int, run_id: str, timeout_s: float):
+    def __init__(self, host: str, port: int, run_id: str, timeout_s: float, expected: int):
         self.host, self.port = host, port
+        self.expected = expected
         self.key = f"lab/roll_call/{run_id}"
         self.timeout_s = timeout_s
         self.arrived: int | None = None
@@ -34,9 +38,6 @@ class RollCall:
         self._thread.join(timeout=2)
 
     def _watch(self) -> None:
-        # This process only observes: c10d's warning (with C++ frames) when torchrun closes the store under
-        # a poll would bury the one line that matters. Set before torch loads here; workers are not affected.
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         from torch.distributed import TCPStore
 
         try:
@@ -44,7 +45,7 @@ class RollCall:
             # until timeout_s, the same bound torchrun's own connection has.
             store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
             self.arrived = store.add(self.key, 1)
-            while not self._stop.wait(1.0):
+            while self.arrived < self.expected and not self._stop.wait(1.0):
                 self.arrived = store.add(self.key, 0)
         except Exception:  # noqa: BLE001 - an observer: the store going away (torchrun ended) ends the watch
             return

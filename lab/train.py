@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lab import data, device_memory, dist, metrics, provenance, torchrun_env
+from lab import checkpoint, data, device_memory, dist, metrics, provenance, torchrun_env
 from lab.config import Config, check_layout, to_dict
 from lab.console import Console, SilentConsole
 from lab.errors import CheckpointError
@@ -121,6 +121,9 @@ def _open(cfg: Config, ctx: dist.DistContext, hooks: Iterable[Hook], wall_start:
     dataset = data.load(cfg.data).to(ctx.device)
     run_dir = RunDir(cfg.run.output_dir, resolve_run_id(cfg, ctx))
     dist.primary_then_broadcast(ctx, run_dir.create)
+    if cfg.checkpoint.dir:  # outside the run directory: a shared file system, where rank 0's next node finds it
+        folder = checkpoint.run_folder(cfg.checkpoint.dir, run_dir.run_id, run_dir.checkpoints)
+        dist.primary_then_broadcast(ctx, lambda: checkpoint.prepare_folder(folder))
     last_logged, redone_before = dist.primary_then_broadcast(ctx, run_dir.progress)
     console = Console() if ctx.is_primary else SilentConsole()
     rank_hooks = [run_dir.append_metrics, console, *hooks] if ctx.is_primary else list(hooks)
@@ -131,7 +134,7 @@ def _open(cfg: Config, ctx: dist.DistContext, hooks: Iterable[Hook], wall_start:
         trainer.restore(resume_path)
     # Work lost to a crash: what the last start logged past the step this one resumes from (to log_every).
     recovery = Recovery(torchrun_env.restart_count(), max(0, last_logged - trainer.step), redone_before)
-    dist.primary_then_broadcast(ctx, lambda: run_dir.check_space(*space_needed(cfg, trainer, run_dir)))
+    dist.primary_then_broadcast(ctx, lambda: check_space(cfg, trainer, run_dir))
     return RunStart(cfg, ctx, run_dir, dataset, console, trainer, recovery, resume_path, provenance.versions(),
                     wall_start)
 
@@ -232,10 +235,24 @@ def _refuse_another_strategys_checkpoint(cfg: Config, own: Path) -> None:
                               f"it, give a new run.id, or set checkpoint.resume=never")
 
 
+RECORDS_BYTES = 4 * 2**20  # metrics rows, manifest, summary, report with plots
+
+
+def check_space(cfg: Config, trainer: Trainer, run_dir: RunDir) -> None:
+    """Room for the records in the run directory and for the checkpoints where they go (checkpoint.dir, when set,
+    is another file system: each is asked for its own part)."""
+    need, what = space_needed(cfg, trainer, run_dir)
+    if not cfg.checkpoint.dir or not cfg.checkpoint.save:
+        run_dir.check_space(need, what)
+        return
+    run_dir.check_space(RECORDS_BYTES, "its records")
+    checkpoint.check_space(trainer.checkpoint_folder(), need - RECORDS_BYTES, what.replace(", and its records", ""))
+
+
 def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, str]:
     """Bytes the run will add to its directory, and why: while a checkpoint is saved the previous one still
     exists, so the run needs room for two checkpoints, or for one when last.pt is already there."""
-    records = 4 * 2**20  # metrics rows, manifest, summary, report with plots
+    records = RECORDS_BYTES
     if not cfg.checkpoint.save:
         return records, "its records"
     weights = sum(t.numel() * t.element_size() for t in trainer.model.state_dict().values())

@@ -112,9 +112,16 @@ class Trainer:
             "config": to_dict(self.cfg),
         }
 
+    def checkpoint_folder(self) -> Path | None:
+        """The folder of this run's checkpoints: <checkpoint.dir>/<run id>/, or the run directory's checkpoints/."""
+        if self.run_dir is None:
+            return None
+        return checkpoint.run_folder(self.cfg.checkpoint.dir, self.run_dir.run_id, self.run_dir.checkpoints)
+
     def checkpoint_path(self) -> Path | None:
         """Where this run's checkpoint is saved (and resumed from with checkpoint.resume=auto)."""
-        return None if self.run_dir is None else self.strategy.checkpoint_path(self.run_dir.checkpoints)
+        folder = self.checkpoint_folder()
+        return None if folder is None else self.strategy.checkpoint_path(folder)
 
     def restore(self, path: str | Path) -> None:
         """Continue from a checkpoint: model, optimizer, schedule, progress and RNG, as they were saved."""

@@ -187,7 +187,8 @@ def test_dockerfile_layers_dependencies_before_source():
     stages = re.findall(r"^FROM \S+ AS (\S+)$", text, re.M)
     assert stages == ["base", "deps", "wheel", "runtime", "data", "lab"], stages
     assert text.index("COPY pyproject.toml /tmp/lab/") < text.index("COPY lab ./lab")
-    assert re.search(r'^ENTRYPOINT \["lab"\]$', text, re.M)
+    # NGC's entry point first, then lab (tests/infra/test_image_entrypoint.py runs it)
+    assert re.search(r'^ENTRYPOINT \["/usr/local/bin/lab-entrypoint"\]$', text, re.M)
     for label in ("source", "revision", "version"):
         assert f"org.opencontainers.image.{label}=" in text
     # The NGC torch is kept: torch is only installed when the base cannot import it.
@@ -199,4 +200,4 @@ def test_dockerignore_keeps_the_context_small():
     ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert ignore[0] == "**"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "lab", "images/cifar"}
+    assert allowed == {"pyproject.toml", "README.md", "lab", "images/cifar", "images/entrypoint.sh"}

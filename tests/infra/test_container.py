@@ -146,7 +146,7 @@ def smoke_run(project, client):
 def test_image_is_built_by_the_normal_path(project, client, engine, revision):
     image = client.images.get(IMAGE)
     config = image.attrs["Config"]
-    assert config["Entrypoint"] == ["lab"]
+    assert config["Entrypoint"] == ["/usr/local/bin/lab-entrypoint"]  # images/entrypoint.sh: NGC's first, then lab
     assert config["Cmd"] == ["workshop"]
     assert config["User"] == str(LAB_UID)
     assert config["Healthcheck"]["Test"] == ["CMD", "lab", "--version"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.bench.allreduce import Row, algbw, average_busbw, busbw, parse_size, size_steps
+from lab.bench.allreduce import busbw
+from lab.bench.collective_perf import Row, algbw, average_busbw, parse_size, size_steps
 from lab.errors import LabError
 
 

@@ -132,6 +132,12 @@ CASES = {
     "memory of no parameters": (lambda t: ["memory", "--params=-7e9"], "--params -7e+09: the parameter count must be"),
     "all-reduce sizes upside down": (lambda t: ["bench", "allreduce", "-b", "1M", "-e", "1K"], "-e 1024 is below -b"),
     "all-reduce of one rank": (lambda t: ["bench", "allreduce", "-e", "1K"], "1 rank: an all-reduce over one process"),
+    "an unknown collective": (lambda t: ["bench", "collective", "allgather"], "OP allgather: unknown collective; "
+                                                                            "choose from all_reduce, all_gather"),
+    "a reduction of a collective that reduces nothing": (lambda t: ["bench", "collective", "broadcast", "--op", "max"],
+                                                         "--op max: broadcast reduce nothing"),
+    "a collective of one rank": (lambda t: ["bench", "collective", "sendrecv", "--nproc-per-node", "1"],
+                                 "1 rank: a collective over one process moves no data"),
     "static graph with accumulation": (lambda t: ["train", *TINY, "--set", "dist.static_graph=true", "--set",
                                                   "train.grad_accum_steps=2"], "dist.static_graph: true cannot be"),
     "workshop of one process": (lambda t: ["workshop", "--nproc-per-node", "1"], "the workshop compares 1 process"),

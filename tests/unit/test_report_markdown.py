@@ -35,10 +35,37 @@ def test_a_report_of_every_benchmark_renders_as_meant(tmp_path):
     (tmp_path / "allreduce.json").write_text(json.dumps({
         "benchmark": "allreduce", "world_size": 2, "backend": "gloo", "dtype": "float32", "op": "sum",
         "devices": ["cpu", "cpu"], "rows": rows, "avg_busbw": 3.0}))
+    for name, ip_wrong in (("sendrecv", None), ("all_gather", 0)):  # lab bench collective: one file per op
+        (tmp_path / f"c-{name}.json").write_text(json.dumps({
+            "benchmark": "collective", "collective": name, "world_size": 2, "backend": "gloo", "dtype": "float32",
+            "op": "none", "devices": ["cpu", "cpu"], "avg_busbw": 3.0,
+            "rows": [{**r, "oop_wrong": 0, "ip_wrong": ip_wrong} for r in rows]}))
     text = report.build([str(tmp_path)]).read_text()
     assert problems(text) == []
-    for heading in ("## All-reduce bus bandwidth", "## Strong scaling", "## Weak scaling", "## Memory per device"):
+    for heading in ("## All-reduce bus bandwidth", "## Collectives: bus bandwidth by operation", "## Strong scaling",
+                    "## Weak scaling", "## Memory per device"):
         assert heading in text
+    assert text.index("| all_gather | (n-1) / n | 2 |") < text.index("| sendrecv | 1 | 2 |")  # in the table's order
     assert "Amdahl's law fitted" in text and "Gustafson's law fitted" in text
-    for image in ("scaling-strong.png", "scaling-weak.png", "step-time-strong.png", "memory.png"):
+    for image in ("collectives.png", "scaling-strong.png", "scaling-weak.png", "step-time-strong.png", "memory.png"):
         assert (tmp_path / image).stat().st_size > 0 and f"]({image})" in text
+
+
+def test_the_playbooks_validate_json_is_a_section_of_its_own(tmp_path):
+    """validate.json as the validate role writes it (the shape the three-node test in tests/infra produces)."""
+    check = {"avg_busbw": 0.3, "floor": 1e9, "hosts": ["a", "b"], "ok": False, "world_size": 2, "wrong": 0}
+    health = {"dcgm_diag": "not present", "xid_events": "not present", "ecc_uncorrected": "not present"}
+    doc = {"check": "validate", "run_id": "v", "ok": False, "problems": ["b: all-reduce of GPU pair 0,1: busbw 9 GB/s"],
+           "definitions": {"busbw": "nccl-tests' busbw", "floor": "the highest floor"},
+           "nodes": {"a": {"gpus": 2, "floors": {}, "health": health,
+                           "pairs": [{"pair": "0,1", "avg_busbw": 300.0, "floor": 200.0, "ok": True}]},
+                     "b": {"gpus": 2, "floors": {}, "health": {**health, "xid_events": 0},
+                           "pairs": [{"pair": "0,1", "avg_busbw": None, "floor": 200.0, "ok": False}]}},
+           "all_nodes": check, "ring": {"a+b": check}, "suspects": []}
+    (tmp_path / "validate.json").write_text(json.dumps(doc))
+    text = report.build([str(tmp_path / "validate.json")], str(tmp_path)).read_text()
+    assert "## Fabric validation" in text and "Verdict: FAILED" in text
+    assert "| GPU pair 0,1 | b | 2 | did not run | 200 | below |" in text
+    assert "| all nodes | a, b | 2 | 0.3 | 1e+09 | below |" in text and "| ring pair | a, b |" in text
+    assert "- b: all-reduce of GPU pair 0,1: busbw 9 GB/s" in text
+    assert problems(text) == []
