@@ -27,13 +27,15 @@ lab: $(STAMP)
 # deleted before the second venv (~6 GB) is installed. With both, a CI machine's disk ran out (stop 21).
 test: $(STAMP) test-tools
 	LAB_REQUIRE_DEEPSPEED=1 $(BIN)/python -m pytest
-	@if [ "$${CI:-}" = true ]; then scripts/container-base.sh clean; fi
+	@if [ "$${CI:-}" = true ]; then scripts/container-base.sh clean || echo "make test: could not delete the container cache"; fi
 	$(MAKE) test-torch-lowest
 
 # The lowest supported torch (pyproject.toml's floor; NGC 25.01's torch): the unit and distributed tests
 # again in a second venv. Left out there: the tests of the CLI's input handling, the workshop, `lab rerun`, `lab
 # pitfall` and `lab bench levers`, which do not touch torch's APIs differently from the tests kept and are the
-# slowest (they ran above, on the pinned torch). The course scripts stay: NGC 25.01's torch is this one.
+# slowest (they ran above, on the pinned torch); likewise the 8-rank exporter test (the exporter's HTTP, not
+# torch) and gpu-check at toy sizes (its CPU steps train as the kept tests do): 90 s of a 45-minute budget.
+# The course scripts stay: NGC 25.01's torch is this one.
 # From PyPI, whose x86_64 torch wheels are CUDA builds (~3 GB with their nvidia-* libraries, about 2 minutes
 # here): PyTorch's CPU-only index is not reachable from CI machines, which reach package registries only.
 # --no-cache-dir: the ~3 GB of wheels are not kept a second time in pip's cache.
@@ -43,7 +45,9 @@ LOWEST_STAMP := $(LOWEST_VENV)/.installed-stamp
 LOWEST_SKIPS := --ignore=tests/unit/test_cli_bad_input.py --ignore=tests/unit/test_config_fuzz.py \
                 --ignore=tests/unit/test_security.py --ignore=tests/unit/test_workshop.py \
                 --ignore=tests/distributed/test_rerun.py --ignore=tests/distributed/test_pitfalls.py \
-                --ignore=tests/distributed/test_levers.py
+                --ignore=tests/distributed/test_levers.py \
+                --deselect=tests/distributed/test_faults.py::test_eight_ranks_on_two_cores_train_and_every_exporter_answers_throughout \
+                --deselect=tests/distributed/test_performance.py::test_gpu_check_runs_its_steps_at_toy_sizes_on_a_cpu
 
 $(LOWEST_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)

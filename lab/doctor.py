@@ -23,7 +23,6 @@ role sets, else torchrun's GROUP_WORLD_SIZE (the nodes of the worker group):
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import platform
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from lab import cores, nvml
+from lab.addresses import is_loopback
 from lab.errors import LabError
 
 GIB = 1024**3
@@ -129,19 +129,6 @@ def resolve_host(name: str) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-def _is_loopback(address: str) -> bool:
-    """
-    >>> [_is_loopback(a) for a in ("127.0.1.1", "::1", "localhost", "10.0.0.11", "dgx-01")]
-    [True, True, True, False, False]
-    """
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
-    except ValueError:  # a host name, not an address
-        return False
-
-
 def run_nodes(env: Mapping[str, str]) -> tuple[int, str | None]:
     """(the most nodes the run may have, the rendezvous host when known) from LAB_NNODES and LAB_RDZV_ENDPOINT
     (the preflight role's) or torchrun's GROUP_WORLD_SIZE; (1, None) outside both.
@@ -171,13 +158,13 @@ def check_hostname(env: Mapping[str, str], hostname: str | None = None) -> Check
     addresses = resolve_host(hostname)
     first = addresses[0] if addresses else None
     detail = f"{hostname} resolves to {', '.join(addresses)}" if addresses else f"{hostname} does not resolve"
-    if first is not None and not _is_loopback(first):
+    if first is not None and not is_loopback(first):
         return Check("hostname", "ok", detail)
     gloo = env.get("GLOO_SOCKET_IFNAME")
     if gloo:
         return Check("hostname", "ok", f"{detail}; gloo binds GLOO_SOCKET_IFNAME={gloo} instead")
     nodes, rdzv_host = run_nodes(env)
-    if nodes <= 1 or (rdzv_host is not None and _is_loopback(rdzv_host)):
+    if nodes <= 1 or (rdzv_host is not None and is_loopback(rdzv_host)):
         return Check("hostname", "ok", f"{detail} (loopback: fine while every rank runs on this host)")
     offered = first or "127.0.0.1"
     return Check("hostname", "fail",

@@ -14,7 +14,6 @@ intervals with numbers it has already synced: no extra host sync.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import socket
 import sys
@@ -25,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info, push_to_gateway, start_http_server
 
 from lab import __version__, atomic, torchrun_env
+from lab.addresses import is_loopback, is_wildcard
 
 LABELS = ("run_id", "rank", "node")
 GPU_LABELS = (*LABELS, "gpu")
@@ -100,7 +100,7 @@ class RankExporter(NullExporter):
         self.labels, self.device = labels, device
         self.server, self._thread = start_http_server(port, addr=bind_address, registry=self.registry)
         self.port = self.server.server_port
-        host = advertise or (bind_address if not _is_wildcard(bind_address) else socket.getfqdn())
+        host = advertise or (bind_address if not is_wildcard(bind_address) else socket.getfqdn())
         host = f"[{host}]" if ":" in host else host  # an IPv6 literal in a URL or a file_sd target
         self.endpoint = f"http://{host}:{self.port}/metrics"
         self._address = f"{host}:{self.port}"
@@ -189,19 +189,6 @@ class Listen(NamedTuple):
     reason: str      # why, when it is not metrics.bind_address as given ('' when it is)
 
 
-def _is_wildcard(address: str) -> bool:
-    return address in ("0.0.0.0", "::", "")
-
-
-def _is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False  # a host name: it may well resolve to this host, but other hosts use it to reach it
-
-
 def route_address(peer: str) -> str | None:
     """This host's address on its route to `peer` (a UDP connect picks the route and sends nothing)."""
     try:
@@ -230,16 +217,16 @@ def listen_address(bind_address: str, multi_node: bool, head: str,
     The node's address falls back to this host's name when the route gives none, or only loopback (a head
     named by a host name that /etc/hosts maps to 127.0.1.1 on the head itself).
     """
-    specific = not _is_wildcard(bind_address) and not _is_loopback(bind_address)
-    all_on_this_host = _is_loopback(bind_address) and _is_loopback(head)
+    specific = not is_wildcard(bind_address) and not is_loopback(bind_address)
+    all_on_this_host = is_loopback(bind_address) and is_loopback(head)
     if not multi_node or specific or all_on_this_host:
         return Listen(bind_address, "", "")
 
     def node_address() -> str:
         address = (route or route_address)(head)
-        return address if address and not _is_loopback(address) else socket.getfqdn()
+        return address if address and not is_loopback(address) else socket.getfqdn()
 
-    if _is_wildcard(bind_address):
+    if is_wildcard(bind_address):
         return Listen(bind_address, node_address(), "")
     return Listen("0.0.0.0", node_address(),
                   f"metrics.bind_address={bind_address} cannot be scraped from the other nodes of this run")

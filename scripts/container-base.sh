@@ -32,6 +32,14 @@ say() { echo "container-base: $*" >&2; }
 
 engine_running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null && [ -S "$SOCK" ]; }
 
+unmount_under() {
+  # Deepest first; a lazy unmount where a plain one is refused (still busy).
+  [ -d "$1" ] || return 0
+  awk -v p="$1/" 'index($2, p) == 1 {print $2}' /proc/mounts | sort -r | while read -r point; do
+    umount "$point" 2>/dev/null || umount -l "$point" 2>/dev/null || say "could not unmount $point"
+  done
+}
+
 stop_engine() {
   if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
     local pid; pid=$(cat "$PIDFILE")
@@ -193,6 +201,14 @@ case "${1:-start}" in
     echo "BASE_IMAGE=$tag"
     ;;
   stop) stop_engine ;;
-  clean) stop_engine; rm -rf "$STATE/docker" "$STATE/rootfs" "$STATE/rootfs.tmp" "$RUNDIR" ;;
+  clean)
+    stop_engine
+    # A stopped dockerd leaves its default network namespace mounted (exec root's netns/default, nsfs): rm
+    # cannot remove a mount point, so everything mounted under the engine's folders is unmounted first.
+    unmount_under "$RUNDIR"
+    unmount_under "$STATE"
+    rm -rf "$STATE/docker" "$STATE/rootfs" "$STATE/rootfs.tmp"
+    rm -rf "$RUNDIR" 2>/dev/null || say "left $RUNDIR (a mount under it is still busy; it holds no data)"
+    ;;
   *) echo "usage: $0 start|stop|clean" >&2; exit 2 ;;
 esac

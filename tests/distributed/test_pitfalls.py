@@ -49,6 +49,12 @@ def test_set_epoch_without_it_every_epoch_repeats_epoch_0(tmp_path):
     for side in (broken, fixed):  # both trained: the test loss fell
         assert side["test_loss_by_epoch"][-1] < side["test_loss_by_epoch"][0]
     assert result["demonstrated"] is True and "100%" in stdout
+    # the report files a pitfall's record in its own section (the workshop's report is made the same way)
+    from lab import report
+    from tests.markdown import problems
+
+    text = report.build([str(tmp_path / "set-epoch.json")], str(tmp_path / "report")).read_text()
+    assert "## Pitfalls" in text and "### set-epoch (demonstrated)" in text and problems(text) == []
 
 
 def test_checkpoint_every_rank_writes_n_times_and_ddp_keys_carry_module_prefix(tmp_path):
