@@ -5,14 +5,22 @@ launcher therefore also connects to the store torchrun serves at the rendezvous 
 and adds itself to a counter there, polling it until the expected nodes have arrived. When the
 rendezvous fails, the last count seen is what the launcher reports.
 
+The observer is a child process (`python -m lab.rollcall HOST PORT KEY TIMEOUT EXPECTED`) printing each
+count it sees, not a thread of the launcher: a TCPStore call blocks in C++ for up to its timeout, and a
+launcher whose interpreter exits while a thread is inside one dies of `terminate called without an active
+exception` (SIGABRT) instead of returning torchrun's status and its one-line reason. A child is stopped
+cleanly at any moment; its stderr (c10d's connection warnings and their C++ frames) is left out of the log.
+
 It stops polling once `expected` nodes arrived: past that the count tells nothing, and a poll that
-outlives the head's torchrun (which owns the store) ends in c10d's "recvValue failed" warning with a
-page of C++ frames in a launch log whose run succeeded.
+outlives the head's torchrun (which owns the store) only ends in a c10d warning.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 from datetime import timedelta
 
 
@@ -21,31 +29,47 @@ class RollCall:
     store (each adds itself once), None until this one did."""
 
     def __init__(self, host: str, port: int, run_id: str, timeout_s: float, expected: int):
-        self.host, self.port = host, port
-        self.expected = expected
-        self.key = f"lab/roll_call/{run_id}"
-        self.timeout_s = timeout_s
+        self.command = [sys.executable, "-m", "lab.rollcall", host, str(port), f"lab/roll_call/{run_id}",
+                        str(timeout_s), str(expected)]
         self.arrived: int | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="lab-roll-call", daemon=True)
+        self._child: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
 
     def start(self) -> "RollCall":
-        self._thread.start()
+        self._child = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._reader = threading.Thread(target=self._read, name="lab-roll-call", daemon=True)
+        self._reader.start()
         return self
 
+    def _read(self) -> None:
+        for line in self._child.stdout:  # ends when the child exits: pure Python, safe to leave at any time
+            self.arrived = int(line)
+
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
+        if self._child.poll() is None:
+            self._child.terminate()
+        self._child.wait()
+        self._reader.join(timeout=5)
 
-    def _watch(self) -> None:
-        from torch.distributed import TCPStore
 
-        try:
-            # A client only: the head's torchrun owns the server. It may not be up yet; the client retries
-            # until timeout_s, the same bound torchrun's own connection has.
-            store = TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
-            self.arrived = store.add(self.key, 1)
-            while self.arrived < self.expected and not self._stop.wait(1.0):
-                self.arrived = store.add(self.key, 0)
-        except Exception:  # noqa: BLE001 - an observer: the store going away (torchrun ended) ends the watch
-            return
+def watch(host: str, port: int, key: str, timeout_s: float, expected: int) -> None:
+    """The child's loop: join the count once, then print it each second until `expected` arrived."""
+    from torch.distributed import TCPStore
+
+    try:
+        # A client only: the head's torchrun owns the server. It may not be up yet; the client retries
+        # until timeout_s, the same bound torchrun's own connection has.
+        store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        arrived = store.add(key, 1)
+        print(arrived, flush=True)
+        while arrived < expected:
+            time.sleep(1.0)
+            arrived = store.add(key, 0)
+            print(arrived, flush=True)
+    except Exception:  # noqa: BLE001 - an observer: the store going away (torchrun ended) ends the watch
+        return
+
+
+if __name__ == "__main__":
+    host, port, key, timeout_s, expected = sys.argv[1:]
+    watch(host, int(port), key, float(timeout_s), int(expected))
