@@ -9,12 +9,15 @@
 # (signals from `docker stop` and --init reach torchrun directly).
 #
 # On a base without NGC's script (the CPU image, the test image) this is `exec lab "$@"`.
+# `lab-entrypoint --exec CMD ARGS` runs CMD instead of lab, after NGC's part all the same (compose's jupyter
+# service: JupyterLab's kernels need the same CUDA set-up as the lab).
 # LAB_NGC_ENTRYPOINT names another script (tests point it at a stand-in).
 set -euo pipefail
 
 if [ "${1-}" = --lab-after-ngc ]; then  # second stage, run by NGC's script: give the lab its stdout back
     shift
     exec 1>&9 9>&-
+    if [ "${1-}" = --exec ]; then shift; exec "$@"; fi
     exec lab "$@"
 fi
 
@@ -23,4 +26,5 @@ if [ -f "$ngc" ]; then
     exec 9>&1 1>&2  # fd 9 keeps stdout for the lab; NGC's banner and warnings go to stderr
     exec /bin/bash "$ngc" "$0" --lab-after-ngc "$@"
 fi
+if [ "${1-}" = --exec ]; then shift; exec "$@"; fi
 exec lab "$@"

@@ -175,8 +175,8 @@ def _add_collective(benchmarks) -> None:
         description="nccl-tests' table for one collective, a comma list or all of them, in one torchrun job: "
                     "size as nccl-tests defines it per op, algbw = size / time, busbw = algbw x 2(n-1)/n "
                     "(all_reduce), (n-1)/n (all_gather, reduce_scatter, alltoall) or 1 (broadcast, sendrecv). "
-                    "With several ops, --json PATH writes PATH-OP.json per op. gloo has no real reduce-scatter: "
-                    "named, it is refused; `all` leaves it out.")
+                    "With several ops, --json PATH writes PATH-OP.json per op. gloo has no reduce-scatter of its own: "
+                    "there it runs as NCCL's ring over send/recv, and the table and JSON say so.")
     collective.add_argument("collectives", metavar="OP",
                             help="all_reduce, all_gather, reduce_scatter, broadcast, alltoall, sendrecv, a comma "
                                  "list of them, or all")

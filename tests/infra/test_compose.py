@@ -130,7 +130,7 @@ def test_published_ports_bind_to_localhost_by_default_and_can_be_opened():
 def test_every_long_running_service_has_a_healthcheck():
     services = merged("gpu")["services"]
     for name, svc in services.items():
-        if name in ("lab", "lab-init"):
+        if name in ("lab", "lab-init", "jupyter"):  # the images' own (below; the jupyter stage's in the test above)
             continue
         assert svc["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL"), name
     assert re.search(r"^HEALTHCHECK .*CMD \[\"lab\", \"--version\"\]$", DOCKERFILE.read_text(), re.M)
@@ -185,7 +185,7 @@ def test_runs_and_data_are_mounted_and_made_writable_for_the_lab_user():
 def test_dockerfile_layers_dependencies_before_source():
     text = DOCKERFILE.read_text()
     stages = re.findall(r"^FROM \S+ AS (\S+)$", text, re.M)
-    assert stages == ["base", "deps", "wheel", "runtime", "data", "lab"], stages
+    assert stages == ["base", "deps", "wheel", "runtime", "data", "lab", "jupyter"], stages
     assert text.index("COPY pyproject.toml /tmp/lab/") < text.index("COPY lab ./lab")
     # NGC's entry point first, then lab (tests/infra/test_image_entrypoint.py runs it)
     assert re.search(r'^ENTRYPOINT \["/usr/local/bin/lab-entrypoint"\]$', text, re.M)
@@ -201,3 +201,30 @@ def test_dockerignore_keeps_the_context_small():
     assert ignore[0] == "**"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
     assert allowed == {"pyproject.toml", "README.md", "lab", "images/cifar", "images/entrypoint.sh"}
+
+
+def test_jupyter_serves_the_lessons_with_a_token_on_the_lab_image():
+    # The jupyter stage: the lab image plus JupyterLab, started after NGC's set-up, its health from /api
+    stage = DOCKERFILE.read_text().replace("\\\n", " ").split("FROM lab AS jupyter", 1)[1]
+    assert 'ENTRYPOINT ["/usr/local/bin/lab-entrypoint", "--exec"]' in stage
+    command = re.search(r"^CMD (.*)$", stage, re.M).group(1)
+    assert "jupyter lab --ip=0.0.0.0 --port=8888" in command and "jupytext --sync notebooks/" in command
+    # Jupyter's own random token, printed in the service log: nothing turns it off or sets a password
+    assert not re.search(r"token=|IdentityProvider|password|disable_check_xsrf", command)
+    assert re.search(r"^HEALTHCHECK .*urlopen\('http://127.0.0.1:8888/api'\)", stage, re.M)
+    assert "--constraint /opt/lab/base-constraints.txt" in stage  # NGC's JupyterLab stays NGC's
+    for variant in ("gpu", "cpu"):
+        services = merged(variant)["services"]
+        jupyter, lab = services["jupyter"], services["lab"]
+        assert jupyter["build"] == {**lab["build"], "target": "jupyter"} and lab["build"]["target"] == "lab"
+        assert jupyter["image"] != lab["image"]
+        assert [(p["host_ip"], p["published"], p["target"]) for p in jupyter["ports"]] == [("127.0.0.1", "8888", 8888)]
+        mounts = {m["target"]: m for m in jupyter["volumes"]}
+        assert mounts["/lab/notebooks"]["source"] == str(ROOT / "notebooks")
+        assert mounts["/lab/runs"] == {m["target"]: m for m in lab["volumes"]}["/lab/runs"]
+        assert jupyter["environment"]["LAB_PROMETHEUS_URL"] == "http://prometheus:9090" and "prometheus" in services
+        assert mounts[jupyter["environment"]["LAB_METRICS_TARGETS_DIR"]]["source"] == "targets"
+        assert {k: v for k, v in jupyter["environment"].items() if not k.startswith("LAB_")} == lab["environment"]
+        assert ("deploy" in jupyter) == (variant == "gpu") == ("deploy" in lab)
+        for key in ("ipc", "ulimits", "init"):
+            assert jupyter[key] == lab[key], key

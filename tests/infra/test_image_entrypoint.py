@@ -51,6 +51,17 @@ def test_without_ngc_the_entry_point_is_lab(tmp_path):
     assert proc.returncode == 3 and proc.stdout == "lab [--version] LD_LIBRARY_PATH=\n" and proc.stderr == ""
 
 
+def test_exec_runs_another_command_after_ngc_with_the_same_set_up(tmp_path):
+    """compose's jupyter service: `--exec jupyter lab ...` gets NGC's CUDA set-up, then runs JupyterLab."""
+    ngc = _executable(tmp_path / "nvidia_entrypoint.sh", '#!/bin/bash\necho "== PyTorch == NVIDIA Release 25.01"\n'
+                                                         'export LD_LIBRARY_PATH=/usr/local/cuda/compat/lib\nexec "$@"\n')
+    shown = ["sh", "-c", 'echo "jupyter $1 LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; exit 4', "sh", "lab"]
+    proc = _entrypoint(tmp_path, "--exec", *shown, ngc=ngc)
+    assert (proc.returncode, proc.stdout) == (4, "jupyter lab LD_LIBRARY_PATH=/usr/local/cuda/compat/lib\n")
+    proc = _entrypoint(tmp_path, "--exec", *shown)  # a base without NGC's script
+    assert (proc.returncode, proc.stdout, proc.stderr) == (4, "jupyter lab LD_LIBRARY_PATH=\n", "")
+
+
 def test_the_image_uses_the_entry_point_script():
     text = DOCKERFILE.read_text()
     assert re.search(r'^ENTRYPOINT \["/usr/local/bin/lab-entrypoint"\]$', text, re.M)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lab.lesson import free_ports
 from tests.conftest import PYTHON, ROOT, TINY, lab
 
 MONITORING = ROOT / "monitoring"
@@ -33,24 +34,6 @@ def _require(binary: str | None, name: str) -> str:
     if os.environ.get("CI"):
         pytest.fail(f"{name} is not installed; `make test` installs it (scripts/install-test-tools.sh)")
     pytest.skip(f"{name} is not installed (scripts/install-test-tools.sh installs it as root with apt-get)")
-
-
-def _free_port(count: int = 1) -> int:
-    """A port p such that p..p+count-1 are free on 127.0.0.1."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
-        try:
-            for offset in range(1, count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free ports")
 
 
 def _wait_http(url: str, seconds: float = 20) -> None:
@@ -69,7 +52,7 @@ def stack(tmp_path):
     """Prometheus + Pushgateway, started for the test and stopped after it."""
     prometheus = _require(shutil.which("prometheus"), "prometheus")
     pushgateway = _require(PUSHGATEWAY, "prometheus-pushgateway")
-    prom_port, push_port = _free_port(), _free_port()
+    prom_port, push_port = free_ports(), free_ports()
     targets = tmp_path / "targets"
     targets.mkdir()
     config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
@@ -116,7 +99,7 @@ def wait_for(base: str, expr: str, count: int, seconds: float = 30) -> list[dict
 
 
 def test_two_rank_run_is_scraped_summed_and_its_summary_outlives_it(stack, tmp_path):
-    port_base = _free_port(2)
+    port_base = free_ports(2)
     run_id = "promtest"
     args = [PYTHON, "-m", "lab", "train", *TINY, "--nproc-per-node", "2", "--set", f"run.output_dir={tmp_path}/runs",
             "--set", f"run.id={run_id}", "--set", "train.epochs=20", "--set", "train.log_every=1",
@@ -176,7 +159,7 @@ def test_two_rank_run_is_scraped_summed_and_its_summary_outlives_it(stack, tmp_p
 
 
 def test_an_unreachable_pushgateway_costs_one_warning_line(tmp_path):
-    dead = _free_port()
+    dead = free_ports()
     proc = lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={tmp_path}",
                "--set", f"metrics.pushgateway=127.0.0.1:{dead}", "--nproc-per-node", "2")
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: metrics:")]

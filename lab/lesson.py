@@ -1,0 +1,161 @@
+"""What the lessons' notebook cells call (notebooks/*.py): run a lab command with its output shown live,
+read what it wrote, show a table or a plot inline, and check what the learner should see.
+
+A lesson runs the same commands a learner types in the terminal beside it, in a subprocess: torchrun,
+gloo or NCCL and the exporters behave exactly as on the command line, and a crashed run cannot take the
+kernel down. The sizes follow the machine: `smoke`-sized runs on a CPU (minutes), as-is on GPUs.
+
+>>> folder = output_dir("01-demo", root="/tmp/lab-lessons")
+>>> folder.name, folder.parent.name
+('01-demo', 'lab-lessons')
+>>> expect(2 + 2 == 4, "two and two make four")
+as expected: two and two make four
+>>> expect(2 + 2 == 5, "two and two make five")
+Traceback (most recent call last):
+lab.lesson.NotWhatYouShouldSee: two and two make five
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# Where lessons write their runs: runs/lessons/ in the checkout (the repository with `make notebook`, /lab in
+# the image), or LAB_LESSON_RUNS.
+ROOT_ENV = "LAB_LESSON_RUNS"
+
+
+class NotWhatYouShouldSee(AssertionError):
+    """A lesson's check failed: the cell stops, red, with what was expected."""
+
+
+class Finished(subprocess.CompletedProcess):
+    """A command's outcome; shown as one line where a cell ends with it (its output was already shown live)."""
+
+    def __repr__(self) -> str:
+        return f"exited {self.returncode}"
+
+
+def checkout() -> Path:
+    """The folder that holds notebooks/: JupyterLab starts a kernel in the notebook's own folder, a script
+    may start in the checkout itself.
+
+    >>> checkout() == (Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd())
+    True
+    """
+    here = Path.cwd()
+    return here.parent if here.name == "notebooks" else here
+
+
+def checkout_file(relative: str) -> Path | None:
+    """A file of the lab's checkout (playbooks/, monitoring/), or None where it is not (the image has neither)."""
+    path = checkout() / relative
+    return path if path.exists() else None
+
+
+def free_ports(count: int = 1) -> int:
+    """A TCP port p such that p .. p+count-1 are free on this machine now: a rendezvous, a Prometheus of the
+    lesson's own, or exporters where rank r serves /metrics on p + r."""
+    import socket
+
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count > 65535:
+            continue
+        try:
+            for offset in range(1, count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} free ports in a row")
+
+
+def on_gpu() -> bool:
+    """True when this machine has a CUDA GPU torch can use (the lesson then runs at GPU sizes)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def devices() -> int:
+    """How many processes a lesson's DDP runs use: every GPU, or 2 CPU processes (gloo)."""
+    import torch
+
+    return torch.cuda.device_count() if on_gpu() else 2
+
+
+def output_dir(lesson: str, root: str | os.PathLike | None = None, fresh: bool = True) -> Path:
+    """The lesson's own folder under runs/lessons/, emptied first (fresh) so a rerun shows its own results."""
+    folder = Path(root or os.environ.get(ROOT_ENV) or checkout() / "runs" / "lessons") / lesson
+    if fresh and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder.resolve()
+
+
+def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Finished:
+    """Run a command, print its output as it comes (stderr folded in), and return it; `check`: a failure stops
+    the cell with the command's exit code and its last lines."""
+    print(f"$ {' '.join(args)}", flush=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env={**os.environ, **(env or {})})
+    lines = []
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+    proc.wait()
+    out = "".join(lines)
+    if check and proc.returncode != 0:
+        tail = "".join(lines[-15:])
+        raise NotWhatYouShouldSee(f"{' '.join(args)} exited {proc.returncode}; its last lines:\n{tail}")
+    return Finished(args, proc.returncode, out, None)
+
+
+def lab(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Finished:
+    """`lab ARGS`, with this kernel's Python (the lab installed beside it)."""
+    return run(sys.executable, "-m", "lab", *args, check=check, env=env)
+
+
+def results(path: str | os.PathLike) -> dict:
+    """A JSON result a command wrote (`--json`, a run's metrics)."""
+    return json.loads(Path(path).read_text())
+
+
+def records(path: str | os.PathLike) -> list[dict]:
+    """A JSON-lines file (a run's metrics.jsonl), one dict per line."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def show(path: str | os.PathLike):
+    """Show a PNG plot or a Markdown table a command wrote, inline in the notebook."""
+    from IPython.display import Image, Markdown, display
+
+    path = Path(path)
+    display(Image(filename=str(path)) if path.suffix == ".png" else Markdown(path.read_text()))
+
+
+def table(rows: list[dict], columns: list[str]):
+    """Show rows (dicts) as a Markdown table of the named columns."""
+    from IPython.display import Markdown, display
+
+    def cell(value) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    display(Markdown("\n".join(lines)))
+
+
+def expect(condition: bool, what_you_should_see: str) -> None:
+    """The end of a lesson: the result the learner should see, checked; a failure stops the notebook loudly."""
+    if not condition:
+        raise NotWhatYouShouldSee(what_you_should_see)
+    print(f"as expected: {what_you_should_see}")
