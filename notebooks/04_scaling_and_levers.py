@@ -14,12 +14,12 @@
 # %% [markdown]
 # # Lesson 4: scaling laws and the levers of a DDP step
 #
-# Lecture 3 of the course: how far more processes take you. **Strong scaling** keeps the global batch and
-# splits it over N processes; Amdahl's law says a serial fraction s of the one-process time cannot be split, so
-# the speedup is S(N) = 1 / (s + (1 - s)/N), at most 1/s. **Weak scaling** keeps the batch per process, so the
-# problem grows with N; Gustafson's law S(N) = N - s(N - 1) has no ceiling. For DDP "serial" is whatever does
-# not shrink with more ranks: the all-reduce the backward pass does not hide, fixed per-step costs.
-# Then the levers that change a step's cost without changing what it computes: precision, gradient
+# Lecture 2 of the course, its second half: how far more processes take you. **Strong scaling** keeps the global
+# batch and splits it over N processes; Amdahl's law says a serial fraction s of the one-process time cannot be
+# split, so the speedup is S(N) = 1 / (s + (1 - s)/N), at most 1/s. **Weak scaling** keeps the batch per
+# process, so the problem grows with N; Gustafson's law S(N) = N - s(N - 1) has no ceiling. For DDP "serial" is
+# whatever does not shrink with more ranks: the all-reduce the backward pass does not hide, fixed per-step
+# costs. Then the levers that change a step's cost without changing what it computes: precision, gradient
 # accumulation, DDP's bucket size.
 #
 # You will:

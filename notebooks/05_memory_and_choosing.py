@@ -16,12 +16,12 @@
 # %% [markdown]
 # # Lesson 5: memory per device, and choosing a tool
 #
-# The scaling lecture: DDP keeps a full copy of the training state on every device: parameters, gradients and
-# the optimizer state. With bf16 mixed precision and Adam that is 16 bytes per parameter (the ZeRO paper's
-# count: 2 + 2 for the 16-bit parameters and gradients, 12 for the fp32 master weights and Adam's two moments).
-# Sharding divides part of that state by the number of devices N: ZeRO-1 the optimizer state, ZeRO-2 also the
-# gradients, ZeRO-3 (FSDP's full shard) also the parameters. The question is which tool is the least sharding that
-# still fits, since each step of sharding adds communication.
+# Lecture 3 of the course, memory: DDP keeps a full copy of the training state on every device: parameters,
+# gradients and the optimizer state. With bf16 mixed precision and Adam that is 16 bytes per parameter (the ZeRO
+# paper's count: 2 + 2 for the 16-bit parameters and gradients, 12 for the fp32 master weights and Adam's two
+# moments). Sharding divides part of that state by the number of devices N: ZeRO-1 the optimizer state, ZeRO-2
+# also the gradients, ZeRO-3 (FSDP's full shard) also the parameters. The question is which tool is the least
+# sharding that still fits, since each step of sharding adds communication.
 #
 # You will:
 # 1. estimate a 7B model's memory per device on 8 GPUs under DDP, ZeRO-1, ZeRO-2 and ZeRO-3 / FSDP, against an
