@@ -29,6 +29,11 @@ def test_the_parts_run_elsewhere_are_planned_as_the_commands_those_tests_run(tmp
     steps = workshop.plan(config.load("smoke"), "smoke", [], [2, 4], 0, Path(tmp_path))
     commands = {part: [s.command for s in steps if s.part == part]
                 for part in ("pitfalls", "allreduce", "scaling", "levers", "memory")}
+    # DDP on 4 processes, which the run below leaves out (it trains DDP on 2): torchrun with 4, as ddp-4
+    ddp = [s.command for s in steps if s.part == "training" and isinstance(s.command, list)
+           and any("run.id=ddp-" in str(a) for a in s.command)]
+    assert [c[c.index("--nproc-per-node") + 1] for c in ddp] == ["2", "4"]
+    assert "run.id=ddp-4" in ddp[1]
     pitfalls = commands["pitfalls"]
     assert [c[c.index("pitfall") + 1] for c in pitfalls] == ["set-epoch", "checkpoint-every-rank", "batchnorm",
                                                              "uneven-batches"]
