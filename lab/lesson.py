@@ -129,11 +129,6 @@ def results(path: str | os.PathLike) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def records(path: str | os.PathLike) -> list[dict]:
-    """A JSON-lines file (a run's metrics.jsonl), one dict per line."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
 def show(path: str | os.PathLike):
     """Show a PNG plot or a Markdown table a command wrote, inline in the notebook."""
     from IPython.display import Image, Markdown, display

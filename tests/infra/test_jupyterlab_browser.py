@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from html.parser import HTMLParser
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.lesson import free_ports
 from tests.conftest import PYTHON, ROOT
 
 BIN = Path(PYTHON).parent
@@ -53,12 +53,6 @@ class Page(HTMLParser):
         return sum(cls in c for c in self.classes)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _browse(url: str, *extra: str) -> subprocess.CompletedProcess:
     # virtual time: the page's timers run until JupyterLab has loaded, however slow the machine
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -77,7 +71,7 @@ def jupyterlab(tmp_path):
     shutil.copytree(ROOT / "notebooks", notebooks)
     subprocess.run([str(BIN / "jupytext"), "--sync", *map(str, sorted(notebooks.glob("[0-9]*.py")))], check=True,
                    capture_output=True, timeout=120)
-    port = _free_port()
+    port = free_ports()
     log = tmp_path / "jupyter.log"
     root = ["--allow-root"] if os.geteuid() == 0 else []  # CI runs as root
     with log.open("w") as out:

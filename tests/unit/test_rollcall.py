@@ -14,21 +14,14 @@ import sys
 import time
 from datetime import timedelta
 
+from lab.lesson import free_ports
 from lab.rollcall import RollCall
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_launchers_count_each_other_at_the_store():
     from torch.distributed import TCPStore
 
-    port = _free_port()
+    port = free_ports()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     calls = [RollCall("127.0.0.1", port, "r1", 30, expected=2).start() for _ in range(2)]
     deadline = time.monotonic() + 60  # a hang guard: each sees 2 within a poll or two
@@ -44,7 +37,7 @@ def test_a_launcher_exits_cleanly_while_its_roll_call_is_still_connecting():
     # Nothing listens at the port: the observer's connect retries, warns after its 2 s timeout and gives up
     # a few seconds later; the launcher stops it in the middle of that.
     script = ("import time; from lab.rollcall import RollCall; "
-              f"call = RollCall('127.0.0.1', {_free_port()}, 'r1', 2, expected=2).start(); "
+              f"call = RollCall('127.0.0.1', {free_ports()}, 'r1', 2, expected=2).start(); "
               "time.sleep(4); call.stop(); print('arrived', call.arrived)")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "arrived None\n", "")
