@@ -41,3 +41,12 @@ def test_lesson_runs_clean_with_its_checks(path, tmp_path, monkeypatch):
     printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert printed.count("as expected: ") == sum(c.source.count("lesson.expect(") for c in checks)
     assert any(o.output_type == "display_data" for o in outputs), "the lesson shows no table or plot inline"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_make_notebook_leaves_the_lesson_files_as_committed(path):
+    """`make notebook` pairs each .py with its .ipynb (jupytext --sync), rewriting the .py in jupytext's own form:
+    a lesson committed in another form would show as changed in every learner's checkout."""
+    import jupytext
+
+    assert jupytext.writes(jupytext.read(path), fmt="py:percent") == path.read_text()
