@@ -139,7 +139,7 @@ def _add_bench(commands) -> None:
                                      "pipeline, metrics overhead, GPU check")
     benchmarks = bench.add_subparsers(dest="bench_command", required=True, parser_class=_Parser, metavar="NAME")
     for add in (_add_allreduce, _add_collective, _add_scaling, _add_strategies, _add_levers, _add_pipeline,
-                _add_gpu_check, _add_overhead):
+                _add_gpu_check, _add_overhead, _add_lightning):
         add(benchmarks)
 
 
@@ -264,6 +264,9 @@ def _add_gpu_check(benchmarks) -> None:
                            help="without a GPU: say so, list the skipped steps and exit 0 (make gpu-check's dry check)")
     gpu_check.add_argument("--quick", action="store_true", help="toy sizes (to test the command itself)")
     gpu_check.add_argument("--allow-cpu", action="store_true", help="run without a GPU (with --quick, for tests)")
+    gpu_check.add_argument("--deadline", type=at_least(1, "{} s"), default=360, metavar="SECONDS",
+                           help="the whole check ends within this many seconds: each step gets what is left, the "
+                                "steps after it are reported skipped (default 360)")
     gpu_check.set_defaults(handler=_module_run("lab.bench.gpu_check"))
 
 
@@ -275,6 +278,26 @@ def _add_overhead(benchmarks) -> None:
     overhead.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
     overhead.add_argument("--json", metavar="PATH")
     overhead.set_defaults(handler=_module_run("lab.bench.metrics_overhead"))
+
+
+def _add_lightning(benchmarks) -> None:
+    peer = benchmarks.add_parser(
+        "lightning", help="the lab's images/s as a ratio to PyTorch Lightning's Trainer on the same model and data",
+        description="`lab train` and Lightning's Trainer, one after the other under torchrun, train the config's "
+                    "ResNet-18 on the same synthetic data, global batch, optimizer and precision; prints "
+                    "lab / Lightning images/s over the steps after the warm-up. Needs pip install lightning==2.6.6.")
+    _config_args(peer)
+    peer.add_argument("--steps", type=at_least(2), default=40, help="training steps per side (default 40)")
+    peer.add_argument("--warmup", type=at_least(1), metavar="N",
+                      help="first steps left out of the timing on both sides (default 5, or half of --steps)")
+    peer.add_argument("--nproc-per-node", type=PROCESSES, default=1, metavar="N", help="DDP processes (default 1)")
+    peer.add_argument("--rounds", type=at_least(1), default=1,
+                      help="runs per side, in ABBA order; the medians are compared (default 1)")
+    peer.add_argument("--lightning-ddp", default="lab", choices=["lab", "default"],
+                      help="Lightning's DDP settings: the lab's (bucket size, bucket views, buffer sync) or "
+                           "Lightning's own (default lab)")
+    peer.add_argument("--json", metavar="PATH", help="write the result and its settings as JSON")
+    peer.set_defaults(handler=_module_run("lab.bench.lightning_peer"))
 
 
 def _add_memory(commands) -> None:

@@ -20,6 +20,15 @@ def fully_shard() -> Callable:
     return shard
 
 
+def fused_optimizer_devices() -> tuple[str, ...]:
+    """Device types with fused optimizer kernels, from the list torch's own optimizers check `fused=True`
+    against (torch.utils._foreach_utils, in 2.6 and 2.14); CUDA alone where a build lacks it."""
+    from torch.utils import _foreach_utils
+
+    listed = getattr(_foreach_utils, "_get_fused_kernels_supported_devices", None)
+    return tuple(listed()) if listed is not None else ("cuda",)
+
+
 def ddp_buffer_sync(enabled: bool) -> dict[str, bool]:
     """DDP's keyword for syncing buffers before each forward: forward_sync_buffers in new releases,
     broadcast_buffers before (the lab's config key keeps the older, better-known name)."""
@@ -31,7 +40,10 @@ def ddp_buffer_sync(enabled: bool) -> dict[str, bool]:
 
 def fsdp_runs_on_cpu() -> bool:
     """FSDP2 on CPU tensors records events on CPU streams; torch 2.6's torch.cpu.Stream cannot
-    ('Stream' object has no attribute 'record_event'), so FSDP there needs GPUs."""
+    ('Stream' object has no attribute 'record_event'), so FSDP there needs GPUs. Supplying no-op
+    record_event/wait_event (as torch 2.14's are, CPU work being synchronous) is not enough: 2.6's FSDP2 then
+    fails in the first backward ('one of the variables needed for gradient computation has been modified by
+    an inplace operation: [torch.FloatTensor [64]] is at version 2'), so 2.6 keeps FSDP to GPUs."""
     import torch
 
     return hasattr(torch.cpu.Stream, "record_event")

@@ -35,6 +35,13 @@ _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
 
+# PyTorch's SyncBatchNorm.forward drops empty ranks' statistics with a boolean mask (torch 2.14
+# torch/nn/modules/_functions.py, line 97-98: `mask = count_all.squeeze(-1) >= 1; count_all = count_all[mask]`):
+# a result whose shape depends on device values, so the host waits for the GPU there, in every layer of every step.
+SYNC_BATCHNORM_WAITS = ("the host waits for the GPU in every BatchNorm layer of every step (PyTorch's SyncBatchNorm "
+                        "indexes with a boolean mask), so the step loop no longer runs ahead of the device")
+
+
 def knob(default: Any, help: str, *, min: float | None = None, max: float | None = None) -> Any:
     """A config field with its documentation and range, declared in one place."""
     return field(default=default, metadata={"help": help, "min": min, "max": max})
@@ -71,7 +78,8 @@ class ModelConfig:
     arch: Literal["resnet18"] = knob("resnet18", "torchvision ResNet-18 with a 3x3 stem and no max-pool for 32x32 inputs.")
     width: int = knob(64, "Base channel count (64 is ResNet-18; 8-16 make fast test models).", min=1)
     norm: Literal["batch", "group"] = knob("batch", "Normalisation layer: batch (BatchNorm) or group (GroupNorm).")
-    sync_batchnorm: bool = knob(False, "Convert BatchNorm to SyncBatchNorm (CUDA only, as in PyTorch).")
+    sync_batchnorm: bool = knob(False, "Convert BatchNorm to SyncBatchNorm (CUDA only, as in PyTorch). "
+                                       + f"Not with data.uneven=join. On CUDA {SYNC_BATCHNORM_WAITS}.")
     channels_last: bool = knob(False, "NHWC memory format for model and inputs (faster convolutions on GPUs).")
     compile: bool = knob(False, "torch.compile the model (first steps are slow while it compiles).")
     dtype: Literal["float32", "float64"] = knob(
@@ -342,6 +350,25 @@ def _check_consistency(cfg: Config) -> None:
         _indivisible(cfg, 1)
     if cfg.model.sync_batchnorm and cfg.model.norm != "batch":
         raise ConfigError(f"{cfg.origin}: model.sync_batchnorm: needs model.norm=batch (got {cfg.model.norm})")
+    if cfg.model.sync_batchnorm and cfg.data.uneven == "join":
+        # DDP's Join shadows only its own gradient all-reduce; SyncBatchNorm's all-gather in the forward of the
+        # ranks still training would wait for the finished rank until the NCCL watchdog kills the job.
+        raise ConfigError(f"{cfg.origin}: model.sync_batchnorm: true cannot be combined with data.uneven=join (Join "
+                          f"does not cover SyncBatchNorm's all-gather: the other ranks hang); use data.uneven=pad "
+                          f"or drop, or model.sync_batchnorm=false")
+
+
+def host_sync_warning(cfg: Config, device) -> str | None:
+    """The start-of-run line for a run whose step loop waits for the device (SyncBatchNorm on CUDA), or None.
+
+    >>> import types
+    >>> cfg = with_overrides(load(None), model={"sync_batchnorm": True})
+    >>> host_sync_warning(cfg, types.SimpleNamespace(type="cpu")) is None
+    True
+    """
+    if not (cfg.model.sync_batchnorm and getattr(device, "type", device) == "cuda"):
+        return None
+    return f"model.sync_batchnorm=true on CUDA: {SYNC_BATCHNORM_WAITS}"
 
 
 def check_layout(cfg: Config, world_size: int) -> None:

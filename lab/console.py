@@ -18,8 +18,10 @@ class Console:
     def begin(self, total_steps: int, start_step: int = 0) -> None:
         """Start the progress bar (on a terminal only) once the number of steps is known."""
         if sys.stderr.isatty():
-            from tqdm import tqdm
-
+            try:
+                from tqdm import tqdm
+            except ModuleNotFoundError:  # a bare host: training needs no tqdm; a line per log interval instead
+                return
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def say(self, message: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,16 +49,27 @@ class DistContext:
         return self.backend is not None
 
 
-def choose_device(preference: str, local_rank: int) -> torch.device:
+def choose_device(preference: str, local_rank: int, local_world_size: int = 1) -> torch.device:
+    """This process's device: cuda:local_rank where it sees every GPU of the node, cuda:0 where it was given one
+    GPU of its own (Slurm's --gpus-per-task, Kubernetes, Docker: one visible device per process).
+
+    A process that sees one GPU while CUDA_VISIBLE_DEVICES is unset sees the node's only GPU, shared with the
+    other local ranks: refused, as NCCL cannot put two ranks on one device."""
     if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise LaunchError("dist.device: cuda was asked for but no CUDA device is visible; use dist.device=auto or cpu")
-    count = torch.cuda.device_count()
-    if local_rank >= count:
-        raise LaunchError(f"dist.device: local rank {local_rank} has no GPU (this node has {count}); "
-                          f"start at most {count} processes per node")
-    return torch.device("cuda", local_rank)
+    visible = torch.cuda.device_count()
+    local_world_size = max(local_world_size, local_rank + 1)  # a caller that knows only its local rank
+    if visible >= local_world_size:
+        return torch.device("cuda", local_rank)
+    if visible == 1 and os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return torch.device("cuda", 0)
+    raise LaunchError(
+        f"dist.device: local rank {local_rank} of {local_world_size} processes on this node has no GPU of its own: "
+        f"{visible} visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES') or 'unset'}); start at "
+        f"most {visible} processes per node, or give each process one device of its own (CUDA_VISIBLE_DEVICES per "
+        f"process, e.g. Slurm's --gpus-per-task=1)")
 
 
 def choose_backend(preference: str, device: torch.device) -> str:
@@ -70,7 +82,7 @@ def choose_backend(preference: str, device: torch.device) -> str:
 
 def init(cfg: DistConfig) -> DistContext:
     global_rank, local_rank, world_size, local_world_size, node_rank = torchrun_env.layout()
-    device = choose_device(cfg.device, local_rank)
+    device = choose_device(cfg.device, local_rank, local_world_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:

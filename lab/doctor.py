@@ -26,8 +26,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import socket
 import sys
+import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -209,6 +211,27 @@ def check_output_dir(path: str) -> Check:
                  "choose a writable run.output_dir or fix its permissions")
 
 
+def c_compiler(env: Mapping[str, str]) -> str | None:
+    """The C compiler Triton would use: $CC when set and found, else cc or gcc on PATH."""
+    path = env.get("PATH", "")
+    names = [env["CC"].split()[0]] if env.get("CC", "").split() else ["cc", "gcc"]
+    return next((found for name in names if (found := shutil.which(name, path=path))), None)
+
+
+def check_compile(env: Mapping[str, str], include_dir: str | None = None) -> Check:
+    """Can torch.compile (model.compile: true) work here? Inductor's Triton kernels are built at run time
+    with a C compiler against Python.h; without either the first compiled step fails, not this check."""
+    include = Path(include_dir or sysconfig.get_paths()["include"])
+    compiler = c_compiler(env)
+    missing = ([] if compiler else ["a C compiler (cc/gcc on PATH or $CC)"]) + (
+        [] if (include / "Python.h").is_file() else [f"Python.h (not in {include})"])
+    if not missing:
+        return Check("compile", "ok", f"torch.compile can build kernels: {compiler}, {include / 'Python.h'}")
+    dev = f"python{sys.version_info.major}.{sys.version_info.minor}-dev"
+    return Check("compile", "warn", f"torch.compile (model.compile) cannot build kernels: no {' and no '.join(missing)}",
+                 f"on Debian/Ubuntu or in an NGC container: apt-get install -y gcc {dev}")
+
+
 def check_torch(expect_gpus: int | None) -> tuple[list[Check], dict[str, Any]]:
     """torch, its devices and its collective backends."""
     try:
@@ -252,6 +275,7 @@ def run_checks(ports: list[int], output_dir: str, expect_gpus: int | None = None
     checks = [Check("python", "ok", f"{platform.python_version()} ({sys.executable})")]
     torch_checks, facts = check_torch(expect_gpus)
     checks += torch_checks
+    checks.append(check_compile(env))
     shm, facts["shm_bytes"] = check_shm(min_shm_bytes)
     checks.append(shm)
     checks += [check_port(p) for p in ports]

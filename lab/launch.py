@@ -15,14 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from lab import cores
 from lab.errors import LabError
@@ -76,17 +74,23 @@ class Rendezvous:
         return self
 
 
-def torchrun_executable() -> str:
-    """The torchrun beside this Python (a venv's), else the one on PATH."""
-    beside = Path(sys.executable).parent / "torchrun"
-    return str(beside) if beside.exists() else (shutil.which("torchrun") or "torchrun")
+def torchrun_executable() -> list[str]:
+    """torchrun as this Python's module: the torch this process imports, whatever is beside it or on PATH.
+
+    A system or NGC Python often has no `torchrun` script beside it, and the one on PATH may belong to another
+    Python (another torch, or none); `python -m torch.distributed.run` is what that script runs.
+    """
+    return [sys.executable, "-m", "torch.distributed.run"]
 
 
 def torchrun_command(nproc_per_node: int, target: list[str], rendezvous: Rendezvous | None = None,
                      torchrun: str | None = None) -> list[str]:
-    """argv for torchrun starting `nproc_per_node` workers of `target` (e.g. ["-m", "lab", "train", ...])."""
+    """argv for torchrun starting `nproc_per_node` workers of `target` (e.g. ["-m", "lab", "train", ...]).
+
+    `torchrun` names an executable to use instead of this Python's torch.distributed.run.
+    """
     rdzv = rendezvous or Rendezvous()
-    cmd = [torchrun or torchrun_executable()]
+    cmd = [torchrun] if torchrun else torchrun_executable()
     if rdzv.endpoint is None:
         cmd += ["--standalone", "--nproc-per-node", str(nproc_per_node)]
     else:

@@ -3,7 +3,8 @@ read what it wrote, show a table or a plot inline, and check what the learner sh
 
 A lesson runs the same commands a learner types in the terminal beside it, in a subprocess: torchrun,
 gloo or NCCL and the exporters behave exactly as on the command line, and a crashed run cannot take the
-kernel down. The sizes follow the machine: `smoke`-sized runs on a CPU (minutes), as-is on GPUs.
+kernel down. The sizes follow the machine, as plan() decides once for every lesson: `smoke`-sized runs on
+2 CPU processes (minutes) where there are fewer than 2 GPUs (one GPU cannot hold two ranks), as-is on GPUs.
 
 >>> folder = output_dir("01-demo", root="/tmp/lab-lessons")
 >>> folder.name, folder.parent.name
@@ -22,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 # Where lessons write their runs: runs/lessons/ in the checkout (the repository with `make notebook`, /lab in
@@ -78,18 +80,72 @@ def free_ports(count: int = 1) -> int:
     raise RuntimeError(f"no {count} free ports in a row")
 
 
-def on_gpu() -> bool:
-    """True when this machine has a CUDA GPU torch can use (the lesson then runs at GPU sizes)."""
+# Test-only: pretend this machine has N GPUs (the notebook tests plan every lesson for a 1-GPU host on a CPU
+# machine). Never set it for a real lesson: commands planned for GPUs that are not there fail.
+FAKE_GPUS_ENV = "LAB_LESSON_FAKE_GPUS"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a lesson's commands run, decided once for every lesson from the GPUs this machine shows.
+
+    A multi-rank part needs one device per rank (NCCL cannot put two ranks on one GPU), so with fewer than 2
+    GPUs every command of the lesson runs on 2 CPU processes over gloo, at CPU sizes; on a 1-GPU host the GPU
+    is hidden from them (CUDA_VISIBLE_DEVICES=""), as lesson 7 did first. Single-process parts follow too: a
+    lesson compares them with the multi-rank ones, and one command (`lab memory --measure`, `lab bench
+    scaling`) often runs both."""
+
+    gpus: int              # CUDA devices this machine shows
+    ranks: int             # processes of a multi-rank part: every GPU, or 2 on the CPU
+    gpu: bool              # the commands run on GPUs, at GPU sizes (the `workshop-gpu` config)
+    env: dict[str, str]    # added to every command's environment by run() and start()
+    why: str               # one line for the lesson's first cell
+
+    @property
+    def config(self) -> str:
+        """The training config at this plan's sizes."""
+        return "workshop-gpu" if self.gpu else "smoke"
+
+
+def visible_gpus() -> int:
+    """CUDA devices torch can use here ($LAB_LESSON_FAKE_GPUS in the tests)."""
+    fake = os.environ.get(FAKE_GPUS_ENV)
+    if fake not in (None, ""):
+        return int(fake)
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def plan(gpus: int | None = None) -> Plan:
+    """The one decision every lesson's first cell makes: how many ranks, on GPUs or CPU processes, for `gpus`
+    (default: the GPUs this machine shows).
+
+    >>> p = plan(gpus=1); (p.ranks, p.gpu, p.env, p.config)
+    (2, False, {'CUDA_VISIBLE_DEVICES': ''}, 'smoke')
+    >>> p = plan(gpus=8); (p.ranks, p.gpu, p.env, p.config)
+    (8, True, {}, 'workshop-gpu')
+    >>> p = plan(gpus=0); (p.ranks, p.gpu, p.env)
+    (2, False, {})
+    """
+    gpus = visible_gpus() if gpus is None else gpus
+    if gpus >= 2:
+        return Plan(gpus, gpus, True, {}, f"{gpus} GPUs: one process per GPU (NCCL), GPU sizes")
+    if gpus == 1:
+        return Plan(1, 2, False, {"CUDA_VISIBLE_DEVICES": ""},
+                    "1 GPU: a multi-rank part needs a device per rank, so this lesson runs 2 CPU processes (gloo) "
+                    "at CPU sizes, with the GPU hidden from its commands (CUDA_VISIBLE_DEVICES=)")
+    return Plan(0, 2, False, {}, "no GPU: 2 CPU processes (gloo), CPU sizes")
+
+
+def on_gpu() -> bool:
+    """True when the lesson's commands run on GPUs (2 or more), at GPU sizes: plan().gpu."""
+    return plan().gpu
 
 
 def devices() -> int:
-    """How many processes a lesson's DDP runs use: every GPU, or 2 CPU processes (gloo)."""
-    import torch
-
-    return torch.cuda.device_count() if on_gpu() else 2
+    """How many processes a lesson's DDP runs use: plan().ranks (every GPU, or 2 CPU processes)."""
+    return plan().ranks
 
 
 def output_dir(lesson: str, root: str | os.PathLike | None = None, fresh: bool = True) -> Path:
@@ -101,12 +157,23 @@ def output_dir(lesson: str, root: str | os.PathLike | None = None, fresh: bool =
     return folder.resolve()
 
 
+def command_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a command a lesson starts: this kernel's, the plan's (the GPU hidden on a 1-GPU host),
+    then the cell's own `env`."""
+    return {**os.environ, **plan().env, **(env or {})}
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a command in the background, its output (stderr folded in) on a pipe, with command_env(env)."""
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=command_env(env))
+
+
 def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Finished:
     """Run a command, print its output as it comes (stderr folded in), and return it; `check`: a failure stops
     the cell with the command's exit code and its last lines."""
     print(f"$ {' '.join(args)}", flush=True)
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, **(env or {})})
+    proc = start(list(args), env)
     lines = []
     for line in proc.stdout:
         print(line, end="", flush=True)

@@ -70,8 +70,9 @@ class IntervalMeter:
         the one that ended; None when no step was taken since the last close."""
         if step == self.start_step:
             return None
-        totals = torch.stack([self.loss_sum, self.correct.to(torch.float64),
-                              torch.tensor(float(self.rank_samples), dtype=torch.float64, device=self.device)])
+        # torch.full is a fill on the device; torch.tensor(number, device=cuda) would be a blocking host copy
+        samples_here = torch.full((), float(self.rank_samples), dtype=torch.float64, device=self.device)
+        totals = torch.stack([self.loss_sum, self.correct.to(torch.float64), samples_here])
         loss_sum, correct, samples = dist.all_reduce_sum(ctx, totals).tolist()
         now = time.perf_counter()
         interval = Interval(step=step, steps=step - self.start_step, seconds=now - self.start_time,

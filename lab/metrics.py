@@ -19,21 +19,30 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info, push_to_gateway, start_http_server
-
-from lab import __version__, atomic, torchrun_env
+from lab import __version__, atomic, optional, torchrun_env
 from lab.addresses import is_loopback, is_wildcard
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Gauge
 
 LABELS = ("run_id", "rank", "node")
 GPU_LABELS = (*LABELS, "gpu")
+
+
+def _prometheus():
+    """prometheus_client, imported when an exporter or a push is asked for: training without metrics needs none."""
+    return optional.require("prometheus_client", "the Prometheus exporter (metrics.port_base, metrics.pushgateway)")
 
 
 class _Definitions:
     """The metric families of one registry (one per exporter, so tests and ranks never share state)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        prometheus = _prometheus()
+        Counter, Gauge, Info = prometheus.Counter, prometheus.Gauge, prometheus.Info
+
         def gauge(name: str, doc: str, labels=LABELS) -> Gauge:
             return Gauge(name, doc, labels, registry=registry)
 
@@ -95,10 +104,11 @@ class RankExporter(NullExporter):
                  say=print, advertise: str | None = None) -> None:
         """Serve on bind_address:port; `advertise` is the host other machines reach it by (default: the bind
         address, or this host's name for a wildcard)."""
-        self.registry = CollectorRegistry()
+        prometheus = _prometheus()
+        self.registry = prometheus.CollectorRegistry()
         self.series = _Definitions(self.registry)
         self.labels, self.device = labels, device
-        self.server, self._thread = start_http_server(port, addr=bind_address, registry=self.registry)
+        self.server, self._thread = prometheus.start_http_server(port, addr=bind_address, registry=self.registry)
         self.port = self.server.server_port
         host = advertise or (bind_address if not is_wildcard(bind_address) else socket.getfqdn())
         host = f"[{host}]" if ":" in host else host  # an IPv6 literal in a URL or a file_sd target
@@ -234,6 +244,8 @@ def listen_address(bind_address: str, multi_node: bool, head: str,
 
 def start(cfg, ctx, run_id: str, info: dict[str, str], say=print) -> NullExporter:
     """This rank's exporter, or a null one when metrics are off or its port is taken (one warning)."""
+    if cfg.port_base or cfg.pushgateway:
+        _prometheus()  # now, not at the end of the run when the summary is pushed
     if not cfg.port_base:
         return NullExporter()
     port = cfg.port_base + ctx.local_rank
@@ -267,14 +279,15 @@ def push(gateway: str, job: str, grouping: dict[str, str], values: list[tuple[st
          what: str, warn: bool = True) -> bool:
     """Push gauges (name, help, labels, value) under `grouping`; an unreachable gateway costs one warning line
     (from the rank that has `warn`), never the run."""
-    registry = CollectorRegistry()
+    prometheus = _prometheus()
+    registry = prometheus.CollectorRegistry()
     families: dict[str, Gauge] = {}
     for name, doc, labels, value in values:
         if name not in families:
-            families[name] = Gauge(name, doc, list(labels), registry=registry)
+            families[name] = prometheus.Gauge(name, doc, list(labels), registry=registry)
         families[name].labels(**labels).set(value)
     try:
-        push_to_gateway(gateway, job=job, grouping_key=grouping, registry=registry, timeout=5)
+        prometheus.push_to_gateway(gateway, job=job, grouping_key=grouping, registry=registry, timeout=5)
         return True
     except Exception as exc:  # noqa: BLE001 - URLError, timeouts, HTTP errors: never the run's failure
         reason = getattr(exc, "reason", exc)

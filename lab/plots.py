@@ -6,15 +6,38 @@ Every figure says what was measured, in which units, on what: the caller passes 
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-import matplotlib.ticker
+from lab import optional
 
-matplotlib.use("Agg")  # files only; no display on servers and in CI
-import matplotlib.pyplot as plt  # noqa: E402
+
+@functools.cache
+def _pyplot():
+    """matplotlib.pyplot, imported by the first figure: training and the device check run without matplotlib."""
+    matplotlib = optional.require("matplotlib", "figures (lab report, lab memory, a benchmark's --plot)")
+    matplotlib.use("Agg")  # files only; no display on servers and in CI
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
+
+def require() -> None:
+    """Exit 2 now, naming the package, when matplotlib is missing: a benchmark asked for a --plot checks before it
+    runs, not after its measurements."""
+    _pyplot()
+
+
+class _Pyplot:
+    """`plt.subplots(...)` as usual, but matplotlib is imported at the first call, inside the figure's function."""
+
+    def __getattr__(self, name: str):
+        return getattr(_pyplot(), name)
+
+
+plt = _Pyplot()
 
 
 def _wrap(context: str) -> str:
@@ -116,8 +139,10 @@ def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path,
                      color="tab:red" if fitted else "tab:purple", label=label)
         ax2.set_xscale("log", base=2)
         ax2.set_yscale("log", base=2)
-        ax2.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax2.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        from matplotlib.ticker import FuncFormatter
+
+        ax2.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     else:
         ax2.set_xticks(n)
     ax2.set_xlabel("processes (world size)")

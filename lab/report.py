@@ -231,8 +231,10 @@ def _allreduce(result: dict[str, Any], out: Path) -> str:
              f"(nccl-tests' definition: busbw = algbw x 2(n-1)/n); best in-place {best['ip_busbw']:.3g} GB/s "
              f"at {best['size']} B."]
     if result.get("link_gbps"):
+        from lab.bench.collective_perf import link_share
+
         lines.append(f"Reference link {result['link']}: {result['link_gbps']:g} GB/s; the best size reaches "
-                     f"{best['ip_busbw'] / result['link_gbps']:.1%} of it.")
+                     f"{link_share(best['ip_busbw'], result['link_gbps'])}.")
     lines += ["", "![All-reduce bus bandwidth](allreduce.png)", ""]
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from lab import checkpoint, data, device_memory, dist, model as models, optim, strategies, torchrun_env
-from lab.config import Config, to_dict
+from lab.config import Config, host_sync_warning, to_dict
 from lab.console import Console, SilentConsole
 from lab.meter import IntervalMeter, Throughput
 from lab.plan import plan_steps
@@ -41,6 +41,8 @@ class Trainer:
         self.dtype = getattr(torch, cfg.model.dtype)
 
         self.amp_dtype = optim.choose_amp(t.amp, self.dtype, ctx.device, say=self.console.say)
+        if warning := host_sync_warning(cfg, ctx.device):  # "never waits" does not hold here: say so
+            self.console.say(warning)
         torch.manual_seed(cfg.run.seed)  # one initialisation on every rank (DDP also broadcasts rank 0's)
         self.strategy = strategies.build(cfg, ctx, models.build(cfg.model).to(ctx.device), self.amp_dtype)
         self.model = self.strategy.model

@@ -27,15 +27,16 @@
 # 3. overlay the two loss curves and read the difference at matching steps.
 #
 # On a CPU this uses the `smoke` config (a narrow ResNet-18 on synthetic data, seconds per run) and 2 gloo
-# processes; on a GPU server `workshop-gpu` and every GPU (NCCL). Every command below is one you can type in
-# the terminal beside this notebook.
+# processes; on a GPU server `workshop-gpu` and every GPU (NCCL). A host with one GPU runs the CPU way (the
+# first cell says so). Every command below is one you can type in the terminal beside this notebook.
 
 # %%
 from lab import lesson
 
 folder = lesson.output_dir("01-baseline-and-ddp")
-config = "workshop-gpu" if lesson.on_gpu() else "smoke"
-n = lesson.devices()
+plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: DDP needs one device per process
+config, n = plan.config, plan.ranks
+print(plan.why)
 print(f"config {config}, DDP over {n} processes, results in {folder}")
 
 # %% [markdown]

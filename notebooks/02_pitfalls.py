@@ -37,7 +37,9 @@
 from lab import lesson
 
 folder = lesson.output_dir("02-pitfalls")
-n = lesson.devices()
+plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: a pitfall needs 2 ranks or more
+n = plan.ranks
+print(plan.why)
 PITFALLS = ["set-epoch", "checkpoint-every-rank", "batchnorm", "uneven-batches"]
 
 
@@ -104,7 +106,7 @@ uneven = pitfall("uneven-batches")
 # cell only says so.
 
 # %%
-if lesson.on_gpu() and n >= 2:
+if plan.gpu:
     visible = pitfall("cuda-visible-devices")
 else:
     print("skipped: cuda-visible-devices needs 2 or more GPUs; this machine runs the lesson on CPU processes")

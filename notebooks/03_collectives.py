@@ -36,9 +36,11 @@ from lab import lesson
 from lab.bench.collective import COLLECTIVES, NAMES
 
 folder = lesson.output_dir("03-collectives")
-n = lesson.devices()
+plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: a collective of one rank moves nothing
+n = plan.ranks
+print(plan.why)
 # -b smallest, -e largest size (bytes, K/M binary), -f step factor, -n timed and -w warm-up iterations per size
-sizes = ["-b", "8", "-e", "256M", "-f", "2", "-n", "20", "-w", "5"] if lesson.on_gpu() else \
+sizes = ["-b", "8", "-e", "256M", "-f", "2", "-n", "20", "-w", "5"] if plan.gpu else \
         ["-b", "8", "-e", "4M", "-f", "4", "-n", "5", "-w", "2"]
 print(f"{n} ranks, sizes {' '.join(sizes)}, results in {folder}")
 

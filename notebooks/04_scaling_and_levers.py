@@ -36,15 +36,13 @@
 from lab import lesson, scaling_laws
 
 folder = lesson.output_dir("04-scaling-and-levers")
-n = lesson.devices()
-gpu = lesson.on_gpu()
-config = "workshop-gpu" if gpu else "smoke"
+plan = lesson.plan()  # with fewer than 2 GPUs, 1 and 2 CPU processes: scaling needs 2 devices or more
+n, gpu, config = plan.ranks, plan.gpu, plan.config
+print(plan.why)
 scaling_args = ["--config", config, "--max-world-size", str(n), "--steps", "40" if gpu else "4",
                 "--warmup", "10" if gpu else "1"]
 lever_args = ["--config", config, "--nproc-per-node", str(n), "--steps", "10" if gpu else "2", "--rounds", "2",
               "--warmup", "1"]
-if n < 2:
-    raise lesson.NotWhatYouShouldSee(f"this lesson compares 1 process with 2 or more; this host gives {n}")
 print(f"config {config}, world sizes up to {n}, results in {folder}")
 
 # %% [markdown]

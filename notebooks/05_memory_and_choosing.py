@@ -38,7 +38,9 @@
 from lab import lesson
 
 folder = lesson.output_dir("05-memory-and-choosing")
-gpu = lesson.on_gpu()
+plan = lesson.plan()  # with fewer than 2 GPUs, on the CPU: --measure runs 2 ranks, one device each
+gpu = plan.gpu
+print(plan.why)
 width = "64" if gpu else "16"
 print(f"measuring ResNet-18 at width {width} on {'GPU' if gpu else 'CPU'}, results in {folder}")
 

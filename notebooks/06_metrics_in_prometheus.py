@@ -51,8 +51,9 @@ import yaml
 from lab import lesson
 
 folder = lesson.output_dir("06-metrics-in-prometheus")
-gpu = lesson.on_gpu()
-n = lesson.devices()
+plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: one device per rank
+gpu, n, config = plan.gpu, plan.ranks, plan.config
+print(plan.why)
 run_id = f"lesson06-{time.strftime('%H%M%S')}"  # a new id each time: Prometheus keeps older runs' series
 print(f"{n} processes, run id {run_id}, results in {folder}")
 
@@ -126,7 +127,6 @@ print("Prometheus is ready")
 # short run still gives Prometheus something to see. The run prints its endpoints at the start (`metrics: ...`).
 
 # %%
-config = "workshop-gpu" if gpu else "smoke"
 # 128 steps on a CPU (2048 synthetic images, 4 epochs); the stack's Prometheus scrapes every 5 s and rereads its
 # targets every 10 s, so under compose the run is 10 epochs (320 steps) to be seen for long enough
 sizes = [] if gpu else ["--set", "model.width=8", "--set", "train.log_every=1", "--set", "data.synthetic_train_size=2048",

@@ -35,7 +35,6 @@
 # each node gets half of the GPUs and runs `workshop-gpu` (NCCL). Every command is one you can type in a terminal.
 
 # %%
-import os
 import shutil
 import socket
 import subprocess
@@ -49,9 +48,10 @@ import yaml
 from lab import lesson
 
 folder = lesson.output_dir("07-multi-node")
-gpus = lesson.devices() if lesson.on_gpu() else 0
-config = "workshop-gpu" if gpus >= 2 else "smoke"
-per_node = max(1, gpus // 2)
+plan = lesson.plan()  # with fewer than 2 GPUs, one CPU worker per "node": two nodes cannot share one GPU
+config = plan.config
+per_node = plan.ranks // 2 if plan.gpu else 1
+print(plan.why)
 print(f"2 nodes x {per_node} worker(s), config {config}, results in {folder}")
 
 
@@ -97,18 +97,16 @@ endpoint = f"127.0.0.1:{lesson.free_ports()}"
 started = time.time()
 nodes = {}
 for name, addr, visible in (("a", "127.0.0.1", range(per_node)), ("b", "127.0.0.2", range(per_node, 2 * per_node))):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if gpus >= 2:
+    env = {"OMP_NUM_THREADS": "1"}  # lesson.start adds the plan's (on a 1-GPU host: the GPU hidden)
+    if plan.gpu:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, visible))  # each "node" its own half of the GPUs
-    elif lesson.on_gpu():
-        env["CUDA_VISIBLE_DEVICES"] = ""  # one GPU cannot be two nodes' NCCL ranks: gloo on the CPU instead
-    sizes = [] if gpus >= 2 else ["--set", "model.width=8", "--set", "train.max_steps=4"]
+    sizes = [] if plan.gpu else ["--set", "model.width=8", "--set", "train.max_steps=4"]
     command = [sys.executable, "-m", "lab", "launch", "--nnodes", "2", "--nproc-per-node", str(per_node),
                "--rdzv-endpoint", endpoint, "--rdzv-id", "meet", "--local-addr", addr, "--join-timeout", "60",
                "--", "-m", "lab", "train", "--config", config, *sizes, "--set", "checkpoint.save=false",
                "--set", f"run.output_dir={folder / ('node-' + name)}"]
     print(f"node {name} ({addr}): $ {' '.join(command)}", flush=True)
-    nodes[name] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    nodes[name] = lesson.start(command, env=env)
 
 
 def relay(name: str, proc: subprocess.Popen) -> None:

@@ -1,14 +1,40 @@
 #!/usr/bin/env bash
-# The one-command device check (make gpu-check): every GPU path of the lab on this host, a table last.
+# The one-command device check (make gpu-check): every GPU path of the lab on this host, a table last,
+# within a deadline.
 #
-#   scripts/gpu-check.sh [OUT_DIR]            # default runs/gpu-check: step logs, runs, gpu-check.json
+#   scripts/gpu-check.sh [--quick] [--allow-cpu] [--deadline SECONDS] [OUT_DIR]
 #
-# Needs a Python with torch, torchvision, PyYAML, numpy, tqdm, matplotlib and prometheus_client (an NGC
-# PyTorch container has them; .venv when `make setup` made one). No venv, no network, nothing installed:
-# the lab is pure Python and runs from this checkout. Without a GPU it says so, lists what it skipped, exit 0.
+# OUT_DIR (default runs/gpu-check): step logs, runs, gpu-check.json. --deadline (default 360) bounds the whole
+# script, this wrapper's own seconds included. --quick --allow-cpu: every step a CPU can run, at toy sizes.
+# Needs a Python with torch, torchvision, PyYAML and numpy (an NGC PyTorch container has them; .venv when
+# `make setup` made one); steps that need more (prometheus_client, lightning, deepspeed) say so and are skipped.
+# No venv, no network: the lab is pure Python and runs from this checkout. Wheels in ./wheels (or
+# $GPU_CHECK_WHEELS) of packages this Python lacks, DeepSpeed's for instance, are installed into
+# OUT_DIR/site-packages first (README: make gpu-check). Without a GPU it says so, lists what it skipped, exit 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-runs/gpu-check}"
+usage="usage: scripts/gpu-check.sh [--quick] [--allow-cpu] [--deadline SECONDS] [OUT_DIR]"
+flags=()
+deadline=360
+out=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick|--allow-cpu) flags+=("$1") ;;
+        --deadline)
+            [ $# -ge 2 ] || { echo "gpu-check: --deadline needs a number of seconds; $usage" >&2; exit 2; }
+            deadline="$2"; shift ;;
+        --deadline=*) deadline="${1#--deadline=}" ;;
+        -*) echo "gpu-check: unknown option $1; $usage" >&2; exit 2 ;;
+        *)
+            [ -z "$out" ] || { echo "gpu-check: one OUT_DIR only (got $out and $1); $usage" >&2; exit 2; }
+            out="$1" ;;
+    esac
+    shift
+done
+out="${out:-runs/gpu-check}"
+case "$deadline" in
+    ''|*[!0-9]*) echo "gpu-check: --deadline: $deadline is not a whole number of seconds; use e.g. 360" >&2; exit 2 ;;
+esac
 # PYTHON when given; else the first of .venv's and python3 whose torch sees a GPU (a venv's PyPI torch may
 # need a newer driver than the host's, an NGC container's python3 matches its driver); else the first
 # that has torch at all, for the dry check.
@@ -34,13 +60,37 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 missing=$("$python" - <<'PY'
 import importlib.util
-need = ["torch", "torchvision", "yaml", "numpy", "tqdm", "matplotlib", "prometheus_client"]
+need = ["torch", "torchvision", "yaml", "numpy"]
 print(" ".join(n for n in need if importlib.util.find_spec(n) is None))
 PY
 )
 if [ -n "$missing" ]; then
-    echo "gpu-check: $python lacks: $missing (pip install torch torchvision PyYAML numpy tqdm matplotlib" \
-         "prometheus_client, or make setup)" >&2
+    echo "gpu-check: $python lacks: $missing (pip install torch torchvision PyYAML numpy, or make setup)" >&2
     exit 2
 fi
-exec "$python" -m lab bench gpu-check --out "$out" --skip-without-gpu
+mkdir -p "$out"
+# Wheels of what this Python lacks (chosen by lab.bench.gpu_wheels, which names unmet requirements), installed
+# beside the results: nothing on the host changes, and the next run chooses them again.
+wheels="${GPU_CHECK_WHEELS:-wheels}"
+if [ -d "$wheels" ]; then
+    mapfile -t chosen < <("$python" -m lab.bench.gpu_wheels "$wheels")
+    if [ "${#chosen[@]}" -gt 0 ]; then
+        names=$(printf '%s\n' "${chosen[@]##*/}" | sed 's/-.*//' | paste -sd' ' -)
+        site="$out/site-packages"
+        [[ "$site" = /* ]] || site="$PWD/$site"
+        if ! "$python" -m pip --version >/dev/null 2>&1; then
+            echo "gpu-check: not installing $names from $wheels: $python has no pip (python -m pip); the steps" \
+                 "that need them are skipped" >&2
+        elif "$python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --upgrade \
+                --target "$site" "${chosen[@]}" >"$out/wheels.log" 2>&1; then
+            echo "gpu-check: installed $names from $wheels into $site"
+            export PYTHONPATH="$PYTHONPATH:$site"
+        else
+            echo "gpu-check: could not install $names from $wheels (see $out/wheels.log); the steps that need" \
+                 "them are skipped" >&2
+        fi
+    fi
+fi
+left=$((deadline - SECONDS))
+exec "$python" -m lab bench gpu-check --out "$out" --skip-without-gpu --deadline "$((left > 1 ? left : 1))" \
+    ${flags[@]+"${flags[@]}"}

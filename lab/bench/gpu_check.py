@@ -1,40 +1,56 @@
-"""The one-command device check: every GPU path of the lab, run for real on one host.
+"""The one-command device check: every GPU path of the lab, run for real on one host, inside a deadline.
 
-    make gpu-check                                   # = scripts/gpu-check.sh: no venv, no network needed
-    lab bench gpu-check --out runs/gpu-check         # the same from a venv; JSON and step logs in --out
+    make gpu-check                                      # = scripts/gpu-check.sh: no venv, no network needed
+    scripts/gpu-check.sh --quick --allow-cpu OUT_DIR    # every step a CPU can run, at toy sizes (the tests)
+    lab bench gpu-check --out runs/gpu-check --deadline 360
 
-Each step runs a real command of the lab (its output goes to a log in --out) or, for host
-syncs and memory, measures in this process (lab/bench/gpu_measure.py), and ends passed,
-failed or skipped; a table of them comes last, and `gpu-check.json` holds every figure.
-About 5 minutes on one H100/H200:
+The steps are one table, STEPS, ordered by what a short window on a borrowed GPU must not miss: the
+defects fixed last first (FSDP, bf16 training, NCCL DDP on one rank with accumulation, host syncs), then
+throughput, correctness, memory, the other benchmarks, and torch.compile last (its cold compile is the
+slowest thing here and measures only itself):
 
-  doctor         `lab doctor`: driver, CUDA, NCCL, shared memory, ports
-  data path      `lab bench pipeline`: the lab's device-resident data path against a
-                 torchvision DataLoader path, data alone (target 10x) and with the training step
-  training       `lab train` for a few epochs of synthetic data: wall time, images/s
-  host syncs     training steps under torch.cuda.set_sync_debug_mode("error"), bf16 and fp16
-  DDP, 1 rank    `lab train` with a 1-rank NCCL process group (dist.single_process_group):
-                 init_process_group(device_id=...), DDP on CUDA, no_sync with accumulation
-  DDP + compile  the same with torch.compile (DDPOptimizer) and static_graph
-  all-reduce     `lab bench collective all` over every GPU of the host: all-reduce's busbw, then the other
-                 five collectives' (skipped with one GPU)
-  memory         model state (parameters, gradients, momentum) measured with
-                 torch.cuda.memory_allocated against the estimator, like with like; peak apart
-  deterministic  two runs with run.deterministic=true give bit-identical losses
-  resume         a run stopped at half way and resumed matches the run that was not stopped
-  strategies     `lab bench strategies` on every GPU in bf16: DDP, FSDP, ZeRO-1/2/3 each train over NCCL
-  levers         `lab bench levers` on every GPU: bf16 and fp16 + GradScaler against fp32, accumulation, buckets,
-                 the step's peak memory, and (2 GPUs or more) the NCCL_ALGO/PROTO/P2P sweep
-  metrics        `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
+  doctor          `lab doctor`: driver, CUDA, NCCL, shared memory, ports, a compiler for torch.compile
+  FSDP            `lab train` with dist.strategy=fsdp, train.amp=bf16: FSDP2 on a 1-rank NCCL group (gloo on a CPU)
+  bf16 training   `lab train` with train.amp=bf16, no process group: the path a first run takes
+  DDP, 1 rank     `lab train` with a 1-rank NCCL process group (dist.single_process_group):
+                  init_process_group(device_id=...), DDP on CUDA, no_sync with accumulation
+  host syncs      training steps under torch.cuda.set_sync_debug_mode("error"), bf16 and fp16 (none allowed),
+                  then SyncBatchNorm, whose host sync is expected and shown (lab.bench.gpu_measure)
+  training        `lab train` for a few epochs of synthetic data: wall time, images/s
+  data path       `lab bench pipeline`: the lab's device-resident data path against a
+                  torchvision DataLoader path, data alone (target 10x) and with the training step
+  deterministic   two runs with run.deterministic=true give bit-identical losses
+  resume          a run stopped at half way and resumed matches the run that was not stopped
+  memory          model state (parameters, gradients, momentum) measured with
+                  torch.cuda.memory_allocated against the estimator, like with like; peak apart
+  strategies      `lab bench strategies` on every GPU in bf16: DDP, FSDP, ZeRO-1/2/3 (these need DeepSpeed)
+  levers          `lab bench levers` on every GPU: bf16 and fp16 + GradScaler against fp32, accumulation, buckets,
+                  the step's peak memory, and (2 GPUs or more) the NCCL_ALGO/PROTO/P2P sweep
+  all-reduce      `lab bench collective all` over every GPU of the host (2 GPUs or more)
+  metrics         `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
+  Lightning peer  `lab bench lightning`: the lab's images/s over PyTorch Lightning's, same model, batch, steps
+  DDP + compile   the 1-rank DDP run with torch.compile (DDPOptimizer) and static_graph
+
+Before the first step the plan is printed: each step with its expected seconds (on one H200; with --quick,
+at toy sizes on a 2-core CPU) and their sum, and each step this host cannot run with the reason: no GPU,
+one GPU, or a package that is missing (the preflight names it: the check and its training and NCCL steps
+need only torch, torchvision, PyYAML and numpy). Every step is a child process with its output in
+OUT/<step>.log. The deadline (--deadline, default 360 s) bounds the whole check: a child's limit is the
+smaller of its step's own limit and what is left of the deadline, and a child over it is stopped with its
+process group (torchrun's workers hold GPUs and NCCL); once the deadline is spent the steps left are
+reported skipped. gpu-check.json is rewritten after every step, so a check cut short or killed leaves every
+finished result; the table comes last.
 
 Without a GPU, `--skip-without-gpu` (what `make gpu-check` passes) says so, lists the
-steps it skipped and exits 0; `--quick --allow-cpu` runs every step at toy sizes on the
-CPU (gloo instead of NCCL), so the command itself is tested where no GPU is.
-Exit codes: 0 every step passed or was skipped; 1 a step failed; 2 bad input.
+steps it skipped and exits 0; `--quick --allow-cpu` runs every step a CPU can at toy sizes
+(gloo instead of NCCL), so the command itself is tested where no GPU is.
+Exit codes: 0 every step passed or was skipped for what the host lacks; 1 a step failed or the deadline cut
+the check short; 2 bad input.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -53,7 +69,16 @@ from lab.errors import LabError
 TARGET_IMAGES_PER_SECOND = 60_000   # training images/s of full-width ResNet-18 at batch 512 on one H100/H200
 TARGET_DATA_RATIO = 10.0            # the lab's data path over a DataLoader path (data alone)
 TARGET_METRICS_OVERHEAD = 0.01
-STEP_TIMEOUT = 300                  # seconds: a hung step fails, the check goes on
+STEP_LIMIT = 300                    # seconds: a step's own limit when its row names none
+TERM_GRACE, KILL_GRACE = 5, 2       # seconds a stopped child gets after SIGTERM, then after SIGKILL
+STOP_SECONDS = TERM_GRACE + KILL_GRACE + 1  # kept back from a child's limit, so that stopping it fits the deadline
+MIN_START_SECONDS = 5               # a child with less than this left is not started: it could not finish
+SYNC_BATCHNORM_SYNC = "SyncBatchNorm syncs with the host: PyTorch's boolean-mask indexing in its forward"
+# Where the preflight's message says how to get a missing package.
+HOW_TO_GET = {"lightning": "pip install lightning==2.6.6",
+              "prometheus_client": "pip install prometheus_client",
+              "deepspeed": "pip install deepspeed, or its wheels in wheels/: README, make gpu-check",
+              "lab.bench.lightning_peer": "`lab bench lightning` (lab/bench/lightning_peer.py) is not in this checkout"}
 
 
 @dataclass
@@ -63,20 +88,32 @@ class Outcome:
     detail: str
     seconds: float = 0.0
     figures: dict[str, Any] = field(default_factory=dict)
+    by_deadline: bool = False       # cut or not started because the deadline was spent
 
 
 class StepFailed(Exception):
     """A step's command failed or its result is wrong; the message says which and where its log is."""
 
 
+class DeadlineCut(StepFailed):
+    """The deadline stopped a step's child, or left too little to start it."""
+
+
+class Terminated(BaseException):
+    """SIGTERM reached the check: its children are stopped and what finished is written, as on Ctrl-C."""
+
+
 @dataclass
 class Check:
-    """What the steps share: where to write, how big to run, the overrides every `lab train` gets."""
+    """What the steps share: where to write, how big to run, the overrides every `lab train` gets, the clock."""
 
     out: Path
     quick: bool
     gpu: bool
     gpus: int
+    deadline_at: float = math.inf   # time.monotonic() by which the whole check must have ended
+    step_limit: float = STEP_LIMIT  # the running step's own limit for each child it starts
+    epochs: int = 3                 # epochs the training step times (--epochs)
 
     @property
     def config(self) -> str:
@@ -84,9 +121,12 @@ class Check:
 
     @property
     def fast(self) -> list[str]:
-        """--set arguments of the benchmarks that time the training step: the settings a GPU run uses."""
-        sets = ["model.width=8"] if self.quick else ["model.compile=true", "train.amp=bf16", "model.channels_last=true"]
-        return [x for o in sets for x in ("--set", o)]
+        """--set arguments of the benchmarks that time the training step: the settings a GPU run uses.
+        No model.compile: the data path and the exporter are measured as ratios within one run, which compile
+        does not change, and each would pay its own cold inductor compile (about a minute, in its own process
+        with its own shapes). The compile is measured once, where it is the point: DDP + compile."""
+        sets = ["model.width=8"] if self.quick else ["train.amp=bf16", "model.channels_last=true"]
+        return _sets(sets)
 
     @property
     def common(self) -> list[str]:
@@ -98,29 +138,49 @@ class Check:
                 "train.global_batch_size=512", "train.lr=0.4", "train.warmup_steps=12", "train.amp=bf16",
                 "model.channels_last=true"]
 
+    @property
+    def short(self) -> list[str]:
+        """A dozen steps, logged every 4; at toy sizes 4 steps of 16 (bf16 on a CPU is ten times slower)."""
+        if self.quick:
+            return ["train.max_steps=4", "train.log_every=2", "train.global_batch_size=16"]
+        return ["train.max_steps=12", "train.log_every=4"]
+
+    def seconds_left(self) -> float:
+        return self.deadline_at - time.monotonic()
+
     def lab(self, log: str, *argv: str) -> None:
         """`python -m lab ARGV` with its output in OUT/LOG.log; StepFailed when it exits non-zero."""
-        command = [sys.executable, "-m", "lab", *argv]
+        self.child(log, [sys.executable, "-m", "lab", *argv])
+
+    def child(self, log: str, command: list[str]) -> None:
+        """Run `command` with its output in OUT/LOG.log, within min(the step's limit, the deadline's rest)."""
+        limit = min(self.step_limit, self.seconds_left() - STOP_SECONDS)
+        if limit < MIN_START_SECONDS:
+            raise DeadlineCut(f"not started: {max(self.seconds_left(), 0):.0f} s of the deadline left")
         path = self.out / f"{log}.log"
         with open(path, "w") as f:
             f.write(f"$ {' '.join(command)}\n")
             f.flush()
-            # Its own session: on a timeout the whole tree goes (torchrun's workers hold GPUs and NCCL).
+            # Its own session: stopped, the whole tree goes (torchrun's workers hold GPUs and NCCL).
             child = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                code = child.wait(timeout=STEP_TIMEOUT)
+                code = child.wait(timeout=limit)
             except subprocess.TimeoutExpired:
-                _kill_tree(child)
-                raise StepFailed(f"no result within {STEP_TIMEOUT} s; see {path}") from None
+                stop_tree(child)
+                if limit < self.step_limit:
+                    raise DeadlineCut(f"cut by the deadline after {limit:.0f} s; see {path}") from None
+                raise StepFailed(f"no result within its {self.step_limit:.0f} s; see {path}") from None
+            except BaseException:  # Ctrl-C, SIGTERM: nothing this check started outlives it
+                stop_tree(child)
+                raise
         if code != 0:
             tail = path.read_text().strip().splitlines()[-1:] or [""]
             raise StepFailed(f"exit {code}: {tail[0][:160]}; see {path}")
 
     def train(self, log: str, run_id: str, *overrides: str) -> list[dict]:
         """`lab train` of the check's config with `overrides`; the run's train rows (last row per step)."""
-        sets = [x for o in [*self.common, f"run.output_dir={self.out / 'runs'}", f"run.id={run_id}",
-                            "metrics.port_base=0", *overrides] for x in ("--set", o)]
-        self.lab(log, "train", "--config", self.config, *sets)
+        self.lab(log, "train", "--config", self.config,
+                 *_sets([*self.common, *self.run_sets(run_id), *overrides]))
         run_dir = self.out / "runs" / run_id
         summary = json.loads((run_dir / "summary.json").read_text())
         if summary["status"] not in ("completed", "stopped"):
@@ -135,6 +195,34 @@ class Check:
             raise StepFailed(f"run {run_id}: losses not finite: {losses}")
         return [rows[s] for s in sorted(rows)]
 
+    def run_sets(self, run_id: str) -> list[str]:
+        """Where a run's records go (inside OUT) and no exporter (workshop-gpu has one; the check needs none)."""
+        return [f"run.output_dir={self.out / 'runs'}", f"run.id={run_id}", "metrics.port_base=0"]
+
+    def manifest(self, run_id: str) -> dict[str, Any]:
+        return json.loads((self.out / "runs" / run_id / "manifest.json").read_text())
+
+    def backend(self, run_id: str) -> str:
+        """The run's process-group backend, which must be NCCL on a GPU (gloo on the CPU)."""
+        backend = self.manifest(run_id)["backend"]
+        if backend != ("nccl" if self.gpu else "gloo"):
+            raise StepFailed(f"the process group used {backend}, not {'nccl' if self.gpu else 'gloo'}")
+        return backend
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [x for o in overrides for x in ("--set", o)]
+
+
+def _losses(rows: list[dict]) -> str:
+    return f"{rows[-1]['step']} steps, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}"
+
+
+def _bf16(c: Check, run_id: str) -> None:
+    amp = c.manifest(run_id)["amp"]
+    if amp != "bfloat16":
+        raise StepFailed(f"run {run_id} trained with amp {amp}, not bfloat16")
+
 
 # ----------------------------------------------------------------------------- the steps
 
@@ -144,6 +232,68 @@ def doctor(c: Check) -> Outcome:
     checks = json.loads((c.out / "doctor.json").read_text())["checks"]
     warned = [k["name"] for k in checks if k["status"] != "ok"]
     return Outcome("doctor", "passed", f"{len(checks)} checks" + (f"; not ok: {', '.join(warned)}" if warned else ""))
+
+
+def fsdp(c: Check) -> Outcome:
+    """FSDP2 with bf16 on one rank: the fused optimizer on DTensors and BatchNorm under the mixed-precision
+    policy are the two ways it broke on CUDA; both show in the first step."""
+    rows = c.train("fsdp", "fsdp", "dist.strategy=fsdp", "train.amp=bf16", *c.short, "checkpoint.save=false")
+    backend = c.backend("fsdp")
+    _bf16(c, "fsdp")
+    return Outcome("FSDP", "passed", f"{backend} process group of 1, FSDP2 fully_shard, bf16: {_losses(rows)}")
+
+
+def bf16_training(c: Check) -> Outcome:
+    rows = c.train("bf16", "bf16", "train.amp=bf16", *c.short, "checkpoint.save=false")
+    _bf16(c, "bf16")
+    return Outcome("bf16 training", "passed", f"bf16 autocast, no process group: {_losses(rows)}")
+
+
+def one_rank_ddp(c: Check, compiled: bool) -> Outcome:
+    name = "DDP + compile" if compiled else "DDP, 1 rank"
+    run_id = "ddp-1rank-compiled" if compiled else "ddp-1rank"
+    extra = ["model.compile=true", "dist.static_graph=true"] if compiled else ["train.grad_accum_steps=2"]
+    rows = c.train(run_id, run_id, "dist.single_process_group=true", *c.short, "checkpoint.save=false", *extra)
+    backend = c.backend(run_id)
+    what = "torch.compile (DDPOptimizer), static_graph" if compiled else "gradient accumulation 2 (no_sync)"
+    return Outcome(name, "passed", f"{backend} process group of 1, DDP, {what}: {_losses(rows)}")
+
+
+# name, overrides of one guarded run of the host-syncs step. SyncBatchNorm needs a process group (1 rank here).
+HOST_SYNC_VARIANTS = (("bf16", "train.amp=bf16"), ("fp16", "train.amp=fp16"),
+                      ("sync_batchnorm", "train.amp=bf16,model.sync_batchnorm=true,dist.single_process_group=true"))
+
+
+def host_syncs(c: Check) -> Outcome:
+    """Training steps with CUDA's sync debug mode set to error: any host sync between log intervals raises.
+    Under bf16, and under fp16, whose GradScaler would read found-inf back every step if the optimizer
+    could not take it on the device (the fused SGD does). Then once with SyncBatchNorm, whose sync is
+    PyTorch's own: the check shows it (expected), as the config's help and the run's first lines say."""
+    steps = 12
+    # 32 batches of 256: no epoch boundary inside the guarded steps
+    sets = [*c.common, "data.synthetic_train_size=8192", "train.global_batch_size=256"]
+    variants = [x for name, overrides in HOST_SYNC_VARIANTS for x in ("--variant", f"{name}:{overrides}")]
+    c.child("host-syncs", [sys.executable, "-m", "lab.bench.gpu_measure", "host-syncs", "--config", c.config,
+                           *_sets(sets), "--steps", str(steps), *variants, "--json", str(c.out / "host-syncs.json")])
+    found = json.loads((c.out / "host-syncs.json").read_text())["variants"]
+    synced = {name: sync for name, sync in found.items() if sync and name != "sync_batchnorm"}
+    if synced:
+        raise StepFailed("; ".join(f"{name}: a host sync inside the step loop: {sync}"
+                                   for name, sync in synced.items()))
+    bn = found.get("sync_batchnorm")
+    shown = (f"{SYNC_BATCHNORM_SYNC} (expected: {bn[:60]})" if bn else
+             "SyncBatchNorm: no host sync found, where PyTorch's boolean-mask indexing had one (torch changed?)")
+    return Outcome("host syncs", "passed", f"bf16, fp16: none in {steps} steps under set_sync_debug_mode('error'); "
+                   f"{shown}", figures=found)
+
+
+def training(c: Check, epochs: int) -> Outcome:
+    started = time.perf_counter()
+    c.train("training", "training", f"train.epochs={1 if c.quick else epochs}", "checkpoint.save=false")
+    summary = json.loads((c.out / "runs" / "training" / "summary.json").read_text())
+    wall = time.perf_counter() - started
+    return Outcome("training", "passed", f"{summary['steps']} steps in {wall:.1f} s (process start included), "
+                   f"{summary['samples_per_second'] or 0:,.0f} images/s", figures=summary)
 
 
 def data_path(c: Check) -> Outcome:
@@ -160,95 +310,6 @@ def data_path(c: Check) -> Outcome:
     if c.gpu and not c.quick:
         detail += f" (target {TARGET_IMAGES_PER_SECOND:,}: {_mark(images >= TARGET_IMAGES_PER_SECOND)})"
     return Outcome("data path", "passed", detail, figures=p)
-
-
-def training(c: Check, epochs: int) -> Outcome:
-    started = time.perf_counter()
-    c.train("training", "training", f"train.epochs={1 if c.quick else epochs}", "checkpoint.save=false")
-    summary = json.loads((c.out / "runs" / "training" / "summary.json").read_text())
-    wall = time.perf_counter() - started
-    return Outcome("training", "passed", f"{summary['steps']} steps in {wall:.1f} s (process start included), "
-                   f"{summary['samples_per_second'] or 0:,.0f} images/s", figures=summary)
-
-
-def host_syncs(c: Check) -> Outcome:
-    """Training steps with CUDA's sync debug mode set to error: any host sync between log intervals raises.
-    Under bf16, and under fp16, whose GradScaler would read found-inf back every step if the optimizer
-    could not take it on the device (the fused SGD does)."""
-    from lab import config
-    from lab.bench import gpu_measure
-
-    if not c.gpu:
-        return Outcome("host syncs", "skipped", "no CUDA device (the CPU tests count syncs and host copies instead)")
-    steps = 12
-    for amp in ("bf16", "fp16"):
-        # 32 batches of 256: no epoch boundary inside the guarded steps
-        cfg = config.load(c.config, [*c.common, "data.synthetic_train_size=8192", "train.global_batch_size=256",
-                                     f"train.amp={amp}"])
-        sync = gpu_measure.first_host_sync(cfg, steps)
-        if sync:
-            raise StepFailed(f"{amp}: a host sync inside the step loop: {sync}")
-    return Outcome("host syncs", "passed", f"none in {steps} steps under set_sync_debug_mode('error'), bf16 and fp16")
-
-
-def one_rank_ddp(c: Check, compiled: bool) -> Outcome:
-    name = "DDP + compile" if compiled else "DDP, 1 rank"
-    if compiled and not c.gpu:
-        return Outcome(name, "skipped", "torch.compile on a CPU takes minutes at any size; the GPU check runs it")
-    run_id = "ddp-1rank-compiled" if compiled else "ddp-1rank"
-    extra = ["model.compile=true", "dist.static_graph=true"] if compiled else ["train.grad_accum_steps=2"]
-    rows = c.train(run_id, run_id, "dist.single_process_group=true", "train.max_steps=12", "train.log_every=4",
-                   "checkpoint.save=false", *extra)
-    backend = json.loads((c.out / "runs" / run_id / "manifest.json").read_text())["backend"]
-    if backend != ("nccl" if c.gpu else "gloo"):
-        raise StepFailed(f"the process group used {backend}, not {'nccl' if c.gpu else 'gloo'}")
-    losses = [r["loss"] for r in rows]
-    what = "torch.compile (DDPOptimizer), static_graph" if compiled else "gradient accumulation 2 (no_sync)"
-    return Outcome(name, "passed", f"{backend} process group of 1, DDP, {what}: {rows[-1]['step']} steps, loss "
-                   f"{losses[0]:.3f} -> {losses[-1]:.3f}")
-
-
-def all_reduce(c: Check) -> Outcome:
-    if not c.gpu:
-        return Outcome("all-reduce", "skipped", "no GPU: the CPU tests time all-reduce over gloo")
-    if c.gpus < 2:
-        return Outcome("all-reduce", "skipped", "1 GPU on this host: an all-reduce needs 2 or more "
-                                                "(the 1-rank DDP steps ran NCCL)")
-    # All six collectives in one job (NCCL's own reduce-scatter, alltoall and send/recv included); all-reduce's
-    # figure leads, as nccl-tests' all_reduce_perf does in every cluster check.
-    from lab.bench.collective import NAMES
-
-    c.lab("collectives", "bench", "collective", "all", "--nproc-per-node", str(c.gpus), "-b", "1M", "-e", "1G",
-          "-f", "4", "--json", str(c.out / "collective.json"))
-    results = {name: json.loads((c.out / f"collective-{name}.json").read_text()) for name in NAMES}
-    wrong = {name: sum(row["oop_wrong"] + (row["ip_wrong"] or 0) for row in r["rows"]) for name, r in results.items()}
-    if any(wrong.values()):
-        raise StepFailed("wrong elements in collective results: " + ", ".join(f"{n} {w}" for n, w in wrong.items() if w))
-    r = results["all_reduce"]
-    best = max(r["rows"], key=lambda row: row["size"])
-    others = ", ".join(f"{name} {result['avg_busbw']:.0f}" for name, result in results.items() if name != "all_reduce")
-    return Outcome("all-reduce", "passed", f"{c.gpus} GPUs: busbw {best['ip_busbw']:.0f} GB/s at "
-                   f"{best['size'] / 2**20:.0f} MiB, average {r['avg_busbw']:.0f} GB/s; average busbw of the other "
-                   f"collectives: {others} GB/s", figures=results)
-
-
-def memory(c: Check) -> Outcome:
-    """Model state measured like the estimate counts it: parameters, gradients and momentum, no activations."""
-    from lab.bench import gpu_measure
-    from lab.memory import MEASURED_RECIPE, estimate
-
-    if not c.gpu:
-        return Outcome("memory", "skipped", "no CUDA device: the CPU has no allocator counter to measure with")
-    state, peak, params = gpu_measure.model_state_bytes(8 if c.quick else 64)
-    expected = estimate(params, 1, *MEASURED_RECIPE)[0]["total_bytes"]
-    ratio = state / expected
-    if not 0.95 <= ratio <= 1.10:  # allocator rounding and BatchNorm buffers only
-        raise StepFailed(f"model state {state / 1e6:.1f} MB measured vs {expected / 1e6:.1f} MB estimated "
-                         f"(ratio {ratio:.2f}): the estimator is off")
-    return Outcome("memory", "passed", f"model state {state / 1e6:.1f} MB measured / {expected / 1e6:.1f} MB "
-                   f"estimated = {ratio:.2f}; peak with activations and workspaces at batch 256: "
-                   f"{peak / 1e6:.0f} MB", figures={"state_bytes": state, "estimate_bytes": expected,
-                                                     "ratio": ratio, "peak_bytes": peak})
 
 
 def deterministic_and_resume(c: Check) -> list[Outcome]:
@@ -272,16 +333,44 @@ def deterministic_and_resume(c: Check) -> list[Outcome]:
     return outcomes
 
 
+def memory(c: Check) -> Outcome:
+    """Model state measured like the estimate counts it: parameters, gradients and momentum, no activations."""
+    from lab.memory import MEASURED_RECIPE, estimate
+
+    c.child("memory", [sys.executable, "-m", "lab.bench.gpu_measure", "model-state", "--width",
+                       "8" if c.quick else "64", "--json", str(c.out / "memory.json")])
+    measured = json.loads((c.out / "memory.json").read_text())
+    state, peak = measured["state_bytes"], measured["peak_bytes"]
+    expected = estimate(measured["params"], 1, *MEASURED_RECIPE)[0]["total_bytes"]
+    ratio = state / expected
+    if not 0.95 <= ratio <= 1.10:  # allocator rounding and BatchNorm buffers only
+        raise StepFailed(f"model state {state / 1e6:.1f} MB measured vs {expected / 1e6:.1f} MB estimated "
+                         f"(ratio {ratio:.2f}): the estimator is off")
+    return Outcome("memory", "passed", f"model state {state / 1e6:.1f} MB measured / {expected / 1e6:.1f} MB "
+                   f"estimated = {ratio:.2f}; peak with activations and workspaces at batch 256: "
+                   f"{peak / 1e6:.0f} MB", figures={"state_bytes": state, "estimate_bytes": expected,
+                                                     "ratio": ratio, "peak_bytes": peak})
+
+
 def strategies(c: Check) -> Outcome:
     """DDP, FSDP and DeepSpeed ZeRO-1/2/3 each train on this host's GPUs over NCCL with bf16 (FSDP's mixed-precision
     policy, DeepSpeed's own bf16): what the CPU tests cannot run."""
-    if not c.gpu:
-        return Outcome("strategies", "skipped", "no CUDA device: the CPU tests train every strategy on gloo")
-    c.lab("strategies", "bench", "strategies", "--nproc-per-node", str(c.gpus), "--steps", "6",
-          "--set", "train.amp=bf16", "--json", str(c.out / "strategies.json"))
-    rows = json.loads((c.out / "strategies.json").read_text())["rows"]
+    table = c.out / "strategies.json"
+    table.unlink(missing_ok=True)  # a last check's table must not stand in for this one's
+    try:
+        c.lab("strategies", "bench", "strategies", "--nproc-per-node", str(c.gpus), "--steps", "4",
+              "--set", "train.amp=bf16", "--json", str(table))
+    except DeadlineCut:
+        raise
+    except StepFailed:
+        if not table.exists():
+            raise  # it exits 1 when a row failed, after writing the table, which names each one
+    rows = json.loads(table.read_text())["rows"]
     ran = [r for r in rows if "error" not in r]
     absent = [r["label"] for r in rows if "not installed" in r.get("error", "")]
+    broken = [f"{r['label']}: {r['error'][:80]}" for r in rows if "error" in r and r["label"] not in absent]
+    if broken or not ran:
+        raise StepFailed("; ".join(broken) or "no strategy trained")
     state = ", ".join(f"{r['label']} {r['state_bytes'] / 2**20:.1f}" for r in ran)
     return Outcome("strategies", "passed", f"{c.gpus} GPU(s), bf16: state per rank (MiB) {state}; largest loss gap "
                    f"from DDP {max(r['loss_gap_from_ddp'] for r in ran):.1e}"
@@ -290,8 +379,6 @@ def strategies(c: Check) -> Outcome:
 
 def levers(c: Check) -> Outcome:
     """The levers where they matter: fp16 with its GradScaler, CUDA peak memory, and NCCL's variables."""
-    if not c.gpu:
-        return Outcome("levers", "skipped", "no CUDA device: the CPU tests run the levers on gloo (no fp16, no NCCL)")
     c.lab("levers", "bench", "levers", "--nproc-per-node", str(c.gpus), "--steps", "5", "--rounds", "2",
           "--json", str(c.out / "levers.json"))
     result = json.loads((c.out / "levers.json").read_text())
@@ -306,23 +393,146 @@ def levers(c: Check) -> Outcome:
                    f"{difference:.1e}; {sweep}", figures={"levers": result})
 
 
+def all_reduce(c: Check) -> Outcome:
+    # All six collectives in one job (NCCL's own reduce-scatter, alltoall and send/recv included); all-reduce's
+    # figure leads, as nccl-tests' all_reduce_perf does in every cluster check.
+    from lab.bench.collective import NAMES
+
+    c.lab("collectives", "bench", "collective", "all", "--nproc-per-node", str(c.gpus), "-b", "1M", "-e", "1G",
+          "-f", "4", "--json", str(c.out / "collective.json"))
+    results = {name: json.loads((c.out / f"collective-{name}.json").read_text()) for name in NAMES}
+    wrong = {name: sum(row["oop_wrong"] + (row["ip_wrong"] or 0) for row in r["rows"]) for name, r in results.items()}
+    if any(wrong.values()):
+        raise StepFailed("wrong elements in collective results: "
+                         + ", ".join(f"{n} {w}" for n, w in wrong.items() if w))
+    r = results["all_reduce"]
+    best = max(r["rows"], key=lambda row: row["size"])
+    others = ", ".join(f"{name} {result['avg_busbw']:.0f}" for name, result in results.items() if name != "all_reduce")
+    return Outcome("all-reduce", "passed", f"{c.gpus} GPUs: busbw {best['ip_busbw']:.0f} GB/s at "
+                   f"{best['size'] / 2**20:.0f} MiB, average {r['avg_busbw']:.0f} GB/s; average busbw of the other "
+                   f"collectives: {others} GB/s", figures=results)
+
+
 def metrics_overhead(c: Check) -> Outcome:
     c.lab("metrics-overhead", "bench", "metrics-overhead", "--config", c.config, *c.fast,
           "--rounds", "1" if c.quick else "3",
-          "--steps", "4" if c.quick else "100", "--json", str(c.out / "overhead.json"))
+          "--steps", "4" if c.quick else "50", "--json", str(c.out / "overhead.json"))
     overhead = json.loads((c.out / "overhead.json").read_text())["overhead"]
     return Outcome("metrics", "passed", f"exporter on vs off: {overhead:+.2%} (target <= +1%: "
                    f"{_mark(overhead <= TARGET_METRICS_OVERHEAD)})", figures={"overhead": overhead})
 
 
-STEP_NAMES = ("doctor", "data path", "training", "host syncs", "DDP, 1 rank", "DDP + compile", "all-reduce", "memory",
-              "deterministic", "resume", "strategies", "levers", "metrics")
+def lightning_peer(c: Check) -> Outcome:
+    """The lab's images/s over PyTorch Lightning's for the same ResNet-18, global batch and steps, in one run.
+    bf16 on a GPU; fp32 at toy size on a CPU, where bf16 convolutions are ten times slower than fp32."""
+    sets = [*c.common, "train.amp=bf16" if c.gpu else "train.amp=off"]  # its data, run folder and ids are its own
+    c.lab("lightning", "bench", "lightning", "--config", c.config, *_sets(sets),
+          "--steps", "4" if c.quick else "50", "--json", str(c.out / "lightning.json"))
+    r = json.loads((c.out / "lightning.json").read_text())
+    return Outcome("Lightning peer", "passed", f"the lab {r['lab_images_per_second']:,.0f} images/s, Lightning "
+                   f"{r['lightning_images_per_second']:,.0f}: {r['ratio_lab_over_lightning']:.2f}x "
+                   f"({'bf16' if c.gpu else 'fp32'}, same model, global batch and steps)", figures=r)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of the check: the line(s) it reports, its expected seconds, what it needs, the function."""
+
+    name: str
+    seconds: int                    # expected on one H200 (process starts included)
+    quick_seconds: int              # expected with --quick: toy sizes on a 2-core CPU (on the GPU for GPU steps)
+    run: Callable[[Check], Outcome | list[Outcome]]
+    gpus: int = 0                   # GPUs it needs (1: CUDA only; 2: more than one)
+    no_gpu: str = ""                # why it cannot run on a CPU, when gpus > 0
+    needs: tuple[str, ...] = ()     # modules without which it is skipped, saying so
+    optional: tuple[tuple[str, str], ...] = ()  # (module, what is left out without it): it runs, smaller
+    limit: int = STEP_LIMIT         # seconds each of its children may take at most
+    lines: tuple[str, ...] = ()     # the table's lines, when more than its name
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.lines or (self.name,)
+
+
+STEPS: tuple[Step, ...] = (
+    Step("doctor", 5, 3, doctor, limit=60),
+    Step("FSDP", 15, 15, fsdp, limit=120),
+    Step("bf16 training", 12, 12, bf16_training, limit=120),
+    Step("DDP, 1 rank", 15, 15, lambda c: one_rank_ddp(c, compiled=False), limit=120),
+    Step("host syncs", 25, 20, host_syncs, gpus=1, limit=150,
+         no_gpu="no CUDA device (the CPU tests count syncs and host copies instead)"),
+    Step("training", 20, 15, lambda c: training(c, c.epochs), limit=180),
+    Step("data path", 25, 15, data_path, limit=180),
+    Step("deterministic", 30, 35, deterministic_and_resume, limit=120, lines=("deterministic", "resume")),
+    Step("memory", 8, 5, memory, gpus=1, limit=90,
+         no_gpu="no CUDA device: the CPU has no allocator counter to measure with"),
+    Step("strategies", 50, 40, strategies, gpus=1, limit=240, optional=(("deepspeed", "the ZeRO-1/2/3 rows"),),
+         no_gpu="no CUDA device: the CPU tests train every strategy on gloo"),
+    Step("levers", 30, 25, levers, gpus=1, limit=180,
+         no_gpu="no CUDA device: the CPU tests run the levers on gloo (no fp16, no NCCL)"),
+    Step("all-reduce", 40, 20, all_reduce, gpus=2, limit=240,
+         no_gpu="no GPU: the CPU tests time all-reduce over gloo"),
+    Step("metrics", 20, 12, metrics_overhead, needs=("prometheus_client",), limit=150),
+    Step("Lightning peer", 30, 20, lightning_peer, needs=("lightning", "lab.bench.lightning_peer"), limit=180),
+    Step("DDP + compile", 60, 45, lambda c: one_rank_ddp(c, compiled=True), gpus=1, limit=240,
+         no_gpu="torch.compile on a CPU takes minutes at any size; the GPU check runs it"),
+)
+
+STEP_NAMES = tuple(line for step in STEPS for line in step.names)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def missing(module: str) -> bool:
+    """True when `module` cannot be found (a finder that refuses it, as a bare interpreter's, counts as missing)."""
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def skip_reason(step: Step, c: Check) -> str | None:
+    """Why this host cannot run `step` (GPUs, packages), or None: the preflight."""
+    if step.gpus and not c.gpu:
+        return step.no_gpu
+    if c.gpus < step.gpus:
+        return f"{c.gpus} GPU on this host: {step.name} needs {step.gpus} or more (the 1-rank DDP steps ran NCCL)"
+    absent = [m for m in step.needs if missing(m)]
+    if absent:
+        return "needs " + "; ".join(f"{m} ({HOW_TO_GET.get(m, f'pip install {m}')})" for m in absent)
+    return None
+
+
+def plan(c: Check, steps: tuple[Step, ...]) -> list[dict[str, Any]]:
+    """Each step with its expected seconds and, where it cannot run here, why; what it runs without."""
+    rows = []
+    for step in steps:
+        skip = skip_reason(step, c)
+        without = [f"{m}: {what} left out ({HOW_TO_GET.get(m, f'pip install {m}')})"
+                   for m, what in step.optional if missing(m)] if not skip else []
+        rows.append({"step": step.name, "expected_seconds": 0 if skip else
+                     (step.quick_seconds if c.quick else step.seconds), "skip": skip, "without": without})
+    return rows
+
+
+def render_plan(rows: list[dict[str, Any]], deadline: float, quick: bool) -> str:
+    total = sum(r["expected_seconds"] for r in rows)
+    where = "at toy sizes on a 2-core CPU" if quick else "on one H200"
+    width = max(len(r["step"]) for r in rows)
+    lines = [f"gpu-check plan: {sum(not r['skip'] for r in rows)} step(s), about {total} s expected ({where}) "
+             f"of the {deadline:.0f} s deadline"]
+    for r in rows:
+        what = f"skipped: {r['skip']}" if r["skip"] else f"{r['expected_seconds']:>4} s"
+        lines.append(f"  {r['step'].ljust(width)}  {what}" + "".join(f"; without {w}" for w in r["without"]))
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- the command
 
 
 def run(args) -> int:
+    started = time.monotonic()
     import torch
 
     from lab import provenance
@@ -333,7 +543,8 @@ def run(args) -> int:
     shutil.rmtree(out / "runs", ignore_errors=True)  # a rerun must not resume the last check's runs
     result: dict[str, Any] = {"benchmark": "gpu-check", "gpu": gpu, "versions": provenance.versions(),
                               "device": torch.cuda.get_device_name(0) if gpu else "cpu",
-                              "gpus": torch.cuda.device_count() if gpu else 0, "quick": args.quick}
+                              "gpus": torch.cuda.device_count() if gpu else 0, "quick": args.quick,
+                              "deadline_seconds": args.deadline, "pythonpath": os.environ.get("PYTHONPATH", "")}
     unusable = None if gpu else _gpu_torch_cannot_use()
     if unusable:
         result["steps"] = [asdict(Outcome("torch sees the GPU", "failed", unusable))]
@@ -350,39 +561,75 @@ def run(args) -> int:
               f"skipped every step: {'; '.join(STEP_NAMES)}. Run it on a host with an NVIDIA GPU.")
         print("\n" + render(result), flush=True)
         return 0
-    check = Check(out=out, quick=args.quick, gpu=gpu, gpus=result["gpus"])
-    steps: list[tuple[str, Callable[[], Outcome | list[Outcome]]]] = [
-        ("doctor", lambda: doctor(check)),
-        ("data path", lambda: data_path(check)),
-        ("training", lambda: training(check, args.epochs)),
-        ("host syncs", lambda: host_syncs(check)),
-        ("DDP, 1 rank", lambda: one_rank_ddp(check, compiled=False)),
-        ("DDP + compile", lambda: one_rank_ddp(check, compiled=True)),
-        ("all-reduce", lambda: all_reduce(check)),
-        ("memory", lambda: memory(check)),
-        ("deterministic", lambda: deterministic_and_resume(check)),
-        ("strategies", lambda: strategies(check)),
-        ("levers", lambda: levers(check)),
-        ("metrics", lambda: metrics_overhead(check)),
-    ]
-    outcomes: list[Outcome] = []
-    for name, step in steps:
-        print(f"gpu-check: {name} ...", flush=True)
-        started = time.perf_counter()
-        try:
-            done = step()
-        except StepFailed as exc:
-            done = Outcome(name, "failed", str(exc))
-        except Exception as exc:  # noqa: BLE001 - one broken step must not hide the others' results
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
-            done = Outcome(name, "failed", f"{type(exc).__name__}: {first}")
-        for outcome in done if isinstance(done, list) else [done]:
-            outcome.seconds = time.perf_counter() - started
-            outcomes.append(outcome)
-    result["steps"] = [asdict(o) for o in outcomes]
-    _write(args, out, result)
+    check = Check(out=out, quick=args.quick, gpu=gpu, gpus=result["gpus"], deadline_at=started + args.deadline,
+                  epochs=args.epochs)
+    try:
+        outcomes = run_steps(check, STEPS, result, args)
+    except Terminated:
+        print(f"gpu-check: stopped by SIGTERM; {out / 'gpu-check.json'} holds the steps that finished", file=sys.stderr)
+        return 1
     print("\n" + render(result), flush=True)
-    return 1 if any(o.status == "failed" for o in outcomes) else 0
+    return 1 if any(o.status == "failed" or o.by_deadline for o in outcomes) else 0
+
+
+def run_steps(check: Check, steps: tuple[Step, ...], result: dict[str, Any], args) -> list[Outcome]:
+    """The plan printed, then each step in order; gpu-check.json rewritten after every one."""
+    rows = plan(check, steps)
+    result.update(plan=rows, expected_seconds=sum(r["expected_seconds"] for r in rows), finished=False, steps=[])
+    print(render_plan(rows, args.deadline, check.quick), flush=True)
+    _write(args, check.out, result)
+    outcomes: list[Outcome] = []
+    previous = signal.getsignal(signal.SIGTERM)
+    _on_sigterm(_terminate)
+    try:
+        for step, row in zip(steps, rows):
+            outcomes += _one(step, row, check, args.deadline)
+            result["steps"] = [asdict(o) for o in outcomes]
+            _write(args, check.out, result)
+        result["finished"] = True
+    finally:
+        _on_sigterm(previous)
+        _write(args, check.out, result)  # on Ctrl-C or SIGTERM too: every finished step is kept
+    return outcomes
+
+
+def _one(step: Step, row: dict[str, Any], c: Check, deadline: float) -> list[Outcome]:
+    if row["skip"]:
+        return [Outcome(name, "skipped", row["skip"]) for name in step.names]
+    if c.seconds_left() - STOP_SECONDS < MIN_START_SECONDS:
+        why = f"deadline: the check's {deadline:.0f} s were spent before this step (--deadline)"
+        return [Outcome(name, "skipped", why, by_deadline=True) for name in step.names]
+    print(f"gpu-check: {step.name} ...", flush=True)
+    c.step_limit = step.limit
+    begun = time.perf_counter()
+    cut = False
+    try:
+        done = step.run(c)
+    except DeadlineCut as exc:
+        done, cut = Outcome(step.name, "failed", str(exc)), True
+    except StepFailed as exc:
+        done = Outcome(step.name, "failed", str(exc))
+    except Exception as exc:  # noqa: BLE001 - one broken step must not hide the others' results
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        done = Outcome(step.name, "failed", f"{type(exc).__name__}: {first}")
+    done = done if isinstance(done, list) else [done]
+    if cut and len(done) < len(step.names):  # the lines it could not reach are the deadline's too
+        done += [Outcome(name, "skipped", "deadline: not reached", by_deadline=True) for name in step.names[1:]]
+    for outcome in done:
+        outcome.seconds = time.perf_counter() - begun
+        outcome.by_deadline = outcome.by_deadline or cut
+    return done
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated(f"signal {signum}")
+
+
+def _on_sigterm(handler) -> None:
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except (ValueError, TypeError):  # not the main thread (an embedding caller): it keeps its own handling
+        pass
 
 
 def _gpu_torch_cannot_use() -> str | None:
@@ -400,16 +647,23 @@ def _gpu_torch_cannot_use() -> str | None:
             f"container with --gpus all")
 
 
-def _kill_tree(child: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+def stop_tree(child: subprocess.Popen) -> None:
+    """SIGTERM to the child's process group, SIGKILL after TERM_GRACE: within STOP_SECONDS, every process gone."""
+    for sig, grace in ((signal.SIGTERM, TERM_GRACE), (signal.SIGKILL, KILL_GRACE)):
         try:
             os.killpg(child.pid, sig)
-            child.wait(timeout=grace)
-            return
         except ProcessLookupError:
-            return
+            break
+        try:
+            child.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             continue
+        # The child is gone; its group may not be (a worker that ignores SIGTERM): SIGKILL what is left of it.
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        break
 
 
 def _write(args, out: Path, result: dict[str, Any]) -> None:
@@ -429,8 +683,10 @@ def render(r: dict[str, Any]) -> str:
     lines = [head, *(f"{s['step'].ljust(width)}  {s['status']:<7}  {s['detail']}" for s in r["steps"])]
     failed = sum(s["status"] == "failed" for s in r["steps"])
     ran = sum(s["status"] != "skipped" for s in r["steps"])
-    lines.append(f"{failed} of {ran} step(s) failed" if failed else
-                 f"{ran} step(s) passed, {len(r['steps']) - ran} skipped" if ran else "nothing checked: no GPU found")
+    late = sum(s["status"] == "skipped" and s.get("by_deadline", False) for s in r["steps"])
+    lines.append((f"{failed} of {ran} step(s) failed" if failed else
+                  f"{ran} step(s) passed, {len(r['steps']) - ran} skipped" if ran else "nothing checked: no GPU found")
+                 + (f"; {late} not run: the {r['deadline_seconds']} s deadline was spent" if late else ""))
     return "\n".join(lines)
 
 

@@ -1,21 +1,33 @@
-"""What the GPU check measures inside its own process, on the CUDA device, rather than through a `lab`
-command: whether the training step syncs with the host, and how many bytes the model state holds.
+"""What the GPU check measures on the CUDA device rather than through a `lab` command: whether the training
+step syncs with the host, and how many bytes the model state holds.
 
-Both need a CUDA device (set_sync_debug_mode and the allocator's counters exist only there);
-`lab.bench.gpu_check` decides whether to call them and what their numbers mean.
+    python -m lab.bench.gpu_measure host-syncs --config NAME [--set k=v ...] --steps 12 \\
+        --variant bf16:train.amp=bf16 --variant fp16:train.amp=fp16 --json PATH
+    python -m lab.bench.gpu_measure model-state --width 64 --json PATH
+
+`lab.bench.gpu_check` runs these as child processes, like its other steps, so its deadline can stop them
+(a process group is killed; a function call in the check's own process could not be) and a CUDA error in
+one leaves the check itself standing. Both need a CUDA device (set_sync_debug_mode and the allocator's
+counters exist only there); the check decides whether to run them and what their numbers mean.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import argparse
+import functools
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from lab.config import Config
 
 
 def first_host_sync(cfg: Config, steps: int) -> str | None:
     """The first host sync inside `steps` training steps of `cfg` (CUDA's sync debug mode set to "error"),
-    or None when there is none. The trainer's one sync per log interval comes after the guarded steps."""
+    or None when there is none. The trainer's one sync per log interval comes after the guarded steps.
+    With model.sync_batchnorm (and dist.single_process_group, as SyncBatchNorm needs a process group) the
+    sync path of SyncBatchNorm is taken even at one rank: see sync_path_at_one_rank."""
     import torch
 
     from lab import data, dist
@@ -23,6 +35,8 @@ def first_host_sync(cfg: Config, steps: int) -> str | None:
 
     with dist.initialized(cfg.dist) as ctx:
         trainer = Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device))
+        if cfg.model.sync_batchnorm and ctx.world_size == 1:
+            sync_path_at_one_rank(trainer.model, ctx.world_size)
         batches = trainer.train_loader.epoch(0)  # the caller sizes the epoch: no boundary inside the guarded steps
         for _ in range(3):  # warm-up: first-use allocations, cuDNN autotuning
             trainer.train_step(*next(batches))
@@ -39,6 +53,38 @@ def first_host_sync(cfg: Config, steps: int) -> str | None:
             torch.cuda.set_sync_debug_mode("default")
         trainer.flush_log()  # the one sync, outside the guarded loop
     return None
+
+
+def sync_path_at_one_rank(model: nn.Module, world_size: int, function: Any = None) -> int:
+    """Route every SyncBatchNorm of `model` through torch's own sync function; the count rerouted.
+
+    Why: at world size 1 torch's SyncBatchNorm.forward falls back to plain batch norm (torch/nn/modules/
+    batchnorm.py: `need_sync = world_size > 1`), so a one-GPU check would never see what every multi-GPU
+    step runs. Called directly over the 1-rank group, torch.nn.modules._functions.SyncBatchNorm runs the
+    same kernels, the same all-gather (of one) and the same boolean-mask indexing (`count_all[mask]`,
+    whose result's shape depends on values on the device: a host sync) as with N ranks."""
+    from torch import nn
+
+    if function is None:
+        from torch.nn.modules._functions import SyncBatchNorm as function
+    rerouted = 0
+    for module in model.modules():
+        if isinstance(module, nn.SyncBatchNorm):
+            module.forward = functools.partial(_synced_forward, module, function, world_size)
+            rerouted += 1
+    return rerouted
+
+
+def _synced_forward(module: nn.SyncBatchNorm, function: Any, world_size: int, input: Any) -> Any:
+    from torch import distributed as tdist
+    from torch import nn
+
+    if not module.training:  # evaluation never syncs, in torch as here
+        return nn.SyncBatchNorm.forward(module, input)
+    module.num_batches_tracked.add_(1)  # as torch's forward does; the lab's BatchNorm has momentum 0.1, no .item()
+    group = module.process_group or tdist.group.WORLD
+    return function.apply(input, module.weight, module.bias, module.running_mean, module.running_var, module.eps,
+                          module.momentum, group, world_size)
 
 
 def model_state_bytes(width: int) -> tuple[int, int, int]:
@@ -75,3 +121,51 @@ def _one_step_bytes(width: int) -> tuple[int, int, int]:
     gc.collect()
     torch.cuda.empty_cache()
     return state, peak, params
+
+
+# ----------------------------------------------------------------------------- the child's command line
+
+
+def _host_syncs(args: argparse.Namespace) -> dict[str, Any]:
+    from lab import config, runs
+
+    result: dict[str, Any] = {"steps": args.steps, "variants": {}}
+    for variant in args.variant:
+        name, _, overrides = variant.partition(":")
+        cfg = config.load(args.config, [*args.overrides, *filter(None, overrides.split(","))])
+        result["variants"][name] = first_host_sync(cfg, args.steps)
+        runs.write_json(args.json, result)  # after each variant: a cut child still leaves the ones it finished
+    return result
+
+
+def _model_state(args: argparse.Namespace) -> dict[str, Any]:
+    from lab import runs
+
+    state, peak, params = model_state_bytes(args.width)
+    result = {"state_bytes": state, "peak_bytes": peak, "params": params}
+    runs.write_json(args.json, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.bench.gpu_measure", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="what", required=True)
+    syncs = commands.add_parser("host-syncs", help="the first host sync in training steps, per variant")
+    syncs.add_argument("--config", required=True)
+    syncs.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    syncs.add_argument("--steps", type=int, default=12, help="guarded steps per variant")
+    syncs.add_argument("--variant", action="append", default=[], metavar="NAME:K=V,K=V",
+                       help="a name and the overrides of one guarded run (repeat)")
+    syncs.add_argument("--json", required=True)
+    syncs.set_defaults(measure=_host_syncs)
+    state = commands.add_parser("model-state", help="model-state bytes after one step, against the estimator")
+    state.add_argument("--width", type=int, default=64)
+    state.add_argument("--json", required=True)
+    state.set_defaults(measure=_model_state)
+    args = parser.parse_args(argv)
+    args.measure(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

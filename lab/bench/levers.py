@@ -153,6 +153,10 @@ def run(args) -> int:
     args.config = args.config or ("workshop-gpu" if gpus else "workshop-cpu")
     check_request(args, n)
     cfg = config.load(args.config, args.overrides)
+    if args.plot:
+        from lab import plots
+
+        plots.require()  # matplotlib missing: exit 2 now, not after the measurements
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "levers.json"
         target = ["-m", "lab.bench.levers_worker", "--out", str(out), "--config", args.config,

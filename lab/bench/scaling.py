@@ -137,6 +137,8 @@ def describe_fit(fitted: dict[str, Any]) -> str:
 def run(args) -> int:
     from lab import config, launch, plots, runs
 
+    if args.plot:
+        plots.require()  # matplotlib missing: exit 2 now, not after the measurements
     sizes = world_sizes(args.max_world_size or _available_workers())
     gpu = _has_cuda()
     args.batch_per_rank = args.batch_per_rank or (256 if gpu else 64)

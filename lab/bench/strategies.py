@@ -41,6 +41,8 @@ def relative_gap(reference: dict[int, float], other: dict[int, float]) -> float:
 def run(args) -> int:
     from lab import config, launch, plots, runs
 
+    if args.plot:
+        plots.require()
     n = args.nproc_per_node or _default_world_size()
     cfg = config.load(args.config or "smoke", args.overrides)
     config.check_layout(cfg, n)
@@ -58,8 +60,7 @@ def run(args) -> int:
             print(f"$ {' '.join(command)}", flush=True)
             done = subprocess.run(command, env=launch.worker_env(n), capture_output=True, text=True)
             if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-                rows.append({"label": label, "error": f"failed: {last}"})
+                rows.append(failed_row(label, done.stderr))
                 continue
             rows.append({"label": label, **json.loads(out.read_text())})
     result = summarize(rows, n)
@@ -70,6 +71,17 @@ def run(args) -> int:
         plots.strategies(result["rows"], result["context"], Path(args.plot))
         print(f"plot: {args.plot}", flush=True)
     return 0 if all("error" not in r or "not installed" in r["error"] for r in rows) else 1
+
+
+def failed_row(label: str, stderr: str) -> dict[str, str]:
+    """A strategy whose job failed: the worker's exception line, not the banner torchrun prints after it.
+
+    >>> failed_row("FSDP", "[rank0]: RuntimeError: out of memory\\nChildFailedError:\\n=====\\n")
+    {'label': 'FSDP', 'error': 'failed: [rank0]: RuntimeError: out of memory'}
+    """
+    from lab.pitfalls.workers import last_error_line  # the pitfalls' runner reads its failed jobs the same way
+
+    return {"label": label, "error": f"failed: {last_error_line(stderr)}"}
 
 
 def summarize(rows: list[dict[str, Any]], world_size: int) -> dict[str, Any]:

@@ -23,6 +23,19 @@ from lab.data import augment as aug
 from lab.data.sharding import batch_count, order, shard
 
 
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An epoch's host-made indices on `device`, without making the host wait when it is a GPU.
+
+    From pageable memory a non_blocking copy to CUDA still waits (CUDA stages it through a pinned buffer first);
+    from pinned memory it is a true asynchronous copy. Pinned once per epoch, not once for the run: each epoch's
+    order is new, and torch's caching host allocator reuses the pinned block only after the copy that read it has
+    finished (a buffer of our own, refilled next epoch, could be overwritten under a copy still queued).
+    """
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 class DeviceLoader:
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, world_size: int, rank: int,
                  batch_size: int, seed: int, shuffle: bool, uneven: str, augment: bool,
@@ -54,9 +67,9 @@ class DeviceLoader:
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(inputs, labels) batches of `epoch`, beginning at batch `start` (for resume)."""
-        idx = self.indices(epoch).to(self.device, non_blocking=True)
+        idx = to_device(self.indices(epoch), self.device)
         if self.augment:
-            choice_ids = aug.choices(*aug.plan(len(self.labels), self.seed, epoch)).to(self.device, non_blocking=True)
+            choice_ids = to_device(aug.choices(*aug.plan(len(self.labels), self.seed, epoch)), self.device)
         for i in range(start, self.batches_per_epoch()):
             sel = idx[i * self.batch_size:(i + 1) * self.batch_size]
             # index_select, not tensor[sel]: the same gather, many times faster for whole images on a CPU

@@ -11,7 +11,8 @@ torch.distributed's default group: gloo on CPUs, NCCL on GPUs). The optional ext
 | train.grad_accum_steps          | gradient_accumulation_steps, managed_gradient_accumulation: false (below)  |
 | dist.zero_stage                 | zero_optimization.stage; ZeRO-3 re-shards every parameter after use        |
 | dist.bucket_cap_mb              | reduce_bucket_size, allgather_bucket_size (MiB -> elements)                |
-| train.amp bf16 / fp16           | bf16 / fp16 enabled (weights and buffers; DeepSpeed's loss scaler for fp16)|
+| train.amp bf16 / fp16           | bf16 / fp16 enabled (weights; DeepSpeed's loss scaler for fp16); float32  |
+|                                 | logits and BatchNorm (float32 weights and statistics, as under autocast)  |
 | the lab's SGD and schedule      | optimizer=, lr_scheduler= (engine.step steps both); untested optimizer ok  |
 | no clipping                     | gradient_clipping: 0                                                       |
 | model.sync_batchnorm            | SyncBatchNorm on CUDA, as DDP; refused on CPU                              |
@@ -30,6 +31,7 @@ steps the optimizer, zeroes gradients and steps the schedule. So the update equa
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -76,6 +78,8 @@ class DeepSpeedStrategy(Strategy):
         self.cfg, self.stage = cfg, cfg.dist.zero_stage
         self.forward_is_collective = self.stage == 3  # ZeRO-3 all-gathers in every forward, evaluation's too
         self.amp = amp_dtype  # train.amp as lab.optim.choose_amp resolved it: DeepSpeed's bf16/fp16, or float32
+        if self.amp is not None:
+            _batchnorm_in_float32(model)
         self.engine, self._saved = None, []  # _saved: tags written; a second save at one step gets a new folder
 
     def ds_config(self) -> dict[str, Any]:
@@ -96,9 +100,8 @@ class DeepSpeedStrategy(Strategy):
             "zero_optimization": zero, "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0,
             "bf16": {"enabled": self.amp == torch.bfloat16},
             "fp16": {"enabled": self.amp == torch.float16, "loss_scale": 0},  # 0: dynamic loss scaling
-            # BatchNorm's running statistics too (DeepSpeed casts only parameters by default, and batch_norm
-            # wants one dtype): they average in bf16/fp16 then, as under a blanket module.bfloat16().
-            **({"data_types": {"buffer_dtype": str(self.amp)}} if self.amp else {}),
+            # No data_types.buffer_dtype: DeepSpeed casts only parameters, so BatchNorm's running statistics stay
+            # float32, and _batchnorm_in_float32 hands batch_norm float32 weights to match them.
             "steps_per_print": None, "wall_clock_breakdown": False,
         }
 
@@ -112,10 +115,11 @@ class DeepSpeedStrategy(Strategy):
         # torch.distributed already holds the lab's group (lab.dist.init): DeepSpeed adopts it, makes none.
         # It asserts LOCAL_RANK, which a 1-rank group outside torchrun (plain `lab train`) has not.
         os.environ.setdefault("LOCAL_RANK", str(self.ctx.local_rank))
-        if self.ctx.device.type == "cpu" and shutil.which(os.environ.get("CXX", "c++")) is None:
-            # On CPUs DeepSpeed JIT-compiles a shared-memory all-reduce (for inference only) as it adopts the group
-            # and fails without a C++ compiler (a slim image): mark it unusable, DeepSpeed then keeps to gloo.
-            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        # As it adopts the group on CPUs, DeepSpeed JIT-compiles a shared-memory all-reduce (deepspeed_shm_comm,
+        # an inference op the lab never calls): minutes of C++ on a fresh machine, a failure without a compiler.
+        # Its TorchBackend builds the op only where deepspeed.ops.__compatible_ops__ says it is compatible, a
+        # dict DeepSpeed probes once and keeps (edits persist): marked incompatible, DeepSpeed keeps to gloo.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=self.ctx.backend, dist_init_required=False)
         self.engine, *_ = deepspeed.initialize(model=self.model, optimizer=optimizer, lr_scheduler=scheduler,
                                                config=self.ds_config())
@@ -218,6 +222,31 @@ class DeepSpeedStrategy(Strategy):
         states = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
         return {"parameters_bytes": _region_bytes(params), "gradients_bytes": _region_bytes(grads),
                 "optimizer_states_bytes": _region_bytes([*masters, *states])}
+
+
+def _batchnorm_in_float32(model: nn.Module) -> None:
+    """Every BatchNorm of `model` normalises with float32 weights and statistics under DeepSpeed's bf16/fp16, as
+    under autocast (whose batch_norm runs in float32) and the lab's FSDP. DeepSpeed casts every parameter to
+    the half dtype (ZeRO flattens each group in one dtype) and leaves buffers alone, and batch_norm refuses
+    half weights beside float32 statistics; statistics cast to bf16 would average with 8 bits of mantissa.
+    So each BatchNorm's forward lifts its weight and bias to float32 for the call (autograd casts their
+    gradients back): batch_norm takes the half input beside float32 weights and statistics, returns half."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    for module in model.modules():
+        if isinstance(module, _BatchNorm):
+            module.forward = functools.partial(_float32_affine, module, type(module).forward)
+
+
+def _float32_affine(module: nn.Module, forward: Callable, inputs: torch.Tensor) -> torch.Tensor:
+    """`forward(module, inputs)` with the module's weight and bias seen as float32 copies (ZeRO-3 has gathered
+    them by now; they are put back before its post-forward hook re-partitions them)."""
+    held = {k: module._parameters[k] for k in ("weight", "bias") if module._parameters.get(k) is not None}
+    module._parameters.update({k: p.float() for k, p in held.items()})
+    try:
+        return forward(module, inputs)
+    finally:
+        module._parameters.update(held)
 
 
 def _folder(path: Path) -> Path:

@@ -8,6 +8,7 @@ shards a transformer block by block. What differs from DDP:
 | lab setting            | under fsdp                                                                  |
 |------------------------|-----------------------------------------------------------------------------|
 | train.amp bf16         | FSDP's MixedPrecisionPolicy: bf16 compute, float32 reduce-scatter (no autocast) |
+|                        | and float32 logits; each BatchNorm its own float32 unit (FSDP1's precedent)  |
 | train.amp fp16         | refused: FSDP2 has no sharded GradScaler in the lab; use bf16                |
 | train.grad_accum_steps | no reduce-scatter and no re-sharding between micro-batches, only after the last |
 | data.uneven join       | refused: FSDP has no Join; pad or drop keep every rank's step count equal    |
@@ -50,12 +51,17 @@ class FSDPStrategy(Strategy):
 
         super().__init__(ctx, model)
         self.mixed_precision = amp_dtype == torch.bfloat16  # train.amp as lab.optim.choose_amp resolved it
+        fully_shard = compat.fully_shard()
+        self.float32_units = _shard_batchnorm_in_float32(model, fully_shard) if self.mixed_precision else []
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if self.mixed_precision else MixedPrecisionPolicy()
-        fully_shard = compat.fully_shard()
         for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
             fully_shard(stage, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)  # the root: stem, pooling and the classifier
+        # The root: stem, pooling and the classifier. Its logits leave in float32, so the loss is computed in
+        # float32 as under autocast (bf16 logits would round the log-softmax and widen the gap to DDP).
+        root = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                    output_dtype=torch.float32) if self.mixed_precision else policy
+        fully_shard(model, mp_policy=root)
         self.forward = torch.compile(model) if cfg.model.compile else model
 
     def autocast(self, amp_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -81,8 +87,12 @@ class FSDPStrategy(Strategy):
         return contextlib.nullcontext()  # data.uneven=join is refused at set-up: every rank takes every step
 
     def describe(self) -> dict[str, Any]:
-        return {"strategy": self.name, "fsdp_units": ["layer1", "layer2", "layer3", "layer4", "root"],
-                "fsdp_mixed_precision": "bf16 parameters, float32 reduction" if self.mixed_precision else "off"}
+        described = {"strategy": self.name, "fsdp_units": ["layer1", "layer2", "layer3", "layer4", "root"],
+                     "fsdp_mixed_precision": "bf16 parameters, float32 reduction and logits" if self.mixed_precision
+                     else "off"}
+        if self.float32_units:
+            described["fsdp_float32_units"] = self.float32_units  # BatchNorm, each its own unit (below)
+        return described
 
     # ------------------------------------------------------------------------- checkpoints
 
@@ -123,6 +133,24 @@ class FSDPStrategy(Strategy):
         dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))  # re-shards
         set_state_dict(self.model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
         return state
+
+
+def _shard_batchnorm_in_float32(model: nn.Module, fully_shard: Callable) -> list[str]:
+    """Each BatchNorm its own unit, parameters kept float32; returns their names. FSDP1's MixedPrecision did
+    the same (_module_classes_to_ignore=(_BatchNorm,)): in a bf16 unit its weights would be bf16 while its
+    running statistics stay float32, a mix batch_norm refuses ('expected scalar type BFloat16 but found
+    Float'), and statistics averaged in bf16 would drift. Its input is left as it comes (the convolution's
+    bf16 output): batch_norm takes a bf16 input with float32 weights and statistics on CPU and CUDA, and
+    returns bf16 to the next bf16 convolution. Shard these before their stages: a unit takes only the
+    parameters no inner unit holds. Cost: two small all-gathers and one reduce-scatter more per BatchNorm."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    keep = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    names = [name for name, module in model.named_modules() if isinstance(module, _BatchNorm)]
+    for name in names:
+        fully_shard(model.get_submodule(name), mp_policy=keep)
+    return names
 
 
 def _refuse_what_fsdp_cannot_do(cfg: Config, ctx: DistContext) -> None:

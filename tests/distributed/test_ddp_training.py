@@ -16,7 +16,7 @@ def test_two_process_batchnorm_run_learns(runs_dir):
     proc = lab("train", *TINY, "--nproc-per-node", "2", "--set", f"run.output_dir={runs_dir}", "--set", "run.id=learn",
                "--set", "data.synthetic_train_size=2048", "--set", "data.synthetic_test_size=512",
                "--set", "train.epochs=4", "--set", "train.warmup_steps=10", "--set", "train.log_every=8")
-    assert "torchrun --standalone --nproc-per-node 2 -m lab train" in proc.stdout  # the line it ran is shown
+    assert "-m torch.distributed.run --standalone --nproc-per-node 2 -m lab train" in proc.stdout  # the line it ran
     run_dir = runs_dir / "learn"
     rows = metrics(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())

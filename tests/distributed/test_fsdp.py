@@ -1,7 +1,8 @@
 """FSDP2 as a training strategy, for real under torchrun on gloo: sharded checkpoints that resume exactly (and
 at another world size), records and a report, accumulation equal to DDP's. That FSDP's and ZeRO's curves are
 DDP's bit for bit, and their memory per rank, is asserted on the workshop's `lab bench strategies` step
-(tests/unit/test_workshop.py), which runs them all."""
+(tests/unit/test_workshop.py), which runs them all. The optimizer a GPU run builds, and train.amp=bf16 with
+BatchNorm: tests/distributed/test_strategies_as_on_cuda.py."""
 
 from __future__ import annotations
 

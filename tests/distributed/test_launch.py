@@ -52,6 +52,8 @@ def test_a_node_that_never_joins_fails_within_the_join_timeout(tmp_path):
 def test_dry_run_prints_the_command_the_lab_builds():
     proc = run([*LAB, "launch", "--dry-run", "--nproc-per-node", "8", "--nnodes", "2", "--rdzv-endpoint", "head:29400",
                 "--rdzv-id", "r1", "--max-restarts", "1", "--", "-m", "lab", "bench", "allreduce"])
-    assert proc.stdout.split()[1:] == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+    # this Python's torch, not a torchrun script that a system Python may lack or take from another install
+    assert proc.stdout.split()[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert proc.stdout.split()[3:] == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
                                        "--rdzv-endpoint", "head:29400", "--rdzv-id", "r1", "--max-restarts", "1",
                                        "-m", "lab", "bench", "allreduce"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
 
+from lab.bench import gpu_check
 from tests.conftest import ROOT, TINY, lab, run
 
 
@@ -42,28 +44,67 @@ def test_profile_writes_a_trace_per_rank_and_a_summary(tmp_path):
     assert "trace-rank0.json" in (tmp_path / "rep" / "report.md").read_text()
 
 
-def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_cpu(tmp_path):
-    proc = lab("bench", "gpu-check", "--quick", "--allow-cpu", "--out", str(tmp_path / "g"))
+def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_path):
+    # The one run of the device check in CI, as `make test-bare` runs it: on a bare interpreter
+    # (tests/bare/sitecustomize.py hides every package but torch, torchvision, PyYAML, numpy and what they
+    # require, in torchrun's workers too), as on the GPU machines the lab borrows. A top-level import of an optional
+    # package anywhere on the check's path fails here. --deadline 540: a CI machine shared with other jobs can take
+    # three times the plan's seconds; the deadline's own behaviour is tests/unit/test_gpu_check.py's.
+    bare = os.pathsep.join([str(ROOT / "tests" / "bare"), os.environ.get("PYTHONPATH", "")])
+    proc = run([str(ROOT / "scripts" / "gpu-check.sh"), "--quick", "--allow-cpu", "--deadline", "540",
+                str(tmp_path / "g")], env={"PYTHON": sys.executable, "PYTHONPATH": bare})
     result = json.loads((tmp_path / "g" / "gpu-check.json").read_text())
     status = {s["step"]: s["status"] for s in result["steps"]}
-    # What a CPU can run, ran and passed: the 1-rank process group (gloo here, NCCL on a GPU) with
-    # accumulation, a deterministic pair of runs and a stop-and-resume compared bit for bit.
-    for step in ("doctor", "data path", "training", "DDP, 1 rank", "deterministic", "resume", "metrics"):
+    # What a CPU can run, ran and passed: FSDP and bf16 training, the 1-rank process group (gloo here, NCCL on a
+    # GPU) with accumulation, a deterministic pair of runs and a stop-and-resume compared bit for bit.
+    ran = ["doctor", "FSDP", "bf16 training", "DDP, 1 rank", "training", "data path", "deterministic", "resume"]
+    for step in ran:
         assert status[step] == "passed", (step, result["steps"])
-    for step in ("host syncs", "DDP + compile", "all-reduce", "memory", "strategies", "levers"):  # CUDA-only, each says why
+    cuda_only = ["host syncs", "memory", "strategies", "levers", "all-reduce", "DDP + compile"]  # each says why
+    for step in cuda_only:
         assert status[step] == "skipped", (step, result["steps"])
-    last = proc.stdout.strip().splitlines()
-    assert last[-1] == "7 step(s) passed, 6 skipped" and last[-15].startswith("# lab gpu-check")
+    # The steps whose package the bare interpreter lacks are skipped naming it (each runs for real elsewhere:
+    # tests/infra/test_prometheus.py, tests/distributed/test_lightning_peer.py).
+    details = {s["step"]: s["detail"] for s in result["steps"]}
+    assert status["metrics"] == "skipped" and "prometheus_client" in details["metrics"], details["metrics"]
+    assert status["Lightning peer"] == "skipped" and "lightning" in details["Lightning peer"]
+    lines = proc.stdout.strip().splitlines()
+    # The plan first, within the --quick budget, before any step starts; the table last.
+    assert lines[0].startswith("gpu-check plan: ") and lines.index(next(x for x in lines if x.startswith(
+        "gpu-check: doctor"))) > len(gpu_check.STEPS)
+    assert int(lines[0].split("about ")[1].split(" s")[0]) == result["expected_seconds"] < 180
+    assert lines[-1] == f"{len(ran)} step(s) passed, {len(status) - len(ran)} skipped"
+    assert lines[-len(status) - 2].startswith("# lab gpu-check")
+    assert result["finished"] and result["deadline_seconds"] <= 540
     assert (tmp_path / "g" / "ddp-1rank.log").read_text().startswith("$ ")  # each step's own output kept
 
 
 def test_gpu_check_dry_run_without_a_gpu_says_so_and_exits_0(tmp_path):
-    # `make gpu-check` is scripts/gpu-check.sh; CI runs it here, where no GPU is.
-    proc = run([str(ROOT / "scripts" / "gpu-check.sh"), str(tmp_path / "g")], env={"PYTHON": sys.executable})
-    assert "gpu-check: no GPU found" in proc.stdout and "skipped every step: doctor; data path" in proc.stdout
+    # `make gpu-check` is scripts/gpu-check.sh; CI runs it here, where no GPU is. A wheel folder (a fake wheel of a
+    # package this Python lacks: no registry needed) is installed into OUT/site-packages and put on PYTHONPATH.
+    from tests.unit.test_gpu_check import _wheel
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "labfakewheel", "0.1")
+    out = tmp_path / "g"
+    proc = run([str(ROOT / "scripts" / "gpu-check.sh"), "--deadline", "300", str(out)],
+               env={"PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(wheels)})
+    assert "gpu-check: no GPU found" in proc.stdout and "skipped every step: doctor; FSDP; bf16 training" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == "nothing checked: no GPU found"
-    result = json.loads((tmp_path / "g" / "gpu-check.json").read_text())
+    result = json.loads((out / "gpu-check.json").read_text())
     assert result["gpu"] is False and {s["status"] for s in result["steps"]} == {"skipped"}
+    assert f"installed labfakewheel from {wheels} into {out}/site-packages" in proc.stdout
+    assert (out / "site-packages" / "labfakewheel" / "__init__.py").exists()
+    assert result["pythonpath"].split(":")[-1] == f"{out}/site-packages"
+    assert 290 <= result["deadline_seconds"] <= 300  # the script's own seconds come off the deadline
+
+
+def test_gpu_check_script_refuses_bad_arguments_in_one_line():
+    for argv, says in ((["--deadline", "soon"], "--deadline: soon is not a whole number of seconds"),
+                       (["--fast"], "unknown option --fast"), (["a", "b"], "one OUT_DIR only")):
+        proc = run([str(ROOT / "scripts" / "gpu-check.sh"), *argv], env={"PYTHON": sys.executable}, check=False)
+        assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_gpu_check_refuses_without_a_gpu():

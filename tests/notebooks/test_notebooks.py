@@ -50,3 +50,55 @@ def test_make_notebook_leaves_the_lesson_files_as_committed(path):
     import jupytext
 
     assert jupytext.writes(jupytext.read(path), fmt="py:percent") == path.read_text()
+
+
+# What each lesson's first cell (the cell that plans) must give on a host with one GPU, by the names its later
+# cells use: 2 CPU processes at CPU sizes (one GPU cannot hold two ranks, and NCCL cannot share it).
+ONE_GPU_PLAN = {
+    "01_baseline_and_ddp": {"config": "smoke", "n": 2},
+    "02_pitfalls": {"n": 2},
+    "03_collectives": {"n": 2},
+    "04_scaling_and_levers": {"n": 2, "gpu": False, "config": "smoke"},
+    "05_memory_and_choosing": {"gpu": False, "width": "16"},
+    "06_metrics_in_prometheus": {"n": 2, "gpu": False, "config": "smoke"},
+    "07_multi_node": {"per_node": 1, "config": "smoke"},
+}
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_plans_for_a_one_gpu_host(path, tmp_path, monkeypatch, capsys):
+    """Only the planning cell runs, under LAB_LESSON_FAKE_GPUS=1 (this machine has no GPU; executing every
+    lesson a second time would cost minutes of CI): it plans 2 CPU ranks, says why, and no later cell decides
+    about devices by itself (so every command gets the plan's environment through lesson.run/lab/start)."""
+    import jupytext
+
+    from lab import lesson
+
+    monkeypatch.setenv(lesson.FAKE_GPUS_ENV, "1")
+    monkeypatch.setenv("LAB_LESSON_RUNS", str(tmp_path / "lessons"))
+    code = [c.source for c in jupytext.read(path).cells if c.cell_type == "code"]
+    namespace: dict = {}
+    exec(compile(code[0], f"{path.name}, first cell", "exec"), namespace)
+    planned = namespace["plan"]
+    assert planned == lesson.plan(gpus=1)
+    assert (planned.ranks, planned.gpu, planned.env) == (2, False, {"CUDA_VISIBLE_DEVICES": ""})
+    assert {k: namespace[k] for k in ONE_GPU_PLAN[path.stem]} == ONE_GPU_PLAN[path.stem]
+    assert planned.why in capsys.readouterr().out
+    for later in code[1:]:
+        assert not any(s in later for s in ("lesson.on_gpu(", "lesson.devices(", "torch.cuda")), later[:200]
+
+
+def test_every_command_a_lesson_starts_gets_the_plans_environment(monkeypatch):
+    """A real child process: on a (faked) 1-GPU host the GPU is hidden from it; a cell's own env still wins."""
+    import sys
+
+    from lab import lesson
+
+    monkeypatch.setenv(lesson.FAKE_GPUS_ENV, "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    show = [sys.executable, "-c", "import os; print(repr(os.environ['CUDA_VISIBLE_DEVICES']))"]
+    assert lesson.run(*show).stdout.strip() == "''"
+    started = lesson.start(show, env={"CUDA_VISIBLE_DEVICES": "3"})
+    assert started.communicate(timeout=60)[0].strip() == "'3'"
+    monkeypatch.setenv(lesson.FAKE_GPUS_ENV, "2")
+    assert lesson.run(*show).stdout.strip() == "'0'"

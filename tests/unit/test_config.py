@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from lab import config
+from tests.conftest import lab
 from lab.errors import ConfigError
 
 
@@ -68,6 +69,9 @@ def test_scientific_notation_is_a_number_in_files_and_overrides(tmp_path):
      "train.global_batch_size: 100 is not divisible by world size 1 x train.grad_accum_steps 3 = 3; "
      "use a multiple of 3 such as 99 or 102"),
     ("", ["data.uneven=join", "train.grad_accum_steps=2"], "data.uneven: join needs train.grad_accum_steps=1"),
+    ("", ["model.sync_batchnorm=true", "data.uneven=join"],
+     "model.sync_batchnorm: true cannot be combined with data.uneven=join (Join does not cover SyncBatchNorm's "
+     "all-gather: the other ranks hang); use data.uneven=pad or drop, or model.sync_batchnorm=false"),
 ])
 def test_bad_input_is_named_with_what_would_be_valid(tmp_path, yaml_text, overrides, expected):
     path = tmp_path / "c.yaml"
@@ -97,3 +101,38 @@ def test_describe_documents_every_key_as_yaml():
     for section, cls in config.SECTIONS.items():
         for field in cls.__dataclass_fields__:
             assert f"  {field}: " in text, (section, field)
+
+
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+def test_sync_batchnorm_goes_with_padding_or_dropping(uneven):
+    assert config.load(None, ["model.sync_batchnorm=true", f"data.uneven={uneven}"]).model.sync_batchnorm
+
+
+def test_lab_train_refuses_sync_batchnorm_with_join_in_one_line(tmp_path):
+    """Join shadows DDP's all-reduce, not SyncBatchNorm's all-gather: the pair would hang until NCCL's watchdog."""
+    proc = lab("train", "--set", "model.sync_batchnorm=true", "--set", "data.uneven=join",
+               check=False, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert "model.sync_batchnorm" in lines[0] and "data.uneven=join" in lines[0]
+    assert "data.uneven=pad or drop, or model.sync_batchnorm=false" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_help_config_says_sync_batchnorm_makes_the_host_wait():
+    line = next(x for x in config.describe().splitlines() if x.startswith("  sync_batchnorm: "))
+    assert "the host waits for the GPU in every BatchNorm layer of every step" in line
+    assert "Not with data.uneven=join" in line
+
+
+def test_a_cuda_run_with_sync_batchnorm_is_told_its_loop_waits():
+    """No GPU here: the decision takes the device object only, so a cuda device object (never used) is enough."""
+    import torch
+
+    synced = config.load(None, ["model.sync_batchnorm=true"])
+    warning = config.host_sync_warning(synced, torch.device("cuda", 0))
+    assert warning.startswith("model.sync_batchnorm=true on CUDA: the host waits for the GPU")
+    assert "\n" not in warning
+    assert config.host_sync_warning(synced, torch.device("cpu")) is None
+    assert config.host_sync_warning(config.load(None), torch.device("cuda", 0)) is None

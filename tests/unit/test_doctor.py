@@ -58,3 +58,33 @@ def test_output_dir_and_shm_checks(tmp_path):
         assert doctor.check_output_dir(str(read_only / "runs")).status == "fail"
     check, size = doctor.check_shm(min_bytes=1 << 62)
     assert check.status == "warn" and "--ipc host" in check.line() and size > 0
+
+
+def _fake_cc(folder):
+    folder.mkdir()
+    cc = folder / "cc"
+    cc.write_text("#!/bin/sh\nexit 0\n")
+    cc.chmod(0o755)
+    return cc
+
+
+def test_torch_compile_is_ready_with_a_c_compiler_on_path_and_python_h(tmp_path):
+    cc, include = _fake_cc(tmp_path / "bin"), tmp_path / "include"
+    include.mkdir()
+    (include / "Python.h").write_text("/* the header */\n")
+    check = doctor.check_compile({"PATH": str(tmp_path / "bin")}, include_dir=str(include))
+    assert check.status == "ok" and str(cc) in check.detail
+
+
+def test_torch_compile_without_a_compiler_or_python_h_is_a_warning_naming_both_and_the_remedy(tmp_path):
+    (tmp_path / "empty").mkdir()
+    check = doctor.check_compile({"PATH": str(tmp_path / "empty")}, include_dir=str(tmp_path / "no-include"))
+    assert check.status == "warn" and check.name == "compile"
+    assert "C compiler" in check.detail and "Python.h" in check.detail
+    assert "apt-get install -y gcc python3." in check.fix and "-dev" in check.fix
+    # $CC names the compiler when set; a missing $CC is not rescued by cc on PATH
+    _fake_cc(tmp_path / "bin")
+    assert "C compiler" in doctor.check_compile({"PATH": str(tmp_path / "bin"), "CC": "clang-99"},
+                                                include_dir=str(tmp_path / "no-include")).detail
+    assert "C compiler" not in doctor.check_compile({"PATH": str(tmp_path / "empty"), "CC": str(tmp_path / "bin/cc")},
+                                                    include_dir=str(tmp_path / "no-include")).detail

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lab import nvml
 from lab.bench import gpu_check
 
@@ -47,3 +49,183 @@ def test_the_levers_line_reads_a_gpu_result(tmp_path, monkeypatch):
     assert outcome.status == "passed"
     assert "images/s vs fp32: bf16 2.00x, fp16 1.90x" in outcome.detail
     assert "(float64) 2.0e-16" in outcome.detail and "NCCL_P2P_DISABLE=1 0.20x" in outcome.detail
+
+
+def test_the_plan_fits_the_deadline_on_one_h200_and_at_toy_sizes(monkeypatch):
+    # Every package present (faked: the preflight's lookup), so the sums are the largest the plan can print.
+    monkeypatch.setattr(gpu_check, "missing", lambda module: False)
+    h200 = gpu_check.plan(gpu_check.Check(out=None, quick=False, gpu=True, gpus=1), gpu_check.STEPS)
+    assert sum(r["expected_seconds"] for r in h200) < 360
+    assert [r["step"] for r in h200][1:5] == ["FSDP", "bf16 training", "DDP, 1 rank", "host syncs"]  # defects first
+    assert [r["step"] for r in h200][-1] == "DDP + compile"  # the one compile, last
+    skipped = {r["step"]: r["skip"] for r in h200 if r["skip"]}
+    assert list(skipped) == ["all-reduce"] and "needs 2 or more" in skipped["all-reduce"]
+    cpu = gpu_check.plan(gpu_check.Check(out=None, quick=True, gpu=False, gpus=0), gpu_check.STEPS)
+    assert sum(r["expected_seconds"] for r in cpu) < 180
+    text = gpu_check.render_plan(h200, 360, quick=False)
+    total = sum(r["expected_seconds"] for r in h200)
+    assert text.splitlines()[0] == (f"gpu-check plan: 14 step(s), about {total} s expected (on one H200) of the "
+                                    f"360 s deadline")
+
+
+def test_the_step_names_are_the_tables_lines():
+    assert gpu_check.STEP_NAMES == tuple(line for step in gpu_check.STEPS for line in step.names)
+    assert len(set(gpu_check.STEP_NAMES)) == len(gpu_check.STEP_NAMES) == len(gpu_check.STEPS) + 1  # + resume
+
+
+def test_the_preflight_names_what_a_step_lacks(monkeypatch):
+    monkeypatch.setattr(gpu_check, "missing", lambda module: module in ("lightning", "deepspeed"))
+    rows = {r["step"]: r for r in gpu_check.plan(gpu_check.Check(out=None, quick=False, gpu=True, gpus=8),
+                                                 gpu_check.STEPS)}
+    assert rows["Lightning peer"]["skip"] == "needs lightning (pip install lightning==2.6.6)"
+    assert rows["Lightning peer"]["expected_seconds"] == 0
+    assert not rows["strategies"]["skip"]
+    assert rows["strategies"]["without"][0].startswith("deepspeed: the ZeRO-1/2/3 rows left out (pip install")
+    assert not rows["all-reduce"]["skip"]
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed grandchild waits for PID 1 to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(tmp_path, monkeypatch):
+    # The step table is replaced in-process by three fake steps: one that passes at once, one whose child (with a
+    # grandchild, as torchrun has workers) sleeps past the deadline, one after it.
+    import argparse
+    import sys
+    import time
+
+    def slow(c):
+        code = ("import shutil, subprocess, sys, time; out = sys.argv[1]; "
+                "shutil.copy(out + '/gpu-check.json', out + '/seen-by-the-slow-step.json'); "
+                "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+                "open(out + '/pids', 'w').write(f'{__import__(\"os\").getpid()} {worker.pid}'); time.sleep(120)")
+        c.child("slow", [sys.executable, "-c", code, str(c.out)])
+
+    steps = (gpu_check.Step("at once", 1, 1, lambda c: gpu_check.Outcome("at once", "passed", "done")),
+             gpu_check.Step("slow", 1, 1, slow),
+             gpu_check.Step("after", 1, 1, lambda c: gpu_check.Outcome("after", "passed", "done"),
+                            lines=("after", "after too")))
+    monkeypatch.setattr(gpu_check, "STEPS", steps)
+    from lab import provenance
+
+    provenance.versions()  # torch imported and versions read before the clock starts: a loaded CI machine's seconds
+    args = argparse.Namespace(out=str(tmp_path), quick=True, allow_cpu=True, skip_without_gpu=False, json=None,
+                              deadline=15, epochs=1)
+    started = time.monotonic()
+    assert gpu_check.run(args) == 1
+    assert time.monotonic() - started < 15 + 1
+    result = json.loads((tmp_path / "gpu-check.json").read_text())
+    status = [(s["step"], s["status"], s["by_deadline"]) for s in result["steps"]]
+    assert status == [("at once", "passed", False), ("slow", "failed", True), ("after", "skipped", True),
+                      ("after too", "skipped", True)]
+    assert result["steps"][1]["detail"].startswith("cut by the deadline after ")
+    assert result["finished"] and result["plan"][1]["step"] == "slow"
+    # Written after every step: while the slow step ran, the file already held the first one's result.
+    seen = json.loads((tmp_path / "seen-by-the-slow-step.json").read_text())
+    assert [s["step"] for s in seen["steps"]] == ["at once"] and not seen["finished"]
+    child, worker = map(int, (tmp_path / "pids").read_text().split())
+    assert not _alive(child) and not _alive(worker)  # the whole process group, grandchild included
+
+
+def test_host_syncs_fail_on_bf16_and_show_syncbatchnorms_own(tmp_path, monkeypatch):
+    # No GPU here: the child that measures on CUDA (lab.bench.gpu_measure host-syncs) is replaced by its JSON
+    # (say so); what is checked is how the step reads it.
+    check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=1)
+    commands = []
+
+    def measured(variants):
+        return lambda self, log, command: (commands.append(command), (tmp_path / "host-syncs.json").write_text(
+            json.dumps({"steps": 12, "variants": variants})))
+
+    monkeypatch.setattr(gpu_check.Check, "child", measured({"bf16": None, "fp16": None,
+                                                             "sync_batchnorm": "called a synchronizing CUDA op"}))
+    outcome = gpu_check.host_syncs(check)
+    assert outcome.status == "passed" and gpu_check.SYNC_BATCHNORM_SYNC + " (expected" in outcome.detail
+    assert "sync_batchnorm:train.amp=bf16,model.sync_batchnorm=true,dist.single_process_group=true" in commands[0]
+    monkeypatch.setattr(gpu_check.Check, "child", measured({"bf16": "called a synchronizing CUDA op", "fp16": None,
+                                                             "sync_batchnorm": "x"}))
+    with pytest.raises(gpu_check.StepFailed, match="bf16: a host sync inside the step loop"):
+        gpu_check.host_syncs(check)
+
+
+def test_syncbatchnorm_takes_its_sync_path_at_one_rank():
+    # torch's SyncBatchNorm falls back to plain batch norm at world size 1; the check routes it through torch's
+    # sync function instead. That function needs CUDA (batch_norm_stats): a recorder stands in for it here.
+    import torch
+    from torch import nn
+
+    from lab.bench import gpu_measure
+
+    calls = []
+
+    class Recorder:
+        @staticmethod
+        def apply(input, weight, bias, mean, var, eps, momentum, group, world_size):
+            calls.append((weight is not None, momentum, world_size))
+            return input
+
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4),
+                                                                  nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4)))
+    assert gpu_measure.sync_path_at_one_rank(model, 1, function=Recorder) == 2
+    model(torch.randn(2, 3, 8, 8))
+    assert calls == [(True, 0.1, 1), (True, 0.1, 1)]
+    assert int(model[1].num_batches_tracked) == 1  # counted as torch's forward counts
+    model.eval()
+    model(torch.randn(2, 3, 8, 8))  # evaluation: torch's own forward (no sync there either)
+    assert len(calls) == 2
+
+
+def _wheel(folder, name, version, requires=()):
+    import zipfile
+
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{name}/__init__.py", "MARK = 1\n")
+        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                         + "".join(f"Requires-Dist: {r}\n" for r in requires))
+        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                          "Tag: py3-none-any\n")
+        archive.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_the_wheels_chosen_are_those_this_python_lacks(tmp_path):
+    from lab.bench import gpu_wheels
+
+    _wheel(tmp_path, "numpy", "1.0")  # installed here: never shadowed
+    fake = _wheel(tmp_path, "labfakewheel", "0.1", ["numpy", "labfakedep>=1", "sphinx; extra == 'docs'"])
+    chosen, unmet = gpu_wheels.choose(tmp_path)
+    assert chosen == [fake] and unmet == {"labfakewheel": ["labfakedep"]}
+    _wheel(tmp_path, "labfakedep", "1.0")
+    chosen, unmet = gpu_wheels.choose(tmp_path)
+    assert [p.name for p in chosen] == ["labfakedep-1.0-py3-none-any.whl", "labfakewheel-0.1-py3-none-any.whl"]
+    assert unmet == {}
+
+
+def test_a_strategy_that_fails_fails_the_step_and_a_missing_deepspeed_does_not(tmp_path, monkeypatch):
+    # No GPU here: `lab bench strategies` is replaced by the table it writes (say so); it exits 1 when a row failed.
+    check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=1)
+    ok = {"state_bytes": 2**20, "loss_gap_from_ddp": 1e-3}
+    absent = {"label": "ZeRO-1", "error": "DeepSpeed is not installed (pip install '.[deepspeed]')"}
+
+    def bench(rows, code):
+        def lab(self, log, *argv):
+            (tmp_path / "strategies.json").write_text(json.dumps({"rows": rows}))
+            if code:
+                raise gpu_check.StepFailed(f"exit {code}: ...")
+        return lab
+
+    monkeypatch.setattr(gpu_check.Check, "lab", bench([{"label": "DDP", **ok}, {"label": "FSDP", **ok}, absent], 0))
+    outcome = gpu_check.strategies(check)
+    assert outcome.status == "passed" and outcome.detail.endswith("; not installed: ZeRO-1")
+    broken = {"label": "FSDP", "error": "failed: [rank0]: NotImplementedError: aten._fused_sgd_.default"}
+    monkeypatch.setattr(gpu_check.Check, "lab", bench([{"label": "DDP", **ok}, broken, absent], 1))
+    with pytest.raises(gpu_check.StepFailed, match="^FSDP: failed: .rank0.: NotImplementedError"):
+        gpu_check.strategies(check)

@@ -48,3 +48,18 @@ def test_throughput_leaves_out_the_first_interval_unless_it_is_the_only_one():
     pace.add(600, 2.0)
     pace.add(400, 3.0)
     assert pace.samples_per_second == 200.0  # (600 + 400) / (2 + 3)
+
+
+def test_closing_an_interval_builds_no_tensor_from_host_data(monkeypatch):
+    # On CUDA torch.tensor(number, device=cuda) is a blocking host-to-device copy; a CPU run cannot see the copy,
+    # so count the lab's calls that would make one (as tests/unit/test_sync_guard.py does for the step loop).
+    calls = []
+    for name in ("tensor", "as_tensor", "asarray", "from_numpy"):
+        original = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _original=original, _name=name, **k: (
+            calls.append(_name), _original(*a, **k))[1])
+    logits, labels, loss = torch.ones(3, 2), torch.zeros(3, dtype=torch.int64), torch.ones(())
+    meter = IntervalMeter(torch.device("cpu"), start_step=0)
+    meter.add(loss, logits, labels)
+    interval = meter.close(ALONE, step=1)
+    assert calls == [] and interval.samples == 3 and interval.loss == 1.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab import config, optim
+from lab import compat, config, optim
 from lab.errors import ConfigError
 
 
@@ -85,3 +85,19 @@ def test_amp_choice_on_a_gpu_without_bf16(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     assert optim.choose_amp("auto", torch.float32, cuda, say=messages.append) == torch.bfloat16
     assert len(messages) == 1
+
+
+class _Subclass(torch.Tensor):
+    """A tensor subclass, as FSDP2's DTensor is: its ops dispatch through its own table."""
+
+
+def test_sgd_is_fused_on_a_gpu_only_for_plain_tensors_and_foreach_on_the_cpu():
+    # No GPU here: the choice is host logic on the device type, so a CUDA device is named, not used.
+    cuda, plain = torch.device("cuda"), [torch.nn.Parameter(torch.zeros(3)), torch.zeros(2)]
+    assert "cuda" in compat.fused_optimizer_devices()  # torch's own list of devices with fused optimizers
+    assert optim.sgd_kernel(plain, cuda) == {"fused": True}
+    # DTensor has a sharding rule for foreach ops but none for aten._fused_sgd_: one subclass tensor is enough
+    assert optim.sgd_kernel([*plain, torch.zeros(2).as_subclass(_Subclass)], cuda) == {"foreach": True}
+    assert optim.sgd_kernel([torch.zeros(2, dtype=torch.int64)], cuda) == {"foreach": True}
+    # The CPU keeps foreach: one rounding per element, so every strategy's curve agrees bit for bit there.
+    assert optim.sgd_kernel(plain, CPU) == {"foreach": True}

@@ -1,0 +1,81 @@
+"""Which device a rank takes: every GPU of the node visible (cuda:LOCAL_RANK), or one GPU of its own per
+process (Slurm's --gpus-per-task, Kubernetes, Docker: cuda:0), and a refusal that shows the numbers otherwise.
+
+There is no GPU here: torch.cuda.is_available and device_count are faked, and choose_device only builds a
+torch.device (it touches no GPU), so the test asserts what a GPU host would get."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lab import dist
+from lab.errors import LaunchError
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """gpus(n, visible=...): this process sees n CUDA devices, with CUDA_VISIBLE_DEVICES set to `visible`."""
+    def fake(count: int, visible: str | None = None) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    return fake
+
+
+@pytest.mark.parametrize("local_rank", [0, 1, 2, 3])
+def test_one_visible_device_per_process_is_that_device(gpus, local_rank):
+    gpus(1, visible=str(4 + local_rank))  # Slurm --gpus-per-task=1: task r sees only its own GPU, as device 0
+    assert dist.choose_device("auto", local_rank, 4) == torch.device("cuda", 0)
+    assert dist.choose_device("cuda", local_rank, 4) == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("visible", [4, 8])
+def test_every_gpu_visible_gives_each_local_rank_its_own(gpus, visible):
+    gpus(visible)
+    assert [dist.choose_device("auto", r, 4) for r in range(4)] == [torch.device("cuda", r) for r in range(4)]
+
+
+def test_one_process_on_a_one_gpu_host(gpus):
+    gpus(1)
+    assert dist.choose_device("auto", 0, 1) == torch.device("cuda", 0)
+    assert dist.choose_device("auto", 0) == torch.device("cuda", 0)  # the benchmarks' call, without a layout
+
+
+@pytest.mark.parametrize("count, visible, local_rank", [(1, None, 1), (2, "0,1", 3), (2, None, 0)])
+def test_too_few_devices_are_refused_with_the_numbers_and_both_remedies(gpus, count, visible, local_rank):
+    gpus(count, visible=visible)
+    with pytest.raises(LaunchError) as info:
+        dist.choose_device("auto", local_rank, 4 if count == 2 else 2)
+    message = str(info.value)
+    local_world_size = 4 if count == 2 else 2
+    assert message.startswith(f"dist.device: local rank {local_rank} of {local_world_size} processes on this node "
+                              f"has no GPU of its own: {count} visible (CUDA_VISIBLE_DEVICES={visible or 'unset'})")
+    assert f"start at most {count} processes per node" in message
+    assert "give each process one device of its own" in message and "--gpus-per-task=1" in message
+    assert "\n" not in message
+
+
+def test_a_caller_that_gives_only_the_local_rank_gets_no_device_that_is_not_there(gpus):
+    gpus(2)
+    assert dist.choose_device("auto", 1) == torch.device("cuda", 1)
+    with pytest.raises(LaunchError, match="local rank 2 of 3 processes on this node has no GPU of its own"):
+        dist.choose_device("auto", 2)
+
+
+def test_one_gpu_shared_by_two_local_ranks_is_refused(gpus):
+    """Two ranks on a 1-GPU host without CUDA_VISIBLE_DEVICES both see the same GPU: NCCL cannot use it twice."""
+    gpus(1)
+    with pytest.raises(LaunchError, match="local rank 0 of 2 processes"):
+        dist.choose_device("auto", 0, 2)
+
+
+def test_cpu_needs_no_gpu(gpus):
+    gpus(0)
+    assert dist.choose_device("auto", 3, 4) == torch.device("cpu")
+    assert dist.choose_device("cpu", 3, 4) == torch.device("cpu")
+    with pytest.raises(LaunchError, match="no CUDA device is visible"):
+        dist.choose_device("cuda", 0, 1)
