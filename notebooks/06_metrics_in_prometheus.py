@@ -52,7 +52,7 @@ from lab import lesson
 
 folder = lesson.output_dir("06-metrics-in-prometheus")
 plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: one device per rank
-gpu, n, config = plan.gpu, plan.ranks, plan.config
+gpu, n = plan.gpu, plan.ranks
 print(plan.why)
 run_id = f"lesson06-{time.strftime('%H%M%S')}"  # a new id each time: Prometheus keeps older runs' series
 print(f"{n} processes, run id {run_id}, results in {folder}")
@@ -92,13 +92,13 @@ else:
     home = Path(tempfile.mkdtemp(prefix="lesson06-prometheus-"))
     targets_dir = home / "targets"
     targets_dir.mkdir()
-    config = yaml.safe_load(lesson.checkout_file("monitoring/prometheus.yml").read_text())
-    config["global"].update(scrape_interval="500ms", evaluation_interval="500ms")
-    config["rule_files"] = [str(lesson.checkout_file("monitoring/rules/lab.rules.yml"))]
-    lab_job = next(job for job in config["scrape_configs"] if job["job_name"] == "lab")
+    scrape = yaml.safe_load(lesson.checkout_file("monitoring/prometheus.yml").read_text())
+    scrape["global"].update(scrape_interval="500ms", evaluation_interval="500ms")
+    scrape["rule_files"] = [str(lesson.checkout_file("monitoring/rules/lab.rules.yml"))]
+    lab_job = next(job for job in scrape["scrape_configs"] if job["job_name"] == "lab")
     lab_job["file_sd_configs"] = [{"files": [str(targets_dir / "*.json")], "refresh_interval": "500ms"}]
-    config["scrape_configs"] = [lab_job]  # no Pushgateway, dcgm-exporter or node exporter here
-    (home / "prometheus.yml").write_text(yaml.safe_dump(config))
+    scrape["scrape_configs"] = [lab_job]  # no Pushgateway, dcgm-exporter or node exporter here
+    (home / "prometheus.yml").write_text(yaml.safe_dump(scrape))
     port = lesson.free_ports(1)
     prometheus_url = f"http://127.0.0.1:{port}"
     log = open(home / "prometheus.log", "w")
@@ -132,7 +132,7 @@ print("Prometheus is ready")
 sizes = [] if gpu else ["--set", "model.width=8", "--set", "train.log_every=1", "--set", "data.synthetic_train_size=2048",
                         "--set", f"train.epochs={10 if prometheus_proc is None else 4}"]
 started = time.time()
-lesson.lab("train", "--config", config, "--nproc-per-node", str(n), *sizes,
+lesson.lab("train", "--config", plan.config, "--nproc-per-node", str(n), *sizes,
            "--set", f"run.output_dir={folder}", "--set", f"run.id={run_id}",
            "--set", f"metrics.port_base={lesson.free_ports(n)}", "--set", f"metrics.bind_address={bind_address}",
            "--set", f"metrics.targets_dir={targets_dir}", "--set", "checkpoint.save=false")

@@ -5,6 +5,7 @@ did not hold) fails the test with that cell's error."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pytest
@@ -60,7 +61,7 @@ ONE_GPU_PLAN = {
     "03_collectives": {"n": 2},
     "04_scaling_and_levers": {"n": 2, "gpu": False, "config": "smoke"},
     "05_memory_and_choosing": {"gpu": False, "width": "16"},
-    "06_metrics_in_prometheus": {"n": 2, "gpu": False, "config": "smoke"},
+    "06_metrics_in_prometheus": {"n": 2, "gpu": False},
     "07_multi_node": {"per_node": 1, "config": "smoke"},
 }
 
@@ -86,6 +87,9 @@ def test_lesson_plans_for_a_one_gpu_host(path, tmp_path, monkeypatch, capsys):
     assert planned.why in capsys.readouterr().out
     for later in code[1:]:
         assert not any(s in later for s in ("lesson.on_gpu(", "lesson.devices(", "torch.cuda")), later[:200]
+        # nor rebinds a planned name (lesson 6 once reused `config` for Prometheus's YAML: its run got a dict)
+        for name in ONE_GPU_PLAN[path.stem]:
+            assert not re.search(rf"^\s*(?:{name}\s*=[^=]|for {name} in)", later, re.M), (name, later[:200])
 
 
 def test_every_command_a_lesson_starts_gets_the_plans_environment(monkeypatch):
