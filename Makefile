@@ -63,7 +63,7 @@ LOWEST_SKIPS := --ignore=tests/distributed/test_rerun.py --ignore=tests/distribu
                 --ignore=tests/distributed/test_lightning_peer.py \
                 --deselect=tests/distributed/test_faults.py::test_eight_ranks_on_two_cores_train_and_every_exporter_answers_throughout \
                 --deselect=tests/distributed/test_faults.py::test_a_disk_too_small_is_refused_before_training_and_a_fitting_one_is_not \
-                --deselect=tests/distributed/test_performance.py::test_gpu_check_runs_its_steps_at_toy_sizes_on_a_cpu \
+                --deselect=tests/distributed/test_performance.py::test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter \
                 --deselect=tests/distributed/test_accumulation.py::test_accumulation_under_ddp_matches_one_process_at_the_full_batch_for_every_shipped_config \
                 --deselect=tests/distributed/test_ddp_training.py::test_two_process_batchnorm_run_learns
 
