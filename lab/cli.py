@@ -15,7 +15,9 @@ import importlib
 import sys
 from collections.abc import Callable
 
-from lab import __version__, handlers, torchrun_env
+from lab import __version__
+from lab import commands as handlers  # each subcommand's handler (lab.commands)
+from lab.cluster import torchrun_env
 from lab.errors import EXIT_BAD_INPUT, LabError
 
 
@@ -85,7 +87,7 @@ def _add_rerun(commands) -> None:
                        help="change one config key for the rerun (repeatable), e.g. --set run.seed=1")
     rerun.add_argument("--output-dir", metavar="DIR", help="where the new run directory goes (default: beside RUN_DIR)")
     rerun.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
-    rerun.set_defaults(handler=_module_run("lab.rerun"))
+    rerun.set_defaults(handler=_module_run("lab.training.rerun"))
 
 
 def _add_train(commands) -> None:
@@ -320,7 +322,7 @@ def _add_memory(commands) -> None:
                         help="ResNet-18 width for --measure (default 64)")
     memory.add_argument("--json", metavar="PATH")
     memory.add_argument("--plot", metavar="PNG", help="stacked bars of the estimate")
-    memory.set_defaults(handler=_module_run("lab.memory"))
+    memory.set_defaults(handler=_module_run("lab.sizing.memory"))
 
 
 def _add_pitfall(commands) -> None:
@@ -336,7 +338,7 @@ def _add_pitfall(commands) -> None:
 
 
 def _add_choose(commands) -> None:
-    from lab import choose as tree  # no torch: its argparse types and tables only
+    from lab.sizing import choose as tree  # no torch: its argparse types and tables only
 
     choose = commands.add_parser(
         "choose", help="which tool for this model: DDP, ZeRO-1/2, FSDP full/hybrid shard or offload",
@@ -362,7 +364,7 @@ def _add_choose(commands) -> None:
     choose.add_argument("--headroom", type=tree.FRACTION, default=tree.HEADROOM, metavar="FRACTION",
                         help="part of GPU memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)")
     choose.add_argument("--json", metavar="PATH", help="write the decisions and the choice as JSON")
-    choose.set_defaults(handler=_module_run("lab.choose"))
+    choose.set_defaults(handler=_module_run("lab.sizing.choose"))
 
 
 def _add_report(commands) -> None:
@@ -406,8 +408,10 @@ def _add_data(commands) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
         args.argv = argv
+        args.parser = parser  # a handler that re-reads a worker's `lab ...` arguments parses them with this
         return args.handler(args)
     except LabError as exc:
         if torchrun_env.is_primary_process():  # under torchrun every rank sees the same bad input

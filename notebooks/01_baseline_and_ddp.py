@@ -31,7 +31,7 @@
 # first cell says so). Every command below is one you can type in the terminal beside this notebook.
 
 # %%
-from lab import lesson
+from lab.teaching import lesson
 
 folder = lesson.output_dir("01-baseline-and-ddp")
 plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: DDP needs one device per process
@@ -62,7 +62,7 @@ lesson.lab("train", "--config", config, "--nproc-per-node", str(n),
 # difference between them, accuracy and images per second. `lab report` draws the curves.
 
 # %%
-from lab import comparison
+from lab.teaching import comparison
 
 comparison.compare_and_save(folder, [n])
 lesson.show(folder / "comparison.md")

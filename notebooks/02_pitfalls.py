@@ -34,7 +34,7 @@
 # runs on gloo, where a timed-out collective can be reported instead of aborting the process).
 
 # %%
-from lab import lesson
+from lab.teaching import lesson
 
 folder = lesson.output_dir("02-pitfalls")
 plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: a pitfall needs 2 ranks or more

@@ -32,7 +32,7 @@
 # NCCL, 8 B to 256 MiB. The same command, typed in the terminal, prints nccl-tests' table for each collective.
 
 # %%
-from lab import lesson
+from lab.teaching import lesson
 from lab.bench.collective import COLLECTIVES, NAMES
 
 folder = lesson.output_dir("03-collectives")

@@ -33,7 +33,8 @@
 # few timed steps, so the numbers are rough; on a GPU server `workshop-gpu` over 1, 2, 4, ... up to every GPU.
 
 # %%
-from lab import lesson, scaling_laws
+from lab.teaching import lesson
+from lab import scaling_laws
 
 folder = lesson.output_dir("04-scaling-and-levers")
 plan = lesson.plan()  # with fewer than 2 GPUs, 1 and 2 CPU processes: scaling needs 2 devices or more

@@ -120,8 +120,8 @@ class Request:
 
 
 def expected_backend() -> str:
-    """The backend lab.dist will choose for this process with DistConfig's defaults: nccl on CUDA, else gloo."""
-    from lab import dist
+    """The backend lab.cluster.dist will choose for this process with DistConfig's defaults: nccl on CUDA, else gloo."""
+    from lab.cluster import dist
     from lab.config import DistConfig
 
     cfg = DistConfig()
@@ -174,7 +174,7 @@ def measure(ctx, coll: Collective, size: int, dtype_name: str, op: str, iters: i
     import torch
     import torch.distributed as tdist
 
-    from lab import dist
+    from lab.cluster import dist
 
     dtype = getattr(torch, dtype_name)
     count, nbytes = coll.counts(size, torch.tensor([], dtype=dtype).element_size(), ctx.world_size)
@@ -289,12 +289,13 @@ def guess_link(ctx) -> str | None:
 def run(args, benchmark: str) -> int:
     """One rank of `lab bench allreduce` (benchmark "allreduce") or `lab bench collective`; returns the exit
     code (3 when an op's average busbw is below --min-busbw)."""
-    from lab import torchrun_env
+    from lab.cluster import torchrun_env
 
     request = plan(args, benchmark)  # before torch is imported: bad input is refused at once
     if torchrun_env.layout().world_size < 2:
         raise one_rank(benchmark)
-    from lab import dist, provenance, runs
+    from lab.cluster import dist, provenance
+    from lab.training import runs
     from lab.config import DistConfig
 
     with dist.initialized(DistConfig()) as ctx:
@@ -326,7 +327,7 @@ def run(args, benchmark: str) -> int:
                     runs.write_json(paths[coll.name], result(ctx, ranks, coll, rows, args, benchmark, request.op,
                                                              link, avg, coll.name in missed))
             if getattr(args, "pushgateway", None):  # lab bench allreduce only: its series is all-reduce's
-                from lab import metrics
+                from lab.observability import metrics
 
                 metrics.push_allreduce(args.pushgateway, runs.new_run_id("allreduce"),
                                        [asdict(r) for r in tables[0][1]], args.dtype, request.op)
@@ -345,7 +346,7 @@ def result(ctx, ranks: list[dict], coll: Collective, rows: list[Row], args, benc
            link: str | None, avg: float, gate_missed: bool) -> dict[str, Any]:
     """One op's JSON: allreduce's document; `lab bench collective` adds "collective" and says what size,
     count, out-of-place and in-place mean for that op."""
-    from lab import provenance
+    from lab.cluster import provenance
 
     definitions = {"algbw": "bytes / time, GB/s (1e9)", "busbw": f"algbw * {coll.factor_text}"}
     if benchmark == "collective":

@@ -170,7 +170,7 @@ def run(args) -> int:
     started = time.monotonic()
     import torch
 
-    from lab import provenance
+    from lab.cluster import provenance
 
     gpu = torch.cuda.is_available()
     out = Path(args.out)
@@ -271,7 +271,7 @@ def _gpu_torch_cannot_use() -> str | None:
     """Why this torch sees no GPU although the host has one (NVML or the driver's device files say so), or None."""
     import torch
 
-    from lab import nvml
+    from lab.cluster import nvml
 
     if not nvml.host_has_gpus():
         return None
@@ -283,7 +283,7 @@ def _gpu_torch_cannot_use() -> str | None:
 
 
 def _write(args, out: Path, result: dict[str, Any]) -> None:
-    from lab import runs
+    from lab.training import runs
 
     runs.write_json(out / "gpu-check.json", result)
     if args.json:

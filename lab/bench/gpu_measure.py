@@ -30,8 +30,10 @@ def first_host_sync(cfg: Config, steps: int) -> str | None:
     sync path of SyncBatchNorm is taken even at one rank: see sync_path_at_one_rank."""
     import torch
 
-    from lab import data, dist
-    from lab.trainer import Trainer
+    from lab import data
+
+    from lab.cluster import dist
+    from lab.training.trainer import Trainer
 
     with dist.initialized(cfg.dist) as ctx:
         trainer = Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device))
@@ -100,7 +102,7 @@ def _one_step_bytes(width: int) -> tuple[int, int, int]:
 
     import torch
 
-    from lab import model as models
+    from lab.training import model as models
     from lab.config import ModelConfig
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -127,7 +129,8 @@ def _one_step_bytes(width: int) -> tuple[int, int, int]:
 
 
 def _host_syncs(args: argparse.Namespace) -> dict[str, Any]:
-    from lab import config, runs
+    from lab import config
+    from lab.training import runs
 
     result: dict[str, Any] = {"steps": args.steps, "variants": {}}
     for variant in args.variant:
@@ -139,7 +142,7 @@ def _host_syncs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _model_state(args: argparse.Namespace) -> dict[str, Any]:
-    from lab import runs
+    from lab.training import runs
 
     state, peak, params = model_state_bytes(args.width)
     result = {"state_bytes": state, "peak_bytes": peak, "params": params}

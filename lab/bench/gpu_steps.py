@@ -288,7 +288,7 @@ def deterministic_and_resume(c: Check) -> list[Outcome]:
 
 def memory(c: Check) -> Outcome:
     """Model state measured like the estimate counts it: parameters, gradients and momentum, no activations."""
-    from lab.memory import MEASURED_RECIPE, estimate
+    from lab.sizing.memory import MEASURED_RECIPE, estimate
 
     c.child("memory", [sys.executable, "-m", "lab.bench.gpu_measure", "model-state", "--width",
                        "8" if c.quick else "64", "--json", str(c.out / "memory.json")])

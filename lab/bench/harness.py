@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported where used: `lab bench --help` must not wait for torch
     from lab.config import Config
     from lab.data import Dataset
-    from lab.dist import DistContext
-    from lab.trainer import Trainer
+    from lab.cluster.dist import DistContext
+    from lab.training.trainer import Trainer
 
 
 def synthetic_config(cfg: Config, global_batch_size: int, batches: int) -> Config:
@@ -36,8 +36,9 @@ def synthetic_config(cfg: Config, global_batch_size: int, batches: int) -> Confi
 def trainer_session(cfg: Config) -> Iterator[tuple[DistContext, Trainer, Dataset]]:
     """(this rank's context, a Trainer of `cfg`, its data set on the device); the process group is torn
     down when the block ends, however it ends. Not deterministic: cuDNN autotunes, as a timed run would."""
-    from lab import data, dist
-    from lab.trainer import Trainer, set_determinism
+    from lab import data
+    from lab.cluster import dist
+    from lab.training.trainer import Trainer, set_determinism
 
     with dist.initialized(cfg.dist) as ctx:
         set_determinism(False)
@@ -57,7 +58,7 @@ def timed(ctx: DistContext, work: Callable[[], object], barrier: bool = False) -
     """
     _synchronize(ctx)
     if barrier:
-        from lab import dist
+        from lab.cluster import dist
 
         dist.barrier(ctx)
     started = time.perf_counter()

@@ -87,7 +87,7 @@ def variants(device_type: str, accum_steps: int) -> list[Variant]:
     """
     rows = [Variant("plain", "plain", "fp32, one batch per step, 25 MiB buckets, gradients as bucket views"),
             Variant("bf16", "precision", "bf16 autocast", {"train": {"amp": "bf16"}}, "bf16")]
-    if device_type == "cuda":  # fp16 autocast is a GPU path; on a CPU the lab runs it in fp32 (lab.optim)
+    if device_type == "cuda":  # fp16 autocast is a GPU path; on a CPU the lab runs it in fp32 (lab.training.optim)
         rows.append(Variant("fp16", "precision", "fp16 autocast + GradScaler", {"train": {"amp": "fp16"}}, "fp16"))
     rows += [Variant(f"accum-{accum_steps}", "accumulation",
                      f"{accum_steps} micro-batches per step, the first {accum_steps - 1} under no_sync",
@@ -145,7 +145,9 @@ def derive(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(args) -> int:
-    from lab import config, cores, launch, runs
+    from lab import config
+    from lab.cluster import cores, launch
+    from lab.training import runs
 
     # torch (seconds to import) only when a default needs the GPU count: bad input is refused fast
     gpus = None if args.config and args.nproc_per_node else _gpu_count()

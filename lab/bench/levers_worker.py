@@ -23,7 +23,7 @@ from lab.bench.levers import EXACT, PLAIN, merged, variants
 
 if TYPE_CHECKING:
     from lab.config import Config
-    from lab.trainer import Trainer
+    from lab.training.trainer import Trainer
 
 
 def saved_activation_bytes(forward: Callable[[], object], leave_out: Iterable[torch.Tensor] = ()) -> int:
@@ -96,7 +96,7 @@ def _block(ctx, entry: Timed, steps: int) -> None:
 def _slowest_rank(ctx, entry: Timed, steps: int) -> list[float]:
     """Seconds per step of each of `entry`'s blocks on the rank that was slowest in that block: every rank's
     clock counts, since the slowest sets the pace."""
-    from lab import dist
+    from lab.cluster import dist
 
     return [max(ranks) / steps for ranks in zip(*dist.all_gather_object(ctx, entry.block_seconds))]
 
@@ -115,8 +115,9 @@ def _activations(trainer: Trainer) -> int:
 def _equivalence(ctx, cfg: Config, dataset, accum: int, steps: int) -> dict[str, Any]:
     """One batch of B against `accum` micro-batches of B/accum, `steps` optimizer steps in float64 from the
     same weights on the same samples: the largest parameter difference over all ranks."""
-    from lab import config, dist
-    from lab.trainer import Trainer
+    from lab import config
+    from lab.cluster import dist
+    from lab.training.trainer import Trainer
 
     whole = Trainer(config.with_overrides(cfg, **merged(EXACT, {"train": {"grad_accum_steps": 1}})), ctx, dataset)
     split = Trainer(config.with_overrides(cfg, **merged(EXACT, {"train": {"grad_accum_steps": accum}})), ctx, dataset)
@@ -143,9 +144,13 @@ def worker(argv: list[str]) -> None:
     import argparse
     import statistics
 
-    from lab import config, data, dist, provenance, runs
+    from lab import config, data
+
+    from lab.cluster import dist, provenance
+
+    from lab.training import runs
     from lab.bench import harness
-    from lab.trainer import Trainer, set_determinism
+    from lab.training.trainer import Trainer, set_determinism
 
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)

@@ -7,10 +7,10 @@ Both sides run under torchrun from the lab's one command builder, with the same 
 same invocation: the lab as its users run it (`lab train`, run directory, log rows, evaluation at the end),
 Lightning as a Lightning user would (a LightningModule, `Trainer.fit`, no logger, checkpoint or progress bar,
 like the lab side's `checkpoint.save=false`). What they share, so the ratio compares the trainers:
-- the model (lab.model.build of the config's model section) and its initialisation seed;
+- the model (lab.training.model.build of the config's model section) and its initialisation seed;
 - the data: the config's synthetic data set, fed to both through the lab's device loader (same shards, order
   and augmentation; `lab bench pipeline` compares data paths, this does not);
-- the optimizer and schedule (lab.optim: SGD with the config's lr, momentum, Nesterov, weight decay);
+- the optimizer and schedule (lab.training.optim: SGD with the config's lr, momentum, Nesterov, weight decay);
 - precision: the lab's train.amp resolved once (bf16 on a GPU with --set train.amp=bf16 is Lightning's
   "bf16-mixed"), cuDNN autotuning as the lab sets it, SyncBatchNorm and torch.compile as configured;
 - DDP's settings (bucket size, gradients as bucket views, static graph, buffer sync): the lab's, given to
@@ -85,7 +85,8 @@ def require_lightning() -> None:
 
 def prepare(args: argparse.Namespace) -> Peer:
     """The comparison `args` asks for, or a LabError naming what is wrong."""
-    from lab import config, torchrun_env
+    from lab import config
+    from lab.cluster import torchrun_env
 
     if torchrun_env.launched_by_torchrun():
         raise LabError("lab bench lightning: already running under torchrun; run it without torchrun "
@@ -118,7 +119,7 @@ def _check_devices(cfg, nproc: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import runs
+    from lab.training import runs
     from lab.bench import harness
 
     require_lightning()
@@ -142,14 +143,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _torchrun(peer: Peer, target: list[str]) -> int:
     """Both sides start through the lab's one torchrun builder and runner: the same threads per process."""
-    from lab import launch
+    from lab.cluster import launch
 
     return launch.run(launch.torchrun_command(peer.nproc, target), peer.nproc)
 
 
 def _run_lab(peer: Peer, folder: Path) -> dict[str, Any] | None:
     """`lab train` as a user starts it with --nproc-per-node; its log rows give the steady-state images/s."""
-    from lab import launch, runs
+    from lab.cluster import launch
+    from lab.training import runs
 
     run_id = runs.new_run_id("lightning-peer")
     overrides = [*peer.overrides, *bench_overrides(peer.steps, peer.warmup, peer.global_batch, str(folder)),
@@ -186,7 +188,7 @@ def lab_steady_state(rows: list[dict[str, Any]], warmup: int, global_batch: int)
 
 def _run_lightning(peer: Peer, folder: Path) -> dict[str, Any] | None:
     """This module as a torchrun worker: Lightning's Trainer on the same settings; rank 0 writes the result."""
-    from lab import runs
+    from lab.training import runs
 
     out = folder / "lightning.json"
     overrides = [*peer.overrides, *bench_overrides(peer.steps, peer.warmup, peer.global_batch, str(folder))]
@@ -254,7 +256,7 @@ def worker(argv: list[str]) -> None:
     result = train_with_lightning(config.load(args.config, args.overrides), args.steps, args.warmup,
                                   args.lightning_ddp, Path(args.out).parent)
     if result is not None:
-        from lab import runs
+        from lab.training import runs
 
         runs.write_json(args.out, result)
 
@@ -269,15 +271,19 @@ def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: 
     # Lightning 2.6.6 calls a torch pytree API that newer torch deprecates: one line per rank, nothing to act on.
     warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated")
 
-    from lab import cores, data, dist, model as models, optim, torchrun_env
-    from lab.plan import plan_steps
+    from lab.cluster import cores, dist, torchrun_env
+
+    from lab import data
+
+    from lab.training import model as models, optim
+    from lab.training.plan import plan_steps
 
     layout = torchrun_env.layout()
     device = dist.choose_device(cfg.dist.device, layout.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:
-        torch.set_num_threads(cores.threads_per_process(layout.local_world_size))  # as lab.dist does
+        torch.set_num_threads(cores.threads_per_process(layout.local_world_size))  # as lab.cluster.dist does
     dtype = getattr(torch, cfg.model.dtype)
     amp = optim.choose_amp(cfg.train.amp, dtype, device, say=lambda _: None)  # the lab side says it
     torch.manual_seed(cfg.run.seed)  # the lab's initialisation: the same weights on both sides
@@ -294,7 +300,7 @@ def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: 
         num_nodes=layout.world_size // layout.local_world_size, strategy=_strategy(lightning, cfg, layout, ddp_settings),
         precision=precision(amp, dtype), max_steps=steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-        deterministic=cfg.run.deterministic, benchmark=not cfg.run.deterministic,  # as lab.trainer.set_determinism
+        deterministic=cfg.run.deterministic, benchmark=not cfg.run.deterministic,  # as lab.training.trainer.set_determinism
         sync_batchnorm=cfg.model.sync_batchnorm and layout.world_size > 1, use_distributed_sampler=False,
         callbacks=[clock], default_root_dir=str(root))
     trainer.fit(_module(lightning, net, cfg, steps), train_dataloaders=_Forever(loader))
@@ -362,7 +368,7 @@ def _module(lightning, net, cfg, total_steps: int):
     import torch
     from torch import nn
 
-    from lab import optim
+    from lab.training import optim
 
     class LabResNet(lightning.LightningModule):
         def __init__(self) -> None:

@@ -18,7 +18,9 @@ from typing import Any
 
 
 def run(args) -> int:
-    from lab import config, metrics, runs
+    from lab import config
+    from lab.observability import metrics
+    from lab.training import runs
     from lab.bench import harness
 
     cfg = config.load(args.config or "smoke", args.overrides)

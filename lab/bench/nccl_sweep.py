@@ -44,7 +44,7 @@ def nccl_child(world_size: int, setting: tuple[str, str] | None, json_path: str 
     >>> sorted(env.items())
     [('NCCL_ALGO', 'Tree'), ('PATH', '/bin')]
     """
-    from lab import launch
+    from lab.cluster import launch
 
     argv = launch.torchrun_command(world_size, ["-m", "lab", "bench", "allreduce", *ALLREDUCE_ARGS,
                                                 "--json", str(json_path)], torchrun=torchrun)
@@ -72,7 +72,7 @@ def nccl_group(world_size: int, device_type: str) -> dict[str, Any]:
         return {"applicable": False, "reason": "the CPU runs gloo, which reads no NCCL_* variable"}
     if world_size < 2:
         return {"applicable": False, "reason": "one GPU: there is no all-reduce to tune"}
-    from lab import launch
+    from lab.cluster import launch
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

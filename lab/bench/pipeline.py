@@ -54,7 +54,9 @@ def torchvision_loader(images, labels, batch_size: int, num_workers: int, pin_me
 def run(args) -> int:
     import torch
 
-    from lab import config, runs
+    from lab import config
+
+    from lab.training import runs
     from lab.bench import harness
 
     cfg = harness.synthetic_config(config.load(args.config or "workshop-cpu", args.overrides), args.batch_size,

@@ -32,7 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from lab import cores, scaling_laws
+from lab.cluster import cores
+
+from lab import scaling_laws
 from lab.errors import LabError
 
 
@@ -135,7 +137,9 @@ def describe_fit(fitted: dict[str, Any]) -> str:
 
 
 def run(args) -> int:
-    from lab import config, launch, plots, runs
+    from lab import config, plots
+    from lab.cluster import launch
+    from lab.training import runs
 
     if args.plot:
         plots.require()  # matplotlib missing: exit 2 now, not after the measurements
@@ -181,7 +185,7 @@ def run(args) -> int:
     if args.json:
         runs.write_json(args.json, result)
     if args.pushgateway:
-        from lab import metrics
+        from lab.observability import metrics
 
         metrics.push_scaling(args.pushgateway, runs.new_run_id("scaling"), rows, args.mode)
     if args.plot:
@@ -238,7 +242,11 @@ def worker(argv: list[str]) -> None:
 
     import torch
 
-    from lab import config, dist, provenance, runs
+    from lab import config
+
+    from lab.cluster import dist, provenance
+
+    from lab.training import runs
     from lab.bench import harness
 
     p = argparse.ArgumentParser()

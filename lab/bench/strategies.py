@@ -39,7 +39,9 @@ def relative_gap(reference: dict[int, float], other: dict[int, float]) -> float:
 
 
 def run(args) -> int:
-    from lab import config, launch, plots, runs
+    from lab import config, plots
+    from lab.cluster import launch
+    from lab.training import runs
 
     if args.plot:
         plots.require()
@@ -86,7 +88,7 @@ def failed_row(label: str, stderr: str) -> dict[str, str]:
 
 def summarize(rows: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
     """Add the estimate, its ratio and the loss gap from DDP to each measured row."""
-    from lab import memory
+    from lab.sizing import memory
 
     measured = [r for r in rows if "error" not in r]
     ddp = next((r for r in measured if r["label"] == "DDP"), None)
@@ -147,8 +149,12 @@ def _deepspeed_installed() -> bool:
 def worker(argv: list[str]) -> None:
     import argparse
 
-    from lab import config, data, dist, runs
-    from lab.trainer import Trainer, set_determinism
+    from lab import config, data
+
+    from lab.cluster import dist
+
+    from lab.training import runs
+    from lab.training.trainer import Trainer, set_determinism
 
     p = argparse.ArgumentParser()
     p.add_argument("--worker", required=True)
@@ -170,7 +176,7 @@ def worker(argv: list[str]) -> None:
         trainer.forward_backward(*next(trainer.train_loader.forever()))
         split = trainer.strategy.memory_split(trainer.optimizer)
         if ctx.is_primary:
-            from lab import provenance
+            from lab.cluster import provenance
 
             runs.write_json(args.worker, {
                 **split, "strategy": trainer.strategy.describe(), "losses": losses,

@@ -130,7 +130,7 @@ def summarize(per_rank: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]
 
 
 def worker(argv: list[str]) -> None:
-    from lab import dist
+    from lab.cluster import dist
 
     args = workers.parse_worker_args(argv)
     with workers.process_group(args.device) as ctx:

@@ -104,7 +104,7 @@ def measure(world_size: int) -> dict[str, Any]:
 def worker(argv: list[str]) -> None:
     import torch
 
-    from lab import dist
+    from lab.cluster import dist
 
     args = workers.parse_worker_args(argv)
     with workers.process_group(args.device) as ctx:
@@ -126,7 +126,9 @@ def save_rounds(ctx, path: Path, state: dict[str, Any], every_rank: bool) -> dic
     every rank's byte count, what the reader saw, and whether the final file loads."""
     import torch
 
-    from lab import atomic, dist
+    from lab import atomic
+
+    from lab.cluster import dist
 
     reader = Reader(path, state) if ctx.global_rank == ctx.world_size - 1 else None
     written = 0

@@ -50,7 +50,7 @@ def run(args) -> int:
     result["wall_seconds"] = round(time.monotonic() - started, 1)
     print(render(result), flush=True)
     if args.json:
-        from lab import runs
+        from lab.training import runs
 
         runs.write_json(args.json, result)
     return EXIT_OK

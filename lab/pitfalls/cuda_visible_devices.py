@@ -100,7 +100,7 @@ def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
 def worker(argv: list[str]) -> None:
     import argparse
 
-    from lab import torchrun_env
+    from lab.cluster import torchrun_env
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=sorted(MODES.values()), required=True)

@@ -96,7 +96,7 @@ def summarize(orders_per_rank: list[list[list[int]]], training: dict[str, Any]) 
 def worker(argv: list[str]) -> None:
     from torch.utils.data import DistributedSampler
 
-    from lab import dist
+    from lab.cluster import dist
 
     args = workers.parse_worker_args(argv, {"--epochs": int})
     with workers.process_group(args.device) as ctx:

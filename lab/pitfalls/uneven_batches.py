@@ -155,7 +155,7 @@ def fixed_side(reports: list[dict[str, Any]], fix: str) -> dict[str, Any]:
 
 
 def worker(argv: list[str]) -> None:
-    from lab import dist
+    from lab.cluster import dist
 
     args = workers.parse_worker_args(argv)
     with workers.process_group("cpu") as ctx:
@@ -197,7 +197,7 @@ def _step(ddp, optimizer, x, y) -> None:
 
 def plain_loop(ctx) -> dict[str, Any]:
     """Every batch of this rank's uneven shard through DDP; a timed-out collective is caught and described."""
-    from lab.dist import is_collective_timeout
+    from lab.cluster.dist import is_collective_timeout
     from lab.pitfalls import toy
 
     start, end = shard_bounds(ctx.world_size)[ctx.global_rank]

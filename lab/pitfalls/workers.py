@@ -23,7 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lab import launch, runs
+from lab.cluster import launch
+
+from lab.training import runs
 
 JOB_TIMEOUT_SECONDS = 180   # a pitfall takes seconds; a job still running after this is stuck
 STOP_GRACE_SECONDS = 15     # torchrun's own grace for its workers is shorter than this
@@ -118,9 +120,9 @@ def parse_worker_args(argv: list[str], extra: dict[str, type] | None = None) -> 
 
 @contextlib.contextmanager
 def process_group(device: str, timeout_seconds: float = 60.0) -> Iterator[Any]:
-    """The lab's process group (lab.dist) on `device`: nccl on GPUs, gloo on the CPU. The timeout is
+    """The lab's process group (lab.cluster.dist) on `device`: nccl on GPUs, gloo on the CPU. The timeout is
     short next to training's: a pitfall that hangs by mistake should fail in a minute, not in ten."""
-    from lab import dist
+    from lab.cluster import dist
     from lab.config import DistConfig
 
     with dist.initialized(DistConfig(device=device, timeout_seconds=timeout_seconds)) as ctx:
@@ -129,7 +131,7 @@ def process_group(device: str, timeout_seconds: float = 60.0) -> Iterator[Any]:
 
 def device_name(ctx: Any) -> str:
     """'cpu', or 'cuda (NVIDIA H200)': what a pitfall's JSON calls the device it ran on."""
-    from lab import provenance
+    from lab.cluster import provenance
 
     name = provenance.describe(ctx)["device_name"]
     return "cpu" if ctx.device.type == "cpu" else f"cuda ({name})"

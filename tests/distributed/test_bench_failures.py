@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from lab import launch
+from lab.cluster import launch
 from lab.bench.strategies import failed_row
 
 

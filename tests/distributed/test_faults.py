@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab import checkpoint
+from lab.training import checkpoint
 from tests.conftest import TINY, lab
 
 LAB = [sys.executable, "-m", "lab"]

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 
-from lab import config, data, dist
-from lab.trainer import Trainer, set_determinism
+from lab import config, data
+
+from lab.cluster import dist
+from lab.training.trainer import Trainer, set_determinism
 
 
 def shipped(out: Path, overrides: list[str]) -> None:

@@ -143,7 +143,7 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
     for png in re.findall(r"\]\(([^)]+\.png)\)", report):
         assert (job / png).stat().st_size > 0
 
-    # the torchrun line on every node is the one lab.launch builds (`lab launch`), not a copy in Jinja
+    # the torchrun line on every node is the one lab.cluster.launch builds (`lab launch`), not a copy in Jinja
     head = nodes["launch"]["127.0.0.1"]["command"]
     assert shlex.split(head)[:2] == [str(BIN / "lab"), "launch"]
     dry = run([*shlex.split(head)[:2], "--dry-run", *shlex.split(head)[2:]]).stdout.strip()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.lesson import free_ports
+from lab.teaching.lesson import free_ports
 from tests.conftest import PYTHON, ROOT, TINY, lab
 
 MONITORING = ROOT / "monitoring"
@@ -198,7 +198,7 @@ def test_metrics_overhead_benchmark_prints_an_interleaved_ratio(tmp_path):
 
 
 def test_dashboard_uses_the_lab_metrics_and_a_run_variable():
-    from lab import metrics
+    from lab.observability import metrics
 
     dashboard = json.loads((MONITORING / "grafana" / "dashboards" / "lab.json").read_text())
     assert [v["name"] for v in dashboard["templating"]["list"]] == ["run_id"]
@@ -206,7 +206,7 @@ def test_dashboard_uses_the_lab_metrics_and_a_run_variable():
     source = Path(metrics.__file__).read_text()
     for name in set(re.findall(r"\blab_[a-z_]+\b", exprs)):
         base = name.removesuffix("_total")
-        assert f'"{base}"' in source, f"{name} in the dashboard is not defined in lab/metrics.py"
+        assert f'"{base}"' in source, f"{name} in the dashboard is not defined in lab/observability/metrics.py"
     for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "run_id:lab_train_samples_per_second:sum",
                  "lab_allreduce_bus_bandwidth_bytes_per_second", "lab_device_memory_allocated_bytes"):
         assert name in exprs

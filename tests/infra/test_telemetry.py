@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from lab import metrics
+from lab.observability import metrics
 from lab.config import MetricsConfig
 from tests.conftest import ROOT
 from tests.infra.test_ansible import LOCAL, NODES, _playbook

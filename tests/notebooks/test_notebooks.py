@@ -73,7 +73,7 @@ def test_lesson_plans_for_a_one_gpu_host(path, tmp_path, monkeypatch, capsys):
     about devices by itself (so every command gets the plan's environment through lesson.run/lab/start)."""
     import jupytext
 
-    from lab import lesson
+    from lab.teaching import lesson
 
     monkeypatch.setenv(lesson.FAKE_GPUS_ENV, "1")
     monkeypatch.setenv("LAB_LESSON_RUNS", str(tmp_path / "lessons"))
@@ -96,7 +96,7 @@ def test_every_command_a_lesson_starts_gets_the_plans_environment(monkeypatch):
     """A real child process: on a (faked) 1-GPU host the GPU is hidden from it; a cell's own env still wins."""
     import sys
 
-    from lab import lesson
+    from lab.teaching import lesson
 
     monkeypatch.setenv(lesson.FAKE_GPUS_ENV, "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")

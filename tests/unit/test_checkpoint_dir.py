@@ -11,13 +11,15 @@ import json
 import pytest
 import torch
 
-from lab import checkpoint, config, train
+from lab.training import checkpoint, lifecycle as train
+
+from lab import config
 from lab.errors import LabError
 
 
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):
-    """One intra-op thread (lab.dist reads OMP_NUM_THREADS): a 16-image step of a width-8 ResNet is faster
+    """One intra-op thread (lab.cluster.dist reads OMP_NUM_THREADS): a 16-image step of a width-8 ResNet is faster
     alone than contended on 2 cores; the process's thread count is restored after."""
     before = torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

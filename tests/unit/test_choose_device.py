@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab import dist
+from lab.cluster import dist
 from lab.errors import LaunchError
 
 

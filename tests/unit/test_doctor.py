@@ -7,7 +7,7 @@ import socket
 
 import torch
 
-from lab import doctor
+from lab.cluster import doctor
 from tests.conftest import lab
 
 

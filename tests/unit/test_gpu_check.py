@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lab import nvml
+from lab.cluster import nvml
 from lab.bench import gpu_check, gpu_steps
 
 
@@ -112,7 +112,7 @@ def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(
              gpu_check.Step("after", 1, 1, lambda c: gpu_check.Outcome("after", "passed", "done"),
                             lines=("after", "after too")))
     monkeypatch.setattr(gpu_check, "STEPS", steps)
-    from lab import provenance
+    from lab.cluster import provenance
 
     provenance.versions()  # torch imported and versions read before the clock starts: a loaded CI machine's seconds
     args = argparse.Namespace(out=str(tmp_path), quick=True, allow_cpu=True, skip_without_gpu=False, json=None,

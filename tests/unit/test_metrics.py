@@ -6,7 +6,7 @@ import urllib.request
 
 import torch
 
-from lab import metrics
+from lab.observability import metrics
 from lab.config import MetricsConfig
 
 
@@ -69,7 +69,7 @@ def test_nvml_picks_the_gpu_by_uuid_when_cuda_visible_devices_lists_uuids(monkey
     # host's GPU 2. A digit index read from CUDA_VISIBLE_DEVICES would pick GPU 0: another GPU's numbers.
     import sys
 
-    from lab import nvml
+    from lab.cluster import nvml
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-cccc")

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 import torch
 
-from lab import metrics
+from lab.observability import metrics
 from lab.config import MetricsConfig
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab import compat, config, optim
+from lab import compat, config
+
+from lab.training import optim
 from lab.errors import ConfigError
 
 

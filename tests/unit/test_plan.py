@@ -7,7 +7,7 @@ import torch
 
 from lab import config, data
 from lab.errors import ConfigError
-from lab.plan import plan_steps
+from lab.training.plan import plan_steps
 
 
 LAYOUTS = [(uneven, *layout) for uneven in ("pad", "drop", "join")

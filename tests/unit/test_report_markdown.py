@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lab import report
+from lab.teaching import report
 from lab.bench import scaling
 from tests.conftest import lab
 from tests.markdown import problems

@@ -13,9 +13,9 @@ import urllib.request
 import torch
 import yaml
 
-from lab import metrics
+from lab.observability import metrics
 from lab.config import MetricsConfig
-from lab.dist import DistContext
+from lab.cluster.dist import DistContext
 from tests.conftest import ROOT
 
 SHIPPED = [ROOT / "compose.yaml", ROOT / "compose.cpu.yaml", ROOT / "images" / "Dockerfile",

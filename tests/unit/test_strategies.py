@@ -8,8 +8,10 @@ import contextlib
 import pytest
 import torch
 
-from lab import checkpoint, config, model as models, strategies
-from lab.dist import DistContext
+from lab.training import checkpoint, model as models, strategies
+
+from lab import config
+from lab.cluster.dist import DistContext
 from lab.errors import CheckpointError, LaunchError
 
 CPU = torch.device("cpu")

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import lab
-from lab import config, data, dist
-from lab.trainer import Trainer
+from lab import config, data
+from lab.cluster import dist
+from lab.training.trainer import Trainer
 
 SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 FROM_HOST = ("tensor", "as_tensor", "asarray", "from_numpy")

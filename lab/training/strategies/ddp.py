@@ -15,11 +15,15 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
-from lab import checkpoint, compat, dist
+from lab.training import checkpoint
+
+from lab import compat
+
+from lab.cluster import dist
 from lab.config import Config
-from lab.dist import DistContext
+from lab.cluster.dist import DistContext
 from lab.errors import LaunchError
-from lab.strategies import Strategy
+from lab.training.strategies.base import Strategy
 
 
 class DDPStrategy(Strategy):

@@ -103,7 +103,8 @@ def _gb(value: float) -> str:
 
 
 def run(args) -> int:
-    from lab import plots, runs
+    from lab import plots
+    from lab.training import runs
 
     if args.params <= 0:
         raise LabError(f"--params {args.params:g}: the parameter count must be positive, e.g. 7e9")
@@ -146,14 +147,14 @@ def run(args) -> int:
 
 def measure(width: int) -> dict[str, Any]:
     """ResNet-18 trained a few steps: one process, then 2 ranks with DDP and with FSDP (fully_shard)."""
-    from lab import launch
+    from lab.cluster import launch
 
     with tempfile.TemporaryDirectory() as tmp:
         single = Path(tmp) / "single.json"
-        subprocess.run([sys.executable, "-m", "lab.memory", "--worker", str(single), str(width)], check=True)
+        subprocess.run([sys.executable, "-m", "lab.sizing.memory", "--worker", str(single), str(width)], check=True)
         result = {"single": json.loads(single.read_text())}
         sharded = Path(tmp) / "sharded.json"
-        command = launch.torchrun_command(2, ["-m", "lab.memory", "--worker", str(sharded), str(width)])
+        command = launch.torchrun_command(2, ["-m", "lab.sizing.memory", "--worker", str(sharded), str(width)])
         if subprocess.call(command, env=launch.worker_env(2), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL) == 0:
             result["two_ranks"] = json.loads(sharded.read_text())
@@ -192,7 +193,7 @@ def render_measured(m: dict[str, Any]) -> str:
 def _train_and_count(model, ctx, steps: int = 3) -> dict[str, Any]:
     import torch
 
-    from lab.strategies import tensor_bytes  # a DTensor (an FSDP shard) counts this rank's part only
+    from lab.training.strategies.base import tensor_bytes  # a DTensor (an FSDP shard) counts this rank's part only
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if ctx.device.type == "cuda":
@@ -218,7 +219,9 @@ def _train_and_count(model, ctx, steps: int = 3) -> dict[str, Any]:
 def worker(out: str, width: int) -> None:
     import torch
 
-    from lab import dist, model, runs
+    from lab.cluster import dist
+
+    from lab.training import model, runs
     from lab.config import DistConfig, ModelConfig
 
     with dist.initialized(DistConfig()) as ctx:

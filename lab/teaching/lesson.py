@@ -13,7 +13,7 @@ kernel down. The sizes follow the machine, as plan() decides once for every less
 as expected: two and two make four
 >>> expect(2 + 2 == 5, "two and two make five")
 Traceback (most recent call last):
-lab.lesson.NotWhatYouShouldSee: two and two make five
+lab.teaching.lesson.NotWhatYouShouldSee: two and two make five
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`lab train`: one whole run around the Trainer (lab.trainer), on one rank.
+"""`lab train`: one whole run around the Trainer (lab.training.trainer), on one rank.
 
     lab train --config baseline                                   # 1 process: the baseline
     torchrun --standalone --nproc-per-node 2 -m lab train --config ddp
@@ -24,13 +24,19 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lab import checkpoint, data, device_memory, dist, metrics, provenance, torchrun_env
+from lab.training import checkpoint
+
+from lab import data
+
+from lab.observability import device_memory, metrics
+
+from lab.cluster import dist, provenance, torchrun_env
 from lab.config import Config, check_layout, to_dict
-from lab.console import Console, SilentConsole
+from lab.training.console import Console, SilentConsole
 from lab.errors import CheckpointError
 from lab.formatting import num, pct
-from lab.runs import RunDir, git_revision, new_run_id, rendezvous_run_id
-from lab.trainer import Hook, Trainer, set_determinism
+from lab.training.runs import RunDir, git_revision, new_run_id, rendezvous_run_id
+from lab.training.trainer import Hook, Trainer, set_determinism
 
 
 class Recovery(NamedTuple):

@@ -5,7 +5,7 @@ launcher therefore also connects to the store torchrun serves at the rendezvous 
 and adds itself to a counter there, polling it until the expected nodes have arrived. When the
 rendezvous fails, the last count seen is what the launcher reports.
 
-The observer is a child process (`python -m lab.rollcall HOST PORT KEY TIMEOUT EXPECTED`) printing each
+The observer is a child process (`python -m lab.cluster.rollcall HOST PORT KEY TIMEOUT EXPECTED`) printing each
 count it sees, not a thread of the launcher: a TCPStore call blocks in C++ for up to its timeout, and a
 launcher whose interpreter exits while a thread is inside one dies of `terminate called without an active
 exception` (SIGABRT) instead of returning torchrun's status and its one-line reason. A child is stopped
@@ -29,7 +29,7 @@ class RollCall:
     store (each adds itself once), None until this one did."""
 
     def __init__(self, host: str, port: int, run_id: str, timeout_s: float, expected: int):
-        self.command = [sys.executable, "-m", "lab.rollcall", host, str(port), f"lab/roll_call/{run_id}",
+        self.command = [sys.executable, "-m", "lab.cluster.rollcall", host, str(port), f"lab/roll_call/{run_id}",
                         str(timeout_s), str(expected)]
         self.arrived: int | None = None
         self._child: subprocess.Popen | None = None

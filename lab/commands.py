@@ -13,7 +13,7 @@ import os
 import shlex
 import tempfile
 
-from lab import torchrun_env
+from lab.cluster import torchrun_env
 from lab.errors import EXIT_FAILED, EXIT_GATE_MISSED, EXIT_OK, LabError
 
 
@@ -33,14 +33,14 @@ def train(args: argparse.Namespace) -> int:
         return _launch_train(args, cfg)
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from lab import train as training
+    from lab.training import lifecycle as training
 
     record(training.run)(cfg)  # record: torchrun reports a failed rank's traceback, not just its exit code
     return EXIT_OK
 
 
 def workshop(args: argparse.Namespace) -> int:
-    from lab import workshop as lessons
+    from lab.teaching import workshop as lessons
 
     return lessons.run(args.config or lessons.default_config(), args.overrides, args.nproc_per_node, args.output_dir,
                        args.only)
@@ -52,7 +52,8 @@ def _check_not_nested() -> None:
 
 
 def _launch_train(args: argparse.Namespace, cfg) -> int:
-    from lab import launch, runs
+    from lab.cluster import launch
+    from lab.training import runs
 
     _check_not_nested()
     check_training(cfg, args.nproc_per_node)
@@ -65,7 +66,8 @@ def _launch_train(args: argparse.Namespace, cfg) -> int:
 
 def check_training(cfg, world_size: int | None) -> None:
     """Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report."""
-    from lab import config, data, plan
+    from lab import config, data
+    from lab.training import plan
 
     if world_size is not None:
         config.check_layout(cfg, world_size)
@@ -79,7 +81,7 @@ def check_training(cfg, world_size: int | None) -> None:
 
 
 def launch(args: argparse.Namespace) -> int:
-    from lab import launch as launching
+    from lab.cluster import launch as launching
 
     target = args.target[1:] if args.target[:1] == ["--"] else args.target
     if not target:
@@ -90,7 +92,8 @@ def launch(args: argparse.Namespace) -> int:
                                 join_timeout=args.join_timeout)
     rdzv.check()
     fixed_nodes = rdzv.nnodes.isdigit()  # an elastic job's world size is known only at the rendezvous
-    _check_lab_train_target(target, args.nproc_per_node * int(rdzv.nnodes) if fixed_nodes else None)
+    _check_lab_train_target(target, args.nproc_per_node * int(rdzv.nnodes) if fixed_nodes else None,
+                            args.parser)
     command = launching.torchrun_command(args.nproc_per_node, target, rdzv)
     if args.dry_run:
         print(shlex.join(command))
@@ -98,14 +101,14 @@ def launch(args: argparse.Namespace) -> int:
     return EXIT_OK if launching.run(command, args.nproc_per_node, rdzv) == 0 else EXIT_FAILED
 
 
-def _check_lab_train_target(target: list[str], world_size: int | None) -> None:
-    """When the workers will run `-m lab train ...`, load its config now (a bad --set is exit 2 here)."""
+def _check_lab_train_target(target: list[str], world_size: int | None, parser: argparse.ArgumentParser) -> None:
+    """When the workers will run `-m lab train ...`, load its config now (a bad --set is exit 2 here); `parser` is
+    the command line's own (lab.cli passes it in the Namespace: this module never imports lab.cli)."""
     if target[:3] != ["-m", "lab", "train"]:
         return
     from lab import config
-    from lab.cli import build_parser
 
-    args = build_parser().parse_args(target[2:])
+    args = parser.parse_args(target[2:])
     if not args.help_config:
         check_training(config.load(args.config, args.overrides), world_size)
 
@@ -130,14 +133,14 @@ def data_synth(args: argparse.Namespace) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
-    from lab import report as reports
+    from lab.teaching import report as reports
 
     print(f"report: {reports.build(args.paths, args.out)}")
     return EXIT_OK
 
 
 def doctor(args: argparse.Namespace) -> int:
-    from lab import doctor as checks
+    from lab.cluster import doctor as checks
 
     return checks.run(args.port, args.output_dir, args.expect_gpus, args.min_shm, args.json)
 
@@ -165,7 +168,7 @@ def _relaunch_collectives(args: argparse.Namespace, benchmark: str) -> int:
     """Run this same command under torchrun with --nproc-per-node workers. Bad input is refused here first
     (one line, exit 2, rather than every worker's failure). The gate is judged here, from the result files
     (the workers get --gate-in-parent), because torchrun reports any worker's non-zero exit as its own failure."""
-    from lab import launch
+    from lab.cluster import launch
     from lab.bench import collective_perf
 
     _check_not_nested()

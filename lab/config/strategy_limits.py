@@ -1,6 +1,6 @@
 """What a strategy cannot honour, refused in one line when the config loads: before torchrun starts a process.
 
-lab.config calls `check` for every strategy but ddp; each strategy's module says why (lab/strategies/).
+lab.config calls `check` for every strategy but ddp; each strategy's module says why (lab/training/strategies/).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def check(cfg: Config) -> None:
 
 
 def _fsdp(cfg: Config) -> None:
-    """What the lab's FSDP strategy cannot honour (lab/strategies/fsdp.py)."""
+    """What the lab's FSDP strategy cannot honour (lab/training/strategies/fsdp.py)."""
     _refuse(cfg, [
         (cfg.train.amp == "fp16", "train.amp: fp16 needs a sharded gradient scaler the lab does not wire for FSDP; "
                                   "use train.amp=bf16"),
@@ -29,7 +29,7 @@ def _fsdp(cfg: Config) -> None:
 
 
 def _deepspeed(cfg: Config) -> None:
-    """What the lab's DeepSpeed engine cannot honour (lab/strategies/deepspeed.py)."""
+    """What the lab's DeepSpeed engine cannot honour (lab/training/strategies/deepspeed.py)."""
     m, d = cfg.model, cfg.dist
     refused = [
         (cfg.data.uneven == "join", "data.uneven: join uses DDP's Join context, which DeepSpeed has no "

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from lab import cores
+from lab.cluster import cores
 from lab.errors import LabError
 
 TORCHRUN_JOIN_TIMEOUT = 600  # seconds: torchrun's own default for a rendezvous to complete
@@ -133,7 +133,7 @@ def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None =
     with fewer nodes than expected ever seen at the rendezvous, says so: expected and arrived nodes.
     (A rendezvous cannot fail sooner than its join timeout, so a quick failure of the workers is never
     mistaken for one.)"""
-    from lab.rollcall import RollCall
+    from lab.cluster.rollcall import RollCall
 
     rdzv = rendezvous or Rendezvous()
     print(f"$ {shlex.join(command)}", flush=True)

@@ -15,7 +15,9 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from lab import __version__, plots, runs
+from lab import __version__, plots
+
+from lab.training import runs
 from lab.errors import LabError
 from lab.formatting import num, pct
 
@@ -189,13 +191,13 @@ def _training(run_dirs: list[Path], out: Path) -> str:
 
 
 def _comparison(result: dict[str, Any]) -> str:
-    from lab import comparison
+    from lab.teaching import comparison
 
     return "\n".join(["## Baseline and DDP at one global batch", "", comparison.render(result), ""])
 
 
 def _checkpoint(tour: dict[str, Any]) -> str:
-    from lab import checkpoint_tour
+    from lab.teaching import checkpoint_tour
 
     return "\n".join(["## The baseline's checkpoint", "", checkpoint_tour.render(tour), "",
                       "The baseline stopped there and resumed from this file: its loss curve above runs on "
@@ -293,7 +295,7 @@ def _levers(result: dict[str, Any], out: Path) -> str:
 
 
 def _memory(result: dict[str, Any], out: Path) -> str:
-    from lab import memory
+    from lab.sizing import memory
 
     device_gb = result.get("device_memory_gb")
     plots.memory_bars(result["rows"], device_gb, result["title"], out / "memory.png")

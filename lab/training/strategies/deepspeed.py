@@ -7,7 +7,7 @@ torch.distributed's default group: gloo on CPUs, NCCL on GPUs). The optional ext
 
 | lab                             | DeepSpeed                                                                  |
 |---------------------------------|----------------------------------------------------------------------------|
-| batch per rank (lab.plan)       | train_micro_batch_size_per_gpu; train_batch_size = it x accum x ranks      |
+| batch per rank (lab.training.plan)       | train_micro_batch_size_per_gpu; train_batch_size = it x accum x ranks      |
 | train.grad_accum_steps          | gradient_accumulation_steps, managed_gradient_accumulation: false (below)  |
 | dist.zero_stage                 | zero_optimization.stage; ZeRO-3 re-shards every parameter after use        |
 | dist.bucket_cap_mb              | reduce_bucket_size, allgather_bucket_size (MiB -> elements)                |
@@ -43,11 +43,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from lab import atomic, checkpoint, dist
+from lab import atomic
+
+from lab.training import checkpoint
+
+from lab.cluster import dist
 from lab.config import Config, batch_size_per_rank
-from lab.dist import DistContext
+from lab.cluster.dist import DistContext
 from lab.errors import CheckpointError, LaunchError
-from lab.strategies import Strategy
+from lab.training.strategies.base import Strategy
 
 POINTER = "latest"           # DeepSpeed's name: a text file naming the last complete tag folder
 TRAINER_PART = checkpoint.TRAINER_PART  # beside DeepSpeed's files in each tag folder
@@ -64,7 +68,7 @@ class DeepSpeedStrategy(Strategy):
         except ImportError:
             raise LaunchError("dist.strategy: deepspeed needs DeepSpeed, missing here: DS_BUILD_OPS=0 pip install "
                               "--no-build-isolation 'lab[deepspeed]' (as make does), or dist.strategy=ddp") from None
-        if not ctx.distributed:  # lab.dist builds a group for every strategy but ddp, even at one rank
+        if not ctx.distributed:  # lab.cluster.dist builds a group for every strategy but ddp, even at one rank
             raise LaunchError("dist.strategy: deepspeed needs a process group; run it under torchrun")
         if get_accelerator().device_name() != ctx.device.type:  # DS_ACCELERATOR set otherwise by the user
             raise LaunchError(f"DS_ACCELERATOR: DeepSpeed's device is {get_accelerator().device_name()}, this rank's "
@@ -77,7 +81,7 @@ class DeepSpeedStrategy(Strategy):
         super().__init__(ctx, model)  # self.model: the module; the engine wraps it, ZeRO-3 hooks live on it
         self.cfg, self.stage = cfg, cfg.dist.zero_stage
         self.forward_is_collective = self.stage == 3  # ZeRO-3 all-gathers in every forward, evaluation's too
-        self.amp = amp_dtype  # train.amp as lab.optim.choose_amp resolved it: DeepSpeed's bf16/fp16, or float32
+        self.amp = amp_dtype  # train.amp as lab.training.optim.choose_amp resolved it: DeepSpeed's bf16/fp16, or float32
         if self.amp is not None:
             _batchnorm_in_float32(model)
         self.engine, self._saved = None, []  # _saved: tags written; a second save at one step gets a new folder
@@ -112,7 +116,7 @@ class DeepSpeedStrategy(Strategy):
         # ZeRO calls these torch.distributed names every step; torch's deprecation warning would repeat as often.
         warnings.filterwarnings("ignore", r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` "
                                           r"is deprecated", FutureWarning)
-        # torch.distributed already holds the lab's group (lab.dist.init): DeepSpeed adopts it, makes none.
+        # torch.distributed already holds the lab's group (lab.cluster.dist.init): DeepSpeed adopts it, makes none.
         # It asserts LOCAL_RANK, which a 1-rank group outside torchrun (plain `lab train`) has not.
         os.environ.setdefault("LOCAL_RANK", str(self.ctx.local_rank))
         # As it adopts the group on CPUs, DeepSpeed JIT-compiles a shared-memory all-reduce (deepspeed_shm_comm,

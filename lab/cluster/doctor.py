@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from lab import cores, nvml
-from lab.addresses import is_loopback
+from lab.cluster import cores, nvml
+from lab.cluster.addresses import is_loopback
 from lab.errors import LabError
 
 GIB = 1024**3

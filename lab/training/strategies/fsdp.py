@@ -32,11 +32,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from lab import checkpoint, compat, dist
+from lab.training import checkpoint
+
+from lab import compat
+
+from lab.cluster import dist
 from lab.config import Config
-from lab.dist import DistContext
+from lab.cluster.dist import DistContext
 from lab.errors import CheckpointError, LaunchError
-from lab.strategies import Strategy
+from lab.training.strategies.base import Strategy
 
 TRAINER_PART = checkpoint.TRAINER_PART  # written last: its presence marks a whole checkpoint
 
@@ -50,7 +54,7 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         super().__init__(ctx, model)
-        self.mixed_precision = amp_dtype == torch.bfloat16  # train.amp as lab.optim.choose_amp resolved it
+        self.mixed_precision = amp_dtype == torch.bfloat16  # train.amp as lab.training.optim.choose_amp resolved it
         fully_shard = compat.fully_shard()
         self.float32_units = _shard_batchnorm_in_float32(model, fully_shard) if self.mixed_precision else []
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
@@ -156,7 +160,7 @@ def _shard_batchnorm_in_float32(model: nn.Module, fully_shard: Callable) -> list
 def _refuse_what_fsdp_cannot_do(cfg: Config, ctx: DistContext) -> None:
     """What this process cannot do (the config's own refusals are lab.config's, before any process starts)."""
     if not ctx.distributed:
-        raise LaunchError("dist.strategy: fsdp needs a process group; lab.dist builds one for it, even at one rank")
+        raise LaunchError("dist.strategy: fsdp needs a process group; lab.cluster.dist builds one for it, even at one rank")
     if ctx.device.type == "cpu" and not compat.fsdp_runs_on_cpu():
         raise LaunchError(f"dist.strategy: fsdp on CPU tensors needs torch.cpu.Stream.record_event, which torch "
                           f"{torch.__version__} lacks; use a newer torch, GPUs, or dist.strategy=ddp")

@@ -42,7 +42,7 @@ def versions() -> dict[str, str | None]:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001 - a build without NCCL has no version to report
             nccl = None
-    from lab import nvml
+    from lab.cluster import nvml
 
     driver = nvml.driver_version() if cuda else None
     return {

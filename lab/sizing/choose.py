@@ -4,7 +4,7 @@
     lab choose --params 70B --gpus-per-node 8 --nodes 2 --device h100 --interconnect ib-ndr --json choice.json
     lab choose --params 1.5T --gpus-per-node 8 --nodes 64 --gpu-memory 141 --seq-len 4096 --hidden 8192 --layers 80
 
-Memory per GPU is lab.memory's estimate (ZeRO convention: 16 bytes per parameter for mixed-precision
+Memory per GPU is lab.sizing.memory's estimate (ZeRO convention: 16 bytes per parameter for mixed-precision
 Adam), plus activations when given, against the GPU's memory less --headroom. In order:
 1. the whole training state fits on each GPU -> DDP;
 2. ZeRO-1 fits with room (optimizer state sharded) -> ZeRO-1; else ZeRO-2 fits (gradients too) -> ZeRO-2;
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lab.errors import LabError
-from lab.memory import DEVICES_GB, activation_bytes, estimate
+from lab.sizing.memory import DEVICES_GB, activation_bytes, estimate
 
 # Inter-node bandwidth per GPU, GB/s each way, with one NIC per GPU as on NVIDIA's DGX "rails" (GPUs that share a
 # NIC share its rate: divide). DGX H100: 8x ConnectX-7 at 400 Gb/s NDR per node; DGX A100: 8x ConnectX-6 at
@@ -277,7 +277,7 @@ def request(args: argparse.Namespace) -> tuple[Request, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab import runs
+    from lab.training import runs
 
     req, summary = request(args)
     choice = decide(req)

@@ -1,6 +1,6 @@
 """Who am I, on which device, talking over which backend.
 
-torchrun's environment comes from lab.torchrun_env (the one place that reads it).
+torchrun's environment comes from lab.cluster.torchrun_env (the one place that reads it).
 A process started without torchrun is world size 1:
 the single-device baseline is the same code with no process group
 (`dist.single_process_group=true` builds a 1-rank group anyway, for the device check).
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from lab import cores, torchrun_env
+from lab.cluster import cores, torchrun_env
 from lab.config import DistConfig
 from lab.errors import LaunchError
 

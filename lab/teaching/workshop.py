@@ -33,7 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab import comparison, config, launch, runs
+from lab.teaching import comparison
+
+from lab import config
+
+from lab.cluster import launch
+
+from lab.training import runs
 from lab.config import Config
 from lab.errors import LabError
 
@@ -124,7 +130,7 @@ def run(config_name: str, overrides: list[str], nproc_per_node: int | None, outp
                 return 1
         print(f"(step {index}: {time.monotonic() - step_started:.0f} s)", flush=True)
     print(f"\n== {total}/{total} report", flush=True)
-    from lab import report
+    from lab.teaching import report
 
     path = report.build([str(folder)])
     print(f"report: {path}", flush=True)
@@ -189,7 +195,7 @@ def plan(cfg: Config, config_name: str, overrides: list[str], sizes: list[int], 
 def _total_steps(cfg: Config) -> int:
     from lab import data
     from lab.data.cifar import TRAIN_SIZE
-    from lab.plan import plan_steps
+    from lab.training.plan import plan_steps
 
     return plan_steps(cfg, 1, data.generated_train_size(cfg.data) or TRAIN_SIZE).total_steps
 
@@ -201,7 +207,8 @@ def _device_name() -> str:
 
 
 def _tour_checkpoint(folder: Path) -> None:
-    from lab import checkpoint, checkpoint_tour
+    from lab.training import checkpoint
+    from lab.teaching import checkpoint_tour
 
     tour = checkpoint_tour.describe(folder / "baseline" / "checkpoints" / checkpoint.LAST)
     print(checkpoint_tour.render(tour), flush=True)

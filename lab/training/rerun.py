@@ -30,7 +30,8 @@ from typing import Any, NamedTuple
 import yaml
 
 import lab
-from lab import config, runs
+from lab import config
+from lab.training import runs
 from lab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_GATE_MISSED, EXIT_OK, ConfigError, DataError, LabError
 
 # A heuristic, not a proof: the relative difference two float32 runs of one config may show with no bug, when

@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from lab import __version__, atomic, optional, torchrun_env
-from lab.addresses import is_loopback, is_wildcard
+from lab import __version__, atomic, optional
+
+from lab.cluster import torchrun_env
+from lab.cluster.addresses import is_loopback, is_wildcard
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
@@ -146,7 +148,7 @@ class RankExporter(NullExporter):
     def _sample_device(self) -> None:
         import torch
 
-        from lab import device_memory
+        from lab.observability import device_memory
 
         series, labels = self.series, self.labels
         allocated, peak = device_memory.memory_bytes(self.device)
@@ -174,7 +176,7 @@ class _Nvml:
         try:
             import pynvml
 
-            from lab import nvml
+            from lab.cluster import nvml
 
             # By UUID: CUDA_VISIBLE_DEVICES may renumber the GPUs or name them by UUID (Slurm, Kubernetes, Docker).
             gpu = nvml.gpu_of(device.index if device.index is not None else 0)

@@ -1,12 +1,12 @@
 """The Trainer: one code path for the single-device baseline and DDP under torchrun.
 
 World size 1 is the baseline: no process group, no wrapper, the same loop. The pieces
-it is built from each live in their own module: the step plan (lab.plan), the optimizer,
-schedule and precision (lab.optim), how the model is wrapped and stepped across ranks
-(lab.strategies), and the interval meter (lab.meter). The step loop never reads a value
+it is built from each live in their own module: the step plan (lab.training.plan), the optimizer,
+schedule and precision (lab.training.optim), how the model is wrapped and stepped across ranks
+(lab.training.strategies), and the interval meter (lab.training.meter). The step loop never reads a value
 back to the host; loss, accuracy and sample counts accumulate on the device and are
 reduced across ranks once per `train.log_every` steps, the loop's only host sync. A whole
-run around it (run directory, resume, records, exporter) is lab.train.
+run around it (run directory, resume, records, exporter) is lab.training.lifecycle.
 """
 
 from __future__ import annotations
@@ -21,12 +21,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from lab import checkpoint, data, device_memory, dist, model as models, optim, strategies, torchrun_env
+from lab.training import checkpoint, model as models, optim, strategies
+
+from lab import data
+
+from lab.observability import device_memory
+
+from lab.cluster import dist, torchrun_env
 from lab.config import Config, host_sync_warning, to_dict
-from lab.console import Console, SilentConsole
-from lab.meter import IntervalMeter, Throughput
-from lab.plan import plan_steps
-from lab.runs import RunDir
+from lab.training.console import Console, SilentConsole
+from lab.training.meter import IntervalMeter, Throughput
+from lab.training.plan import plan_steps
+from lab.training.runs import RunDir
 
 Hook = Callable[[dict[str, Any]], None]
 
@@ -163,7 +169,7 @@ class Trainer:
         steps = self.cfg.train.profile_steps
         if not steps or self.run_dir is None:
             return contextlib.nullcontext()
-        from lab import profiling
+        from lab.observability import profiling
 
         return profiling.profiler(steps, self.ctx, self.run_dir.path, self.console)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lab import dist
+from lab.cluster import dist
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lab import runs
+from lab.training import runs
 
 
 def compare_and_save(folder: Path, sizes: list[int]) -> None:

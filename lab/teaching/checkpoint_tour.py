@@ -36,8 +36,8 @@ def describe(path: str | Path) -> dict[str, Any]:
     """The checkpoint's parts with their sizes, its progress, and whether a plain model takes its weights."""
     import torch
 
-    from lab import checkpoint
-    from lab import model as models
+    from lab.training import checkpoint
+    from lab.training import model as models
     from lab.config import ModelConfig
 
     path = Path(path)

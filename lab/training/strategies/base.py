@@ -1,18 +1,5 @@
-"""How the model is wrapped, stepped and saved across ranks: the seam where data-parallel tools differ.
-
-A strategy owns the wrapped model; the Trainer owns the loop, the data and the optimizer. What
-a strategy decides: what a training step calls (`forward`), whether a micro-batch's backward
-communicates (`accumulating`), how ranks with fewer batches keep up (`uneven_inputs`), how the
-optimizer step runs, and how the model's and the optimizer's state are saved and restored. `build` picks one from the
-config; DDP is the first, and the world-size-1 baseline is DDP's code path without the wrapper.
-
-    strategy = build(cfg, ctx, model)
-    with strategy.accumulating(last_micro_batch), autocast:
-        loss = criterion(strategy.forward(inputs), labels)
-        strategy.backward(loss, scaler)
-    strategy.step(optimizer, scheduler, scaler)
-    strategy.save(strategy.checkpoint_path(run_dir.checkpoints), optimizer, trainer_state)
-"""
+"""The seam every strategy fills: what a training step, its backward and its optimizer step call, and how the model's
+and the optimizer's state are saved and restored (lab.training.strategies says what a strategy decides)."""
 
 from __future__ import annotations
 
@@ -25,8 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lab.config import Config
-from lab.dist import DistContext
+from lab.cluster.dist import DistContext
 
 
 class Strategy(ABC):
@@ -45,7 +31,7 @@ class Strategy(ABC):
 
     def autocast(self, amp_dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
         """Around forward passes: torch.autocast to train.amp's dtype, unless the strategy casts itself."""
-        from lab import optim
+        from lab.training import optim
 
         return optim.autocast(self.ctx.device, amp_dtype)
 
@@ -106,20 +92,3 @@ def tensor_bytes(tensors) -> int:
         local = t.to_local() if hasattr(t, "to_local") else t
         total += local.numel() * local.element_size()
     return total
-
-
-def build(cfg: Config, ctx: DistContext, model: nn.Module, amp_dtype: torch.dtype | None = None) -> Strategy:
-    """The strategy dist.strategy names (config.DistConfig lists them), around `model` (on ctx.device);
-    `amp_dtype` is train.amp as lab.optim.choose_amp resolved it (a strategy may cast parameters itself).
-    Each is imported only when chosen: DeepSpeed is an optional extra."""
-    if cfg.dist.strategy == "fsdp":
-        from lab.strategies.fsdp import FSDPStrategy
-
-        return FSDPStrategy(cfg, ctx, model, amp_dtype)
-    if cfg.dist.strategy == "deepspeed":
-        from lab.strategies.deepspeed import DeepSpeedStrategy
-
-        return DeepSpeedStrategy(cfg, ctx, model, amp_dtype)
-    from lab.strategies.ddp import DDPStrategy
-
-    return DDPStrategy(cfg, ctx, model, amp_dtype)

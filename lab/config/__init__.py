@@ -32,7 +32,7 @@ from lab.errors import ConfigError
 
 _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
-SHIPPED_DIR = Path(__file__).parent / "configs"
+SHIPPED_DIR = Path(__file__).parent / "presets"
 
 
 # PyTorch's SyncBatchNorm.forward drops empty ranks' statistics with a boolean mask (torch 2.14
@@ -112,7 +112,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class DistConfig:
     strategy: Literal["ddp", "fsdp", "deepspeed"] = knob(
-        "ddp", "How the model is wrapped, stepped and saved across ranks (lab/strategies/): ddp (whole model on "
+        "ddp", "How the model is wrapped, stepped and saved across ranks (lab/training/strategies/): ddp (whole model on "
                "every rank; at world size 1 no wrapper), fsdp (FSDP2 fully_shard per ResNet stage), deepspeed "
                "(a DeepSpeed engine with ZeRO stage dist.zero_stage; the [deepspeed] extra).")
     zero_stage: int = knob(2, "DeepSpeed ZeRO stage with dist.strategy=deepspeed: 1 shards optimizer state, 2 also "
@@ -343,7 +343,7 @@ def _check_consistency(cfg: Config) -> None:
                           f"only (this run: {cfg.dist.strategy}); set dist.strategy=deepspeed, or drop the key "
                           f"(fsdp shards everything, as ZeRO-3)")
     if cfg.dist.strategy != "ddp":
-        from lab import strategy_limits
+        from lab.config import strategy_limits
 
         strategy_limits.check(cfg)
     if cfg.train.global_batch_size % cfg.train.grad_accum_steps:

@@ -1,0 +1,1 @@
+"""Will it fit, and which tool: the memory model (`lab memory`) and the strategy chooser (`lab choose`)."""

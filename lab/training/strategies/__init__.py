@@ -1,0 +1,43 @@
+"""How the model is wrapped, stepped and saved across ranks: the seam where data-parallel tools differ.
+
+A strategy owns the wrapped model; the Trainer owns the loop, the data and the optimizer. What
+a strategy decides: what a training step calls (`forward`), whether a micro-batch's backward
+communicates (`accumulating`), how ranks with fewer batches keep up (`uneven_inputs`), how the
+optimizer step runs, and how the model's and the optimizer's state are saved and restored. `build` picks one from the
+config; DDP is the first, and the world-size-1 baseline is DDP's code path without the wrapper.
+
+    strategy = build(cfg, ctx, model)
+    with strategy.accumulating(last_micro_batch), autocast:
+        loss = criterion(strategy.forward(inputs), labels)
+        strategy.backward(loss, scaler)
+    strategy.step(optimizer, scheduler, scaler)
+    strategy.save(strategy.checkpoint_path(run_dir.checkpoints), optimizer, trainer_state)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lab.cluster.dist import DistContext
+from lab.config import Config
+from lab.training.strategies.base import Strategy, tensor_bytes
+
+__all__ = ["Strategy", "build", "tensor_bytes"]
+
+
+def build(cfg: Config, ctx: DistContext, model: nn.Module, amp_dtype: torch.dtype | None = None) -> Strategy:
+    """The strategy dist.strategy names (config.DistConfig lists them), around `model` (on ctx.device);
+    `amp_dtype` is train.amp as lab.training.optim.choose_amp resolved it (a strategy may cast parameters itself).
+    Each is imported only when chosen: DeepSpeed is an optional extra."""
+    if cfg.dist.strategy == "fsdp":
+        from lab.training.strategies.fsdp import FSDPStrategy
+
+        return FSDPStrategy(cfg, ctx, model, amp_dtype)
+    if cfg.dist.strategy == "deepspeed":
+        from lab.training.strategies.deepspeed import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(cfg, ctx, model, amp_dtype)
+    from lab.training.strategies.ddp import DDPStrategy
+
+    return DDPStrategy(cfg, ctx, model, amp_dtype)
