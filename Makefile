@@ -1,4 +1,5 @@
 # `make lab`: set up .venv and run the workshop.  `make test`: set up .venv and run every test.
+# `make test-fast`: the inner loop, the tests that start no torchrun, infrastructure or lesson and take seconds.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -6,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Passed to `lab workshop`, e.g. make lab LAB_ARGS="--set train.max_steps=60"
 LAB_ARGS ?=
 
-.PHONY: lab test test-tools setup clean gpu-check notebook
+.PHONY: lab test test-fast test-tools setup clean gpu-check notebook
 
 setup: $(STAMP)
 
@@ -40,6 +41,12 @@ test: $(STAMP) test-tools
 	@if [ "$${CI:-}" = true ]; then scripts/container-base.sh clean || echo "make test: could not delete the container cache"; fi
 	$(MAKE) test-torch-lowest
 
+# The inner loop: the pure and single-process tests and lab/'s doctests, without the cost tiers pyproject.toml
+# registers (torchrun, infra, notebook, slow; tests/conftest.py marks the folders). About 50 s on 2 cores.
+# Not CI: make test runs every test, these included.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not torchrun and not infra and not notebook and not slow"
+
 # The lowest supported torch (pyproject.toml's floor; NGC 25.01's torch): the tests that touch torch's APIs again,
 # in a second venv: tests/distributed and the unit tests of the trainer's torch parts (LOWEST_TESTS). Left out
 # there: the unit tests that never touch torch (config, plan, choose, doctor, report, the collectives' and scaling
@@ -56,8 +63,8 @@ test: $(STAMP) test-tools
 LOWEST_VENV  ?= .venv-torch-lowest
 LOWEST_TORCH ?= torch==2.6.0 torchvision==0.21.0
 LOWEST_STAMP := $(LOWEST_VENV)/.installed-stamp
-LOWEST_TESTS := $(addprefix tests/unit/test_,augment.py checkpoint.py data.py meter.py metrics.py model.py optim.py \
-                rollcall.py sharding.py strategies.py sync_guard.py) tests/distributed
+LOWEST_TESTS := $(addprefix tests/unit/test_,augment.py checkpoint.py checkpoint_compat.py data.py meter.py metrics.py \
+                model.py optim.py rollcall.py sharding.py strategies.py sync_guard.py) tests/distributed
 LOWEST_SKIPS := --ignore=tests/distributed/test_rerun.py --ignore=tests/distributed/test_pitfalls.py \
                 --ignore=tests/distributed/test_levers.py --ignore=tests/distributed/test_benchmarks.py \
                 --ignore=tests/distributed/test_lightning_peer.py \

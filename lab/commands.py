@@ -8,13 +8,9 @@ A handler takes the parsed Namespace and returns an exit code; bad input is a La
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shlex
-import tempfile
 
-from lab.cluster import torchrun_env
-from lab.errors import EXIT_FAILED, EXIT_GATE_MISSED, EXIT_OK, LabError
+from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 
 
 # ----------------------------------------------------------------------------- training
@@ -46,16 +42,11 @@ def workshop(args: argparse.Namespace) -> int:
                        args.only)
 
 
-def _check_not_nested() -> None:
-    if torchrun_env.launched_by_torchrun():
-        raise LabError("--nproc-per-node: already running under torchrun; drop the option")
-
-
 def _launch_train(args: argparse.Namespace, cfg) -> int:
     from lab.cluster import launch
     from lab.training import runs
 
-    _check_not_nested()
+    launch.check_not_nested()
     check_training(cfg, args.nproc_per_node)
     overrides = list(args.overrides)
     if not cfg.run.id:  # one id, chosen here, so a restarted worker group finds its checkpoint
@@ -86,7 +77,7 @@ def launch(args: argparse.Namespace) -> int:
     target = args.target[1:] if args.target[:1] == ["--"] else args.target
     if not target:
         raise LabError("nothing to run; end with `-- -m lab train --config ddp` or `-- SCRIPT.py ARGS`")
-    _check_not_nested()
+    launching.check_not_nested()
     rdzv = launching.Rendezvous(endpoint=args.rdzv_endpoint, nnodes=args.nnodes, run_id=args.rdzv_id,
                                 max_restarts=args.max_restarts, local_addr=args.local_addr,
                                 join_timeout=args.join_timeout)
@@ -146,62 +137,3 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- all-reduce and the collectives
-
-
-def allreduce(args: argparse.Namespace) -> int:
-    if args.nproc_per_node is not None:
-        return _relaunch_collectives(args, "allreduce")
-    from lab.bench import allreduce as bench
-
-    return bench.run(args)
-
-
-def collective(args: argparse.Namespace) -> int:
-    from lab.bench import collective_perf
-
-    if args.nproc_per_node is not None:
-        return _relaunch_collectives(args, "collective")
-    return collective_perf.run(args, "collective")
-
-
-def _relaunch_collectives(args: argparse.Namespace, benchmark: str) -> int:
-    """Run this same command under torchrun with --nproc-per-node workers. Bad input is refused here first
-    (one line, exit 2, rather than every worker's failure). The gate is judged here, from the result files
-    (the workers get --gate-in-parent), because torchrun reports any worker's non-zero exit as its own failure."""
-    from lab.cluster import launch
-    from lab.bench import collective_perf
-
-    _check_not_nested()
-    request = collective_perf.plan(args, benchmark)
-    if args.nproc_per_node < 2:
-        raise collective_perf.one_rank(benchmark)
-    tail = [*without_option(args.argv, "--nproc-per-node"), "--gate-in-parent"]
-    with tempfile.TemporaryDirectory() as tmp:
-        result_path = args.json or os.path.join(tmp, "result.json")
-        if not args.json:
-            tail += ["--json", result_path]
-        command = launch.torchrun_command(args.nproc_per_node, ["-m", "lab", *tail])
-        if launch.run(command, args.nproc_per_node) != 0:
-            return EXIT_FAILED
-        gate_missed = False
-        for path in collective_perf.json_paths(result_path, request.names).values():
-            with open(path) as f:
-                gate_missed |= bool(json.load(f).get("gate_missed"))
-        return EXIT_GATE_MISSED if gate_missed else EXIT_OK
-
-
-def without_option(argv: list[str], option: str) -> list[str]:
-    """argv without `option VALUE` / `option=VALUE`.
-
-    >>> without_option(["bench", "allreduce", "--nproc-per-node", "2", "-e", "1K"], "--nproc-per-node")
-    ['bench', 'allreduce', '-e', '1K']
-    """
-    out, skip = [], False
-    for item in argv:
-        if skip:
-            skip = False
-        elif item == option:
-            skip = True
-        elif not item.startswith(option + "="):
-            out.append(item)
-    return out

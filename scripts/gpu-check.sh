@@ -10,7 +10,7 @@
 # `make setup` made one); steps that need more (prometheus_client, lightning, deepspeed) say so and are skipped.
 # No venv, no network: the lab is pure Python and runs from this checkout. Wheels in ./wheels (or
 # $GPU_CHECK_WHEELS) of packages this Python lacks, DeepSpeed's for instance, are installed into
-# OUT_DIR/site-packages first (README: make gpu-check). Without a GPU it says so, lists what it skipped, exit 0.
+# OUT_DIR/site-packages first (docs/benchmarks.md: make gpu-check). Without a GPU it says so, lists what it skipped, exit 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: scripts/gpu-check.sh [--quick] [--allow-cpu] [--deadline SECONDS] [OUT_DIR]"

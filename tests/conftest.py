@@ -46,3 +46,16 @@ TINY = ["--config", "smoke", "--set", "model.width=8"]
 @pytest.fixture
 def runs_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+# The cost tier of every test in a folder (pyproject.toml registers the marks; `make test-fast` leaves them out).
+# A unit test that costs as much carries its own mark, at the test.
+FOLDER_TIERS = {"distributed": pytest.mark.torchrun, "infra": pytest.mark.infra, "notebooks": pytest.mark.notebook}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = ROOT / "tests"
+    for item in items:
+        if item.path.is_relative_to(tests) and (parts := item.path.relative_to(tests).parts):
+            if tier := FOLDER_TIERS.get(parts[0]):
+                item.add_marker(tier)

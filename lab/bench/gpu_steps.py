@@ -1,5 +1,6 @@
 """The device check's steps: what each runs (a real `lab` command in a child, or a measurement in
-lab.bench.gpu_measure's child), how a child is stopped, and the outcome each reports.
+lab.bench.gpu_measure's child, each through lab.cluster.runner, which stops its process group on its time
+limit, the deadline or a signal), and the outcome each reports.
 
 `lab.bench.gpu_check` holds the table that orders them, the plan, the deadline and the command; a step here
 knows only its Check (where to write, how big, how long its child may take).
@@ -9,8 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,19 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.cluster import runner
+
 
 TARGET_IMAGES_PER_SECOND = 60_000   # training images/s of full-width ResNet-18 at batch 512 on one H100/H200
 TARGET_DATA_RATIO = 10.0            # the lab's data path over a DataLoader path (data alone)
 TARGET_METRICS_OVERHEAD = 0.01
 STEP_LIMIT = 300                    # seconds: a step's own limit when its row names none
-TERM_GRACE, KILL_GRACE = 5, 2       # seconds a stopped child gets after SIGTERM, then after SIGKILL
-STOP_SECONDS = TERM_GRACE + KILL_GRACE + 1  # kept back from a child's limit, so that stopping it fits the deadline
+# kept back from a child's limit, so that stopping its process group (lab.cluster.runner) fits the deadline
+STOP_SECONDS = runner.STOP_GRACE_SECONDS + runner.KILL_GRACE_SECONDS + 1
 MIN_START_SECONDS = 5               # a child with less than this left is not started: it could not finish
 SYNC_BATCHNORM_SYNC = "SyncBatchNorm syncs with the host: PyTorch's boolean-mask indexing in its forward"
 # Where the preflight's message says how to get a missing package.
 HOW_TO_GET = {"lightning": "pip install lightning==2.6.6",
               "prometheus_client": "pip install prometheus_client",
-              "deepspeed": "pip install deepspeed, or its wheels in wheels/: README, make gpu-check",
+              "deepspeed": "pip install deepspeed, or its wheels in wheels/: docs/benchmarks.md, make gpu-check",
               "lab.bench.lightning_peer": "`lab bench lightning` (lab/bench/lightning_peer.py) is not in this checkout"}
 
 
@@ -114,18 +115,14 @@ class Check:
         with open(path, "w") as f:
             f.write(f"$ {' '.join(command)}\n")
             f.flush()
-            # Its own session: stopped, the whole tree goes (torchrun's workers hold GPUs and NCCL).
-            child = subprocess.Popen(command, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                code = child.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                stop_tree(child)
-                if limit < self.step_limit:
-                    raise DeadlineCut(f"cut by the deadline after {limit:.0f} s; see {path}") from None
-                raise StepFailed(f"no result within its {self.step_limit:.0f} s; see {path}") from None
-            except BaseException:  # Ctrl-C, SIGTERM: nothing this check started outlives it
-                stop_tree(child)
-                raise
+            # The runner stops the child's whole process group (torchrun's workers hold GPUs and NCCL) on its
+            # time limit, and on Ctrl-C or SIGTERM, which end the check (Terminated) once the group is gone.
+            done = runner.run(command, stdout=f, stderr=subprocess.STDOUT, timeout_seconds=limit, echo=False)
+        if done.timed_out:
+            if limit < self.step_limit:
+                raise DeadlineCut(f"cut by the deadline after {limit:.0f} s; see {path}")
+            raise StepFailed(f"no result within its {self.step_limit:.0f} s; see {path}")
+        code = done.returncode
         if code != 0:
             tail = path.read_text().strip().splitlines()[-1:] or [""]
             raise StepFailed(f"exit {code}: {tail[0][:160]}; see {path}")
@@ -385,25 +382,6 @@ def lightning_peer(c: Check) -> Outcome:
     return Outcome("Lightning peer", "passed", f"the lab {r['lab_images_per_second']:,.0f} images/s, Lightning "
                    f"{r['lightning_images_per_second']:,.0f}: {r['ratio_lab_over_lightning']:.2f}x "
                    f"({'bf16' if c.gpu else 'fp32'}, same model, global batch and steps)", figures=r)
-
-
-def stop_tree(child: subprocess.Popen) -> None:
-    """SIGTERM to the child's process group, SIGKILL after TERM_GRACE: within STOP_SECONDS, every process gone."""
-    for sig, grace in ((signal.SIGTERM, TERM_GRACE), (signal.SIGKILL, KILL_GRACE)):
-        try:
-            os.killpg(child.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            child.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-        # The child is gone; its group may not be (a worker that ignores SIGTERM): SIGKILL what is left of it.
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        break
 
 
 def _mark(ok: bool) -> str:

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench import nccl_sweep
+from lab.bench.registry import WorkshopHost, WorkshopStep
 from lab.errors import LabError
 
 MIB = 2**20
@@ -146,14 +147,15 @@ def derive(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run(args) -> int:
     from lab import config
-    from lab.cluster import cores, launch
+    from lab.cluster import cores, launch, runner
     from lab.training import runs
 
     # torch (seconds to import) only when a default needs the GPU count: bad input is refused fast
-    gpus = None if args.config and args.nproc_per_node else _gpu_count()
-    n = args.nproc_per_node or gpus or 2
+    gpus = None if args.config and args.nproc_per_node else cores.gpu_count()
+    n = args.nproc_per_node or cores.default_ranks(gpus)
     args.config = args.config or ("workshop-gpu" if gpus else "workshop-cpu")
     check_request(args, n)
+    runner.check_processes(n, f"--nproc-per-node {n}")
     cfg = config.load(args.config, args.overrides)
     if args.plot:
         from lab import plots
@@ -165,10 +167,8 @@ def run(args) -> int:
                   *[x for o in args.overrides for x in ("--set", o)], "--steps", str(args.steps),
                   "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--accum-steps", str(args.accum_steps),
                   "--equivalence-steps", str(args.equivalence_steps)]
-        command = launch.torchrun_command(n, target)
-        print(f"$ {' '.join(command)}", flush=True)
-        done = subprocess.run(command, env=launch.worker_env(n), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+        done = runner.run(launch.torchrun_command(n, target), env=launch.worker_env(n), processes=n,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if done.returncode != 0:
             print("\n".join(done.stderr.strip().splitlines()[-20:]), file=sys.stderr)
             print(f"levers: the torchrun job failed (exit {done.returncode})", file=sys.stderr, flush=True)
@@ -215,12 +215,6 @@ def check_request(args, world_size: int) -> None:
                                 world_size)
         except LabError as exc:
             raise LabError(f"the {v.label} lever: {exc}") from None
-
-
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def summarize(measured: dict[str, Any], nccl: dict[str, Any], args, width: int, threads: int) -> dict[str, Any]:
@@ -333,3 +327,11 @@ def render(result: dict[str, Any]) -> str:
               f"mean training loss of the last block (every variant trains on the same batches from the same "
               f"weights)"]
     return "\n".join(lines)
+
+
+def workshop_steps(host: WorkshopHost) -> list[WorkshopStep]:
+    """lab workshop's part: every lever over the benchmarks' ranks, 2 rounds."""
+    return [WorkshopStep(f"levers over {host.ranks} ranks: precision, accumulation, DDP buckets, NCCL", host.ranks, [
+        *host.lab, "bench", "levers", "--config", host.config_name, *host.set_args, "--nproc-per-node",
+        str(host.ranks), "--steps", "10" if host.gpus else "2", "--rounds", "2", "--warmup", "1",
+        "--json", str(host.folder / "levers.json")])]

@@ -16,6 +16,7 @@ variable, so there the sweep reports why it does not apply.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import tempfile
 from pathlib import Path
@@ -54,12 +55,16 @@ def nccl_child(world_size: int, setting: tuple[str, str] | None, json_path: str 
     return argv, env
 
 
-def nccl_row(label: str, argv: list[str], env: dict[str, str], json_path: Path) -> dict[str, Any]:
-    """Run one all-reduce job; its busbw per size, or an `error` with its last stderr line when it failed."""
-    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def nccl_row(label: str, argv: list[str], env: dict[str, str], json_path: Path, processes: int = 1) -> dict[str, Any]:
+    """Run one all-reduce job of `processes` ranks; its busbw per size, or an `error` with the workers' line that
+    says what went wrong (not torchrun's banner after it) when it failed."""
+    from lab.cluster import runner
+
+    print(f"$ {label} {shlex.join(argv)}", flush=True)
+    done = runner.run(argv, env=env, processes=processes, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                      echo=False)
     if done.returncode != 0 or not json_path.exists():
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        return {"label": label, "error": f"exit {done.returncode}: {last}"}
+        return {"label": label, "error": f"exit {done.returncode}: {done.last_error[:200]}"}
     result = json.loads(json_path.read_text())
     return {"label": label, "avg_busbw": result["avg_busbw"],
             "busbw_by_size": [{"size": r["size"], "oop_busbw": r["oop_busbw"], "ip_busbw": r["ip_busbw"]}
@@ -80,8 +85,7 @@ def nccl_group(world_size: int, device_type: str) -> dict[str, Any]:
             label = "default" if setting is None else f"{setting[0]}={setting[1]}"
             json_path = Path(tmp) / f"nccl{i}.json"
             argv, env = nccl_child(world_size, setting, json_path, launch.worker_env(world_size))
-            print(f"$ {label} {' '.join(argv)}", flush=True)
-            rows.append(nccl_row(label, argv, env, json_path))
+            rows.append(nccl_row(label, argv, env, json_path, world_size))
     default = rows[0].get("avg_busbw")
     for r in rows:
         if "avg_busbw" in r:

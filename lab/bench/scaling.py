@@ -32,9 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from lab.cluster import cores
-
 from lab import scaling_laws
+from lab.bench.registry import WorkshopHost, WorkshopStep
+from lab.cluster import cores
 from lab.errors import LabError
 
 
@@ -138,13 +138,15 @@ def describe_fit(fitted: dict[str, Any]) -> str:
 
 def run(args) -> int:
     from lab import config, plots
-    from lab.cluster import launch
+    from lab.cluster import launch, runner
     from lab.training import runs
 
     if args.plot:
         plots.require()  # matplotlib missing: exit 2 now, not after the measurements
-    sizes = world_sizes(args.max_world_size or _available_workers())
-    gpu = _has_cuda()
+    gpus = cores.gpu_count()
+    sizes = world_sizes(args.max_world_size or cores.default_ranks(gpus, cpu_ranks=cores.available()))
+    runner.check_processes(sizes[-1], f"--max-world-size {sizes[-1]}")  # before the first world size starts
+    gpu = gpus > 0
     args.batch_per_rank = args.batch_per_rank or (256 if gpu else 64)
     args.global_batch = args.global_batch or (2048 if gpu else 128)
     base_overrides = list(args.overrides)
@@ -160,12 +162,11 @@ def run(args) -> int:
             target = ["-m", "lab.bench.scaling", "--config", args.config, "--out", str(out),
                       "--steps", str(args.steps), "--warmup", str(args.warmup), "--global-batch",
                       str(_global_batch(args, n)), *[x for o in base_overrides for x in ("--set", o)]]
-            command = launch.torchrun_command(n, target)
             # The same threads per process at every N: each rank has the compute of `threads` cores,
             # as each GPU rank has one GPU; more processes do not get more cores each.
             env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-            print(f"$ {' '.join(command)}", flush=True)
-            if subprocess.call(command, env=env, stdout=subprocess.DEVNULL) != 0:
+            if runner.run(launch.torchrun_command(n, target), env=env, processes=n,
+                          stdout=subprocess.DEVNULL).returncode != 0:
                 print(f"scaling: world size {n} failed", file=sys.stderr)
                 return 1
             results.append(json.loads(out.read_text()))
@@ -216,18 +217,6 @@ def world_sizes(largest: int) -> list[int]:
         raise LabError(f"--max-world-size {largest}: need at least 1")
     sizes = [n for n in (2 ** k for k in range(largest.bit_length())) if n <= largest]
     return sizes if sizes[-1] == largest else [*sizes, largest]
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _available_workers() -> int:
-    import torch
-
-    return torch.cuda.device_count() if _has_cuda() else cores.available()
 
 
 def _global_batch(args, n: int) -> int:
@@ -303,3 +292,17 @@ def worker(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     worker(sys.argv[1:])
+
+
+def workshop_steps(host: WorkshopHost) -> list[WorkshopStep]:
+    """lab workshop's part: strong then weak scaling over 1, 2, 4 processes on a CPU (4 is past 2 cores: the table
+    says so and the fit leaves it out) and over every GPU on a GPU server; each process gets the threads of the
+    largest run at every size."""
+    on_gpu = host.gpus > 0
+    largest = host.gpus if on_gpu else max(4, host.ranks)
+    return [WorkshopStep(f"{title} over 1..{largest} processes", largest, [
+        *host.lab, "bench", "scaling", "--config", host.config_name, *host.set_args, "--mode", mode,
+        "--max-world-size", str(largest), "--steps", "40" if on_gpu else "4", "--warmup", "10" if on_gpu else "1",
+        "--json", str(host.folder / f"scaling-{mode}.json")])
+        for mode, title in (("strong", "strong scaling (one global batch) with Amdahl's law"),
+                            ("weak", "weak scaling (one batch per process) with Gustafson's law"))]

@@ -26,10 +26,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# (label, dist.strategy, dist.zero_stage, lab memory's estimate row)
-STRATEGIES = [("DDP", "ddp", 2, "DDP"), ("FSDP", "fsdp", 2, "ZeRO-3 / FSDP full shard"),
-              ("ZeRO-1", "deepspeed", 1, "ZeRO-1"), ("ZeRO-2", "deepspeed", 2, "ZeRO-2"),
-              ("ZeRO-3", "deepspeed", 3, "ZeRO-3 / FSDP full shard")]
+from lab.bench.registry import WorkshopHost, WorkshopStep
+
+
+def strategy_rows() -> list[tuple[str, str, int, str]]:
+    """(label, dist.strategy, dist.zero_stage, lab memory's estimate row) of every row of every strategy in
+    lab.config.strategies, in the table's order."""
+    from lab.config.strategies import STRATEGIES
+
+    return [(row.label, s.name, row.zero_stage, row.estimate) for s in STRATEGIES.values() for row in s.bench]
+
+
 PARTS = ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes")
 
 
@@ -40,17 +47,18 @@ def relative_gap(reference: dict[int, float], other: dict[int, float]) -> float:
 
 def run(args) -> int:
     from lab import config, plots
-    from lab.cluster import launch
+    from lab.cluster import cores, launch, runner
     from lab.training import runs
 
     if args.plot:
         plots.require()
-    n = args.nproc_per_node or _default_world_size()
+    n = args.nproc_per_node or cores.default_ranks(cores.gpu_count())
     cfg = config.load(args.config or "smoke", args.overrides)
     config.check_layout(cfg, n)
+    runner.check_processes(n, f"--nproc-per-node {n}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, strategy, stage, _ in STRATEGIES:
+        for label, strategy, stage, _ in strategy_rows():
             if strategy == "deepspeed" and not _deepspeed_installed():
                 rows.append({"label": label, "error": "DeepSpeed is not installed (pip install '.[deepspeed]')"})
                 continue
@@ -58,9 +66,8 @@ def run(args) -> int:
             target = ["-m", "lab.bench.strategies", "--worker", str(out), "--steps", str(args.steps),
                       "--config", args.config or "smoke", *[x for o in args.overrides for x in ("--set", o)],
                       "--set", f"dist.strategy={strategy}", "--set", f"dist.zero_stage={stage}"]
-            command = launch.torchrun_command(n, target)
-            print(f"$ {' '.join(command)}", flush=True)
-            done = subprocess.run(command, env=launch.worker_env(n), capture_output=True, text=True)
+            done = runner.run(launch.torchrun_command(n, target), env=launch.worker_env(n), processes=n,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             if done.returncode != 0:
                 rows.append(failed_row(label, done.stderr))
                 continue
@@ -81,7 +88,7 @@ def failed_row(label: str, stderr: str) -> dict[str, str]:
     >>> failed_row("FSDP", "[rank0]: RuntimeError: out of memory\\nChildFailedError:\\n=====\\n")
     {'label': 'FSDP', 'error': 'failed: [rank0]: RuntimeError: out of memory'}
     """
-    from lab.pitfalls.workers import last_error_line  # the pitfalls' runner reads its failed jobs the same way
+    from lab.cluster.runner import last_error_line
 
     return {"label": label, "error": f"failed: {last_error_line(stderr)}"}
 
@@ -94,7 +101,7 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
     ddp = next((r for r in measured if r["label"] == "DDP"), None)
     params = measured[0]["parameter_count"] if measured else 0
     estimates = {r["strategy"]: r["total_bytes"] for r in memory.estimate(params, world_size, *memory.MEASURED_RECIPE)}
-    by_label = {label: est for label, _, _, est in STRATEGIES}
+    by_label = {label: est for label, _, _, est in strategy_rows()}
     for r in measured:
         r["losses"] = sorted([int(step), loss] for step, loss in dict(r["losses"]).items())  # JSON keeps pairs
     curve = {r["label"]: dict(r["losses"]) for r in measured}
@@ -129,12 +136,6 @@ def render(result: dict[str, Any]) -> str:
     lines += ["", "state = parameters + gradients + optimizer state held by one rank (a shard counts its own part); "
                   "estimate: `lab memory` for fp32 SGD with momentum; loss gap: largest relative difference per step."]
     return "\n".join(lines)
-
-
-def _default_world_size() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
 def _deepspeed_installed() -> bool:
@@ -188,3 +189,11 @@ def worker(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     worker(sys.argv[1:])
+
+
+def workshop_steps(host: WorkshopHost) -> list[WorkshopStep]:
+    """lab workshop's part: every strategy row over the benchmarks' ranks."""
+    names = ", ".join(label for label, *_ in strategy_rows())
+    return [WorkshopStep(f"strategies: {names} over {host.ranks} ranks", host.ranks, [
+        *host.lab, "bench", "strategies", "--config", host.config_name, *host.set_args, "--nproc-per-node",
+        str(host.ranks), "--steps", "20" if host.gpus else "6", "--json", str(host.folder / "strategies.json")])]

@@ -48,6 +48,11 @@ class DistContext:
     def distributed(self) -> bool:
         return self.backend is not None
 
+    @property
+    def device_ids(self) -> list[int] | None:
+        """What DDP and barrier take as device_ids: this process's GPU, or None on the CPU."""
+        return [self.device.index] if self.device.type == "cuda" else None
+
 
 def choose_device(preference: str, local_rank: int, local_world_size: int = 1) -> torch.device:
     """This process's device: cuda:local_rank where it sees every GPU of the node, cuda:0 where it was given one
@@ -194,7 +199,7 @@ def all_reduce_sum(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
 
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
-        tdist.barrier(device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        tdist.barrier(device_ids=ctx.device_ids)
 
 
 def broadcast_object(ctx: DistContext, obj):

@@ -13,16 +13,12 @@
 from __future__ import annotations
 
 import os
-import re
-import shlex
-import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
-from lab.cluster import cores
+from lab.cluster import cores, runner, torchrun_env
 from lab.errors import LabError
 
 TORCHRUN_JOIN_TIMEOUT = 600  # seconds: torchrun's own default for a rendezvous to complete
@@ -72,6 +68,12 @@ class Rendezvous:
         if self.join_timeout is not None and self.join_timeout < 1:
             raise LabError(f"--join-timeout: {self.join_timeout} s; use 1 or more")
         return self
+
+
+def check_not_nested() -> None:
+    """A command that starts torchrun itself (--nproc-per-node) refuses to run inside a torchrun worker."""
+    if torchrun_env.launched_by_torchrun():
+        raise LabError("--nproc-per-node: already running under torchrun; drop the option")
 
 
 def torchrun_executable() -> list[str]:
@@ -128,43 +130,30 @@ def lab_target(command: str, config: str | None, overrides: list[str]) -> list[s
 
 def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None = None,
         extra_env: dict[str, str] | None = None) -> int:
-    """Run torchrun and return its exit status; SIGINT and SIGTERM are passed on to it, so a stopped
-    launcher never leaves workers behind. A multi-node run that ends in failure after its join timeout,
+    """Run torchrun through the lab's runner (SIGINT and SIGTERM passed on, its process group stopped whichever
+    way it ends) and return its exit status. A multi-node run that ends in failure after its join timeout,
     with fewer nodes than expected ever seen at the rendezvous, says so: expected and arrived nodes.
     (A rendezvous cannot fail sooner than its join timeout, so a quick failure of the workers is never
     mistaken for one.)"""
     from lab.cluster.rollcall import RollCall
 
     rdzv = rendezvous or Rendezvous()
-    print(f"$ {shlex.join(command)}", flush=True)
+    runner.check_processes(nproc_per_node, f"--nproc-per-node {nproc_per_node}")
     started = time.monotonic()
     multi_node = rdzv.endpoint is not None
-    proc = subprocess.Popen(command, env={**worker_env(nproc_per_node), **(extra_env or {})},
-                            stderr=subprocess.PIPE if multi_node else None, text=multi_node,
-                            bufsize=1 if multi_node else -1)  # line by line: the log keeps its order
-    folder = StackFolder()
-    relay = threading.Thread(target=folder.relay, args=(proc.stderr, sys.stderr), daemon=True) if multi_node else None
-    if relay is not None:
-        relay.start()
-    previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    folder = runner.StackFolder()
     roll_call = None
+    if multi_node:  # the observer's client retries until the head's store is up
+        host, port = rdzv.host_port
+        roll_call = RollCall(host, int(port), rdzv.run_id or "default", rdzv.join_timeout_or_default,
+                             expected=rdzv.min_nodes).start()
     try:
-        if rdzv.endpoint is not None:
-            host, port = rdzv.host_port
-            roll_call = RollCall(host, int(port), rdzv.run_id or "default", rdzv.join_timeout_or_default,
-                                 expected=rdzv.min_nodes).start()
-        status = proc.wait()
+        status = runner.run(command, env={**worker_env(nproc_per_node), **(extra_env or {})},
+                            processes=nproc_per_node, stderr=subprocess.PIPE if multi_node else None,
+                            each_line=folder.relay).returncode  # line by line: the log keeps its order
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if proc.poll() is None:  # only if this process itself is failing: do not orphan the workers
-            proc.kill()
-            proc.wait()
         if roll_call is not None:
             roll_call.stop()
-        if relay is not None:
-            relay.join(timeout=5)
     if status == 0 and folder.warnings:
         print(f"lab launch: the run succeeded; the {folder.warnings} c10d warning(s) above ({folder.folded} lines of "
               f"C++ stack left out) are torchrun's agents closing the rendezvous after the store on the head had "
@@ -173,47 +162,6 @@ def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None =
             and time.monotonic() - started >= rdzv.join_timeout_or_default):
         print(rendezvous_failure(rdzv, roll_call.arrived), file=sys.stderr, flush=True)
     return status
-
-
-class StackFolder:
-    """Relays torchrun's stderr, leaving out the C++ stack c10d prints under each of its warnings (the warning
-    line itself stays). When one node's agent outlives the rendezvous store (hosted by another agent, which
-    exits first at the end of every run), closing the rendezvous fails with such a warning and ~20 frames of
-    C++ addresses: a page of noise at the end of a log whose run succeeded.
-
-    >>> folder = StackFolder()
-    >>> lines = ["[W1201 11:08:44.93 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=3): got 0 bytes",
-    ...          "Exception raised from recvBytes at Utils.hpp:790 (most recent call first):",
-    ...          "frame #0: c10::Error::Error(...) + 0x9d (0x7fcb in libc10.so)", "<omitting python frames>", "",
-    ...          "W1201 11:08:44.430000 29708 dynamic_rendezvous.py:1298] The node has failed to shutdown", ""]
-    >>> [line for line in lines if folder.keep(line)], folder.warnings, folder.folded
-    (['[W1201 11:08:44.93 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=3): got 0 bytes', 'W1201 11:08:44.430000 29708 dynamic_rendezvous.py:1298] The node has failed to shutdown', ''], 1, 4)
-    """
-
-    WARNING = re.compile(r"^\[W\d{4} \S+ \S+\] \[c10d\] ")
-    STACK = re.compile(r"^(Exception raised from .*|frame #\d+: .*|<omitting python frames>|)$")
-
-    def __init__(self) -> None:
-        self.warnings = 0  # c10d warnings seen
-        self.folded = 0  # stack lines left out
-        self._under_warning = False
-
-    def keep(self, line: str) -> bool:
-        if self.WARNING.match(line):
-            self.warnings += 1
-            self._under_warning = True
-            return True
-        if self._under_warning and self.STACK.match(line):
-            self.folded += 1
-            return False
-        self._under_warning = False
-        return True
-
-    def relay(self, source, sink) -> None:
-        for line in source:
-            if self.keep(line.rstrip("\n")):
-                sink.write(line)
-                sink.flush()
 
 
 def rendezvous_failure(rdzv: Rendezvous, arrived: int | None) -> str:

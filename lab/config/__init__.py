@@ -12,23 +12,31 @@ Traceback (most recent call last):
 ...
 lab.errors.ConfigError: --set train.global_batch_size: -4 is out of range; expected an integer >= 1
 
-Cross-field rules that need the world size (the global batch must split evenly
-over ranks and accumulation steps) are checked by `check_layout` once it is known.
+Rules between fields live in lab.config.rules: those that need the world size (the global batch must split
+evenly over ranks and accumulation steps) are checked by `check_layout` once it is known. dist.strategy takes
+the names of the strategy table, lab.config.strategies.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from lab.config import rules, strategies
+from lab.config.rules import batch_size_per_rank, check_layout
 from lab.errors import ConfigError
+
+__all__ = ["Config", "batch_size_per_rank", "check_layout", "describe", "host_sync_warning", "load", "to_dict",
+           "with_overrides"]
 
 _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
@@ -42,9 +50,11 @@ SYNC_BATCHNORM_WAITS = ("the host waits for the GPU in every BatchNorm layer of 
                         "indexes with a boolean mask), so the step loop no longer runs ahead of the device")
 
 
-def knob(default: Any, help: str, *, min: float | None = None, max: float | None = None) -> Any:
-    """A config field with its documentation and range, declared in one place."""
-    return field(default=default, metadata={"help": help, "min": min, "max": max})
+def knob(default: Any, help: str, *, min: float | None = None, max: float | None = None,
+         choices: Callable[[], dict[str, str]] | None = None) -> Any:
+    """A config field with its documentation and range, declared in one place. `choices`, for a text field whose
+    values a table holds, gives the allowed values with a line each, read when a value is checked."""
+    return field(default=default, metadata={"help": help, "min": min, "max": max, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -111,10 +121,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DistConfig:
-    strategy: Literal["ddp", "fsdp", "deepspeed"] = knob(
-        "ddp", "How the model is wrapped, stepped and saved across ranks (lab/training/strategies/): ddp (whole model on "
-               "every rank; at world size 1 no wrapper), fsdp (FSDP2 fully_shard per ResNet stage), deepspeed "
-               "(a DeepSpeed engine with ZeRO stage dist.zero_stage; the [deepspeed] extra).")
+    strategy: str = knob(strategies.DEFAULT, "How the model is wrapped, stepped and saved across ranks "
+                                             "(lab/training/strategies/).", choices=strategies.names)
     zero_stage: int = knob(2, "DeepSpeed ZeRO stage with dist.strategy=deepspeed: 1 shards optimizer state, 2 also "
                               "gradients, 3 also parameters.", min=1, max=3)
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "auto: one CUDA device per process when present, else the CPU.")
@@ -200,7 +208,7 @@ def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -
         values[section][key] = _check(f"--set {section}.{key}", section, key, value)
     sections = {name: cls(**values[name]) for name, cls in SECTIONS.items()}
     cfg = Config(**sections, origin=origin)
-    _check_consistency(cfg)
+    rules.check(cfg, strategies.STRATEGIES)
     return cfg
 
 
@@ -239,7 +247,8 @@ def _parse_override(item: str) -> tuple[str, str, Any]:
         raise ConfigError(f"--set {item}: expected section.key=value, for example --set train.lr=0.1")
     section, _, key = name.partition(".")
     _known(f"--set {name}", section, list(SECTIONS), "sections")
-    hint = _resolve(_field(f"--set {name}", section, key).type)
+    _field(f"--set {name}", section, key)
+    hint = _hint(section, key)
     # Text fields take the raw text, so `--set run.id=0042` stays a string.
     if hint is str or typing.get_origin(hint) is Literal:
         return section, key, raw
@@ -264,21 +273,25 @@ def _known(where: str, name: str, valid: list[str], what: str) -> None:
     raise ConfigError(f"{where}: unknown key; {hint}valid {what}: {', '.join(valid)}")
 
 
-def _resolve(hint: Any) -> Any:
-    # Field types are strings under `from __future__ import annotations`.
-    if isinstance(hint, str):
-        return eval(hint, {"Literal": Literal, "int": int, "float": float, "bool": bool, "str": str})  # noqa: S307
-    return hint
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    # Field types are strings under `from __future__ import annotations`; this module's names resolve them.
+    return typing.get_type_hints(cls)
+
+
+def _hint(section: str, key: str) -> Any:
+    return _hints(SECTIONS[section])[key]
 
 
 def _check(origin: str, section: str, key: str, value: Any) -> Any:
     """Return `value` converted to the field's type, or raise a ConfigError saying what is valid."""
     where = origin if origin.startswith("--set") else f"{origin}: {section}.{key}"
     fld = _field(where, section, key)
-    hint = _resolve(fld.type)
+    hint = _hint(section, key)
     lo, hi = fld.metadata.get("min"), fld.metadata.get("max")
-    if typing.get_origin(hint) is Literal:
-        choices = typing.get_args(hint)
+    table = fld.metadata.get("choices")
+    if typing.get_origin(hint) is Literal or table:
+        choices = list(table()) if table else typing.get_args(hint)
         if value not in choices:
             raise ConfigError(f"{where}: {value!r} is not allowed; expected one of {', '.join(map(str, choices))}")
         return value
@@ -324,38 +337,7 @@ def _kind(value: Any) -> str:
         type(value), type(value).__name__)
 
 
-# ----------------------------------------------------------------------------- consistency
-
-
-def _check_consistency(cfg: Config) -> None:
-    """Rules between fields that do not depend on the world size."""
-    if cfg.data.uneven == "join" and cfg.train.grad_accum_steps != 1:
-        raise ConfigError(f"{cfg.origin}: data.uneven: join needs train.grad_accum_steps=1 "
-                          f"(got {cfg.train.grad_accum_steps}); use data.uneven=pad or drop with accumulation")
-    if cfg.dist.static_graph and cfg.train.grad_accum_steps > 1:
-        # DDP's reducer asserts (expect_autograd_hooks_) on the first backward inside no_sync() with a static
-        # graph, and the proposed fix would silently stop all-reducing gradients: refuse the pair.
-        raise ConfigError(f"{cfg.origin}: dist.static_graph: true cannot be combined with train.grad_accum_steps="
-                          f"{cfg.train.grad_accum_steps} (DDP's no_sync fails with a static graph, PyTorch issue "
-                          f"143580); set dist.static_graph=false or train.grad_accum_steps=1")
-    if cfg.dist.zero_stage != 2 and cfg.dist.strategy != "deepspeed":
-        raise ConfigError(f"{cfg.origin}: dist.zero_stage: {cfg.dist.zero_stage} applies to dist.strategy=deepspeed "
-                          f"only (this run: {cfg.dist.strategy}); set dist.strategy=deepspeed, or drop the key "
-                          f"(fsdp shards everything, as ZeRO-3)")
-    if cfg.dist.strategy != "ddp":
-        from lab.config import strategy_limits
-
-        strategy_limits.check(cfg)
-    if cfg.train.global_batch_size % cfg.train.grad_accum_steps:
-        _indivisible(cfg, 1)
-    if cfg.model.sync_batchnorm and cfg.model.norm != "batch":
-        raise ConfigError(f"{cfg.origin}: model.sync_batchnorm: needs model.norm=batch (got {cfg.model.norm})")
-    if cfg.model.sync_batchnorm and cfg.data.uneven == "join":
-        # DDP's Join shadows only its own gradient all-reduce; SyncBatchNorm's all-gather in the forward of the
-        # ranks still training would wait for the finished rank until the NCCL watchdog kills the job.
-        raise ConfigError(f"{cfg.origin}: model.sync_batchnorm: true cannot be combined with data.uneven=join (Join "
-                          f"does not cover SyncBatchNorm's all-gather: the other ranks hang); use data.uneven=pad "
-                          f"or drop, or model.sync_batchnorm=false")
+# ----------------------------------------------------------------------------- warnings
 
 
 def host_sync_warning(cfg: Config, device) -> str | None:
@@ -369,27 +351,6 @@ def host_sync_warning(cfg: Config, device) -> str | None:
     if not (cfg.model.sync_batchnorm and getattr(device, "type", device) == "cuda"):
         return None
     return f"model.sync_batchnorm=true on CUDA: {SYNC_BATCHNORM_WAITS}"
-
-
-def check_layout(cfg: Config, world_size: int) -> None:
-    """The global batch must split into equal micro-batches over ranks and accumulation steps."""
-    if cfg.train.global_batch_size % (world_size * cfg.train.grad_accum_steps):
-        _indivisible(cfg, world_size)
-
-
-def _indivisible(cfg: Config, world_size: int) -> None:
-    b, a = cfg.train.global_batch_size, cfg.train.grad_accum_steps
-    unit = world_size * a
-    lower, upper = max(unit, b // unit * unit), (b // unit + 1) * unit
-    raise ConfigError(
-        f"{cfg.origin}: train.global_batch_size: {b} is not divisible by world size {world_size} x "
-        f"train.grad_accum_steps {a} = {unit}; use a multiple of {unit} such as {lower} or {upper}")
-
-
-def batch_size_per_rank(cfg: Config, world_size: int) -> int:
-    """Samples in one micro-batch on one rank."""
-    check_layout(cfg, world_size)
-    return cfg.train.global_batch_size // (world_size * cfg.train.grad_accum_steps)
 
 
 # ----------------------------------------------------------------------------- output
@@ -406,7 +367,9 @@ def describe() -> str:
         lines.append(f"{name}:")
         for f in dataclasses.fields(cls):
             value = yaml.safe_dump(f.default, default_flow_style=True).strip().removesuffix("...").strip()
-            lines.append(f"  {f.name}: {value}  # {f.metadata['help']}")
+            table = f.metadata["choices"]
+            allowed = f" One of: {'; '.join(f'{n} ({says})' for n, says in table().items())}." if table else ""
+            lines.append(f"  {f.name}: {value}  # {f.metadata['help']}{allowed}")
     return "\n".join(lines)
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from lab import __version__, atomic, optional
-
 from lab.cluster import torchrun_env
 from lab.cluster.addresses import is_loopback, is_wildcard
 

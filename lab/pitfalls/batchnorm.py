@@ -157,7 +157,7 @@ def train_and_evaluate(ctx, norm: str, broadcast_buffers: bool, sync: bool) -> d
     if sync:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(ctx.device)
-    ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+    ddp = DistributedDataParallel(model, device_ids=ctx.device_ids,
                                   broadcast_buffers=broadcast_buffers)
     classes = shard_classes(ctx.global_rank, ctx.world_size)
     x, y = (t.to(ctx.device) for t in toy.blobs(TRAIN_PER_RANK, seed=10 + ctx.global_rank, classes=classes))

@@ -240,7 +240,7 @@ def module_prefix(ctx) -> dict[str, Any] | None:
     from lab.pitfalls import toy
 
     ddp = DistributedDataParallel(toy.mlp("batch").to(ctx.device),
-                                  device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+                                  device_ids=ctx.device_ids)
     if not ctx.is_primary:
         return None
 

@@ -1,6 +1,7 @@
 """`lab pitfall [NAME]`: list the pitfalls, or run one broken then fixed and print what was measured.
 
-Every pitfall module has `measure(world_size, device) -> dict` with these keys (the --json record):
+Every pitfall module has `measure(world_size) -> dict` (it picks its own device: GPUs where every rank has one,
+else the CPU) with these keys (the --json record):
 
     pitfall, world_size, device   what ran where
     broken, fixed                 the measurements (fixed: one dict, or one per fix)
@@ -26,6 +27,7 @@ import textwrap
 import time
 from typing import Any
 
+from lab.cluster import runner
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 from lab.pitfalls import PITFALLS, module_name
 
@@ -41,6 +43,7 @@ def run(args) -> int:
     world_size = args.nproc_per_node or workers.default_world_size()
     if world_size < 2 and args.name not in NEEDS_ONE_RANK:
         raise LabError(f"--nproc-per-node {world_size}: pitfall {args.name} compares ranks, so it needs 2 or more")
+    runner.check_processes(world_size, f"--nproc-per-node {world_size}")  # before any job starts
     started = time.monotonic()
     try:
         result = importlib.import_module(module_name(args.name)).measure(world_size)

@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any
 
+from lab.cluster import cores
 from lab.pitfalls import module_name, workers
 
 PITFALL = "cuda-visible-devices"
@@ -38,7 +39,7 @@ def visible_for(local_rank: int, inherited: str | None) -> str:
 
 
 def measure(world_size: int) -> dict[str, Any]:
-    gpus = workers.gpu_count()
+    gpus = cores.gpu_count()
     if gpus < 2:
         return skipped(world_size, gpus)
     n = min(world_size, gpus)

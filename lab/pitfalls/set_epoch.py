@@ -128,7 +128,7 @@ def train(ctx, epochs: int, calls_set_epoch: bool) -> dict[str, Any]:
     x, y = (t.to(ctx.device) for t in toy.blobs(SAMPLES, seed=1))
     test_x, test_y = (t.to(ctx.device) for t in toy.blobs(TEST_SAMPLES, seed=2))
     model = toy.mlp("none", seed=0).to(ctx.device)
-    ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    ddp = DistributedDataParallel(model, device_ids=ctx.device_ids)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE)
     sampler = DistributedSampler(range(SAMPLES), num_replicas=ctx.world_size, rank=ctx.global_rank, shuffle=True,
                                  seed=0)

@@ -7,28 +7,25 @@
     with process_group(args.device) as ctx:
         report(args.out, ctx.global_rank, {...})    # <DIR>/rank-<global rank>.json, written atomically
 
-A job that fails, or outlives its time limit, raises JobFailed with the last line the workers printed;
-torchrun is stopped with SIGTERM (it stops its workers), then killed, so no process is left behind.
+A job that fails, or outlives its time limit, raises JobFailed with the workers' line that says what went
+wrong; the lab's runner (lab.cluster.runner) stops torchrun's whole process group, so no process is
+left behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import re
-import shlex
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lab.cluster import launch
-
+from lab.cluster import cores, launch, runner
 from lab.training import runs
 
 JOB_TIMEOUT_SECONDS = 180   # a pitfall takes seconds; a job still running after this is stuck
-STOP_GRACE_SECONDS = 15     # torchrun's own grace for its workers is shorter than this
 
 
 class JobFailed(RuntimeError):
@@ -37,19 +34,12 @@ class JobFailed(RuntimeError):
 
 def default_world_size() -> int:
     """The GPUs of this host when there are two or more, else 2 CPU ranks (a pitfall needs two ranks)."""
-    count = gpu_count()
-    return count if count >= 2 else 2
-
-
-def gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return cores.default_ranks(cores.gpu_count(), fewest_gpus=2)
 
 
 def choose_device(world_size: int) -> str:
     """cuda when every rank can have a GPU of its own, else cpu (the lab's CPU path: gloo)."""
-    return "cuda" if gpu_count() >= world_size else "cpu"
+    return "cuda" if cores.gpu_count() >= world_size else "cpu"
 
 
 def run_job(module: str, world_size: int, device: str, args: list[str] | tuple[str, ...] = (),
@@ -58,47 +48,17 @@ def run_job(module: str, world_size: int, device: str, args: list[str] | tuple[s
     rank order. `reports_expected`: how many ranks report (default: all of them)."""
     with tempfile.TemporaryDirectory(prefix="lab-pitfall-") as out:
         command = launch.torchrun_command(world_size, ["-m", module, "--out", out, "--device", device, *args])
-        print(f"$ {shlex.join(command)}", flush=True)
-        proc = subprocess.Popen(command, env=launch.worker_env(world_size),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout_seconds)
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            raise JobFailed(f"{module} did not finish within {timeout_seconds:g} s") from None
-        if proc.returncode != 0:
-            raise JobFailed(f"{module} exited {proc.returncode}: {last_error_line(output)}")
+        done = runner.run(command, env=launch.worker_env(world_size), processes=world_size,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout_seconds=timeout_seconds)
+        if done.timed_out:
+            raise JobFailed(f"{module} did not finish within {timeout_seconds:g} s")
+        if done.returncode != 0:
+            raise JobFailed(f"{module} exited {done.returncode}: {done.last_error}")
         paths = sorted(Path(out).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
         reports = [runs.read_json(p) for p in paths]
     if len(reports) != (world_size if reports_expected is None else reports_expected):
         raise JobFailed(f"{module}: {len(reports)} of {world_size} ranks reported")
     return reports
-
-
-def last_error_line(output: str) -> str:
-    """The line of a failed job's output that says what went wrong: a worker's last exception line (not
-    torchrun's own ChildFailedError, which only says that a worker failed), else the last line.
-
-    >>> last_error_line("ValueError: bad\\n...\\ntorch.distributed.elastic...ChildFailedError: \\nboom FAILED\\n")
-    'ValueError: bad'
-    >>> last_error_line("/venv/bin/python: No module named lab.pitfalls.nope\\n")
-    '/venv/bin/python: No module named lab.pitfalls.nope'
-    >>> last_error_line("")
-    'no output'
-    """
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    errors = [line for line in lines if "ChildFailedError" not in line
-              and re.search(r"\b\w*(Error|Exception)\b:|No module named", line)]
-    return ((errors or lines or ["no output"])[-1])[:300]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()  # torchrun passes SIGTERM on to its workers and waits for them
-    try:
-        proc.wait(timeout=STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 # ----------------------------------------------------------------------------- the worker side

@@ -27,6 +27,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lab.config import strategies
 from lab.errors import LabError
 from lab.sizing.memory import DEVICES_GB, activation_bytes, estimate
 
@@ -54,9 +55,6 @@ HOROVOD = ("only if you already run it: last release 0.28.1 (June 2023), compile
 LABELS = {"ddp": "DDP", "zero-1": "ZeRO-1 (DeepSpeed stage 1)", "zero-2": "ZeRO-2 (DeepSpeed stage 2)",
           "fsdp-full": "FSDP FULL_SHARD (ZeRO-3)", "fsdp-hybrid": "FSDP HYBRID_SHARD (full shard in a node, "
           "replicate across nodes)", "offload": "offload: ZeRO-Infinity / FSDP CPU offload"}
-# The lab's keys; it has none for hybrid sharding (its fsdp full-shards: a note says so) or offload.
-SETS = {"ddp": "", "zero-1": "deepspeed --set dist.zero_stage=1", "zero-2": "deepspeed --set dist.zero_stage=2",
-        "fsdp-full": "fsdp", "fsdp-hybrid": "fsdp"}
 _PARAMS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(e[+-]?\d+)? ?([kmbt]?)", re.IGNORECASE)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
@@ -131,8 +129,22 @@ class Choice:
     notes: list[str] = field(default_factory=list)
 
 
+def lab_sets(answer: str) -> list[str]:
+    """The --set lines of the first lab strategy that trains `answer` (lab.config.strategies' rows say which); the
+    lab has no key for hybrid sharding (its fsdp full-shards: a note says so) or offload.
+
+    >>> lab_sets("zero-2"), lab_sets("ddp")
+    (['dist.strategy=deepspeed', 'dist.zero_stage=2'], [])
+    """
+    rows = strategies.training(answer)
+    if not rows:
+        return []
+    first = rows[0]
+    return ([] if first.name == strategies.DEFAULT else [f"dist.strategy={first.name}"]) + list(first.chooses[answer])
+
+
 def lab_train(strategy: str, gpus_per_node: int, nodes: int) -> str:
-    sets = f" --set dist.strategy={SETS[strategy]}" if SETS[strategy] else ""
+    sets = "".join(f" --set {line}" for line in lab_sets(strategy))
     if nodes == 1:
         return f"lab train --config ddp --nproc-per-node {gpus_per_node}{sets}"
     return (f"lab launch --nnodes {nodes} --nproc-per-node {gpus_per_node} --rdzv-endpoint HEAD:29400 --rdzv-id RUN "
@@ -242,6 +254,9 @@ def _tp_pp_note(req: Request, full: dict[str, Any]) -> list[str]:
 
 
 def _choice(strategy: str, req: Request, decisions: list[Decision], notes: list[str]) -> Choice:
+    others = [row.name for row in strategies.training(strategy)[1:]]
+    if others:  # the line names the table's first; a strategy registered after it trains this choice too
+        notes.append(f"the lab's dist.strategy={' or '.join(others)} trains this choice too")
     return Choice(strategy, lab_train(strategy, req.gpus_per_node, req.nodes), decisions, notes)
 
 

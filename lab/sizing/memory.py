@@ -147,16 +147,20 @@ def run(args) -> int:
 
 def measure(width: int) -> dict[str, Any]:
     """ResNet-18 trained a few steps: one process, then 2 ranks with DDP and with FSDP (fully_shard)."""
-    from lab.cluster import launch
+    from lab.cluster import launch, runner
 
+    runner.check_processes(2, "lab memory --measure")  # its 2-rank job: refused before the first process starts
     with tempfile.TemporaryDirectory() as tmp:
         single = Path(tmp) / "single.json"
-        subprocess.run([sys.executable, "-m", "lab.sizing.memory", "--worker", str(single), str(width)], check=True)
+        done = runner.run([sys.executable, "-m", "lab.sizing.memory", "--worker", str(single), str(width)],
+                          echo=False)
+        if done.returncode != 0:  # its traceback is above
+            raise RuntimeError(f"lab memory --measure: the 1-process measurement exited {done.returncode}")
         result = {"single": json.loads(single.read_text())}
         sharded = Path(tmp) / "sharded.json"
         command = launch.torchrun_command(2, ["-m", "lab.sizing.memory", "--worker", str(sharded), str(width)])
-        if subprocess.call(command, env=launch.worker_env(2), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL) == 0:
+        if runner.run(command, env=launch.worker_env(2), processes=2, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL, echo=False).returncode == 0:
             result["two_ranks"] = json.loads(sharded.read_text())
         else:
             result["two_ranks"] = {"error": "the 2-rank DDP/FSDP measurement failed to run here"}

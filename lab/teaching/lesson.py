@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.cluster import cores, runner
+
 # Where lessons write their runs: runs/lessons/ in the checkout (the repository with `make notebook`, /lab in
 # the image), or LAB_LESSON_RUNS.
 ROOT_ENV = "LAB_LESSON_RUNS"
@@ -112,9 +114,7 @@ def visible_gpus() -> int:
     fake = os.environ.get(FAKE_GPUS_ENV)
     if fake not in (None, ""):
         return int(fake)
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return cores.gpu_count()
 
 
 def plan(gpus: int | None = None) -> Plan:
@@ -129,13 +129,14 @@ def plan(gpus: int | None = None) -> Plan:
     (2, False, {})
     """
     gpus = visible_gpus() if gpus is None else gpus
+    ranks = cores.default_ranks(gpus, fewest_gpus=2)
     if gpus >= 2:
-        return Plan(gpus, gpus, True, {}, f"{gpus} GPUs: one process per GPU (NCCL), GPU sizes")
+        return Plan(gpus, ranks, True, {}, f"{gpus} GPUs: one process per GPU (NCCL), GPU sizes")
     if gpus == 1:
-        return Plan(1, 2, False, {"CUDA_VISIBLE_DEVICES": ""},
+        return Plan(1, ranks, False, {"CUDA_VISIBLE_DEVICES": ""},
                     "1 GPU: a multi-rank part needs a device per rank, so this lesson runs 2 CPU processes (gloo) "
                     "at CPU sizes, with the GPU hidden from its commands (CUDA_VISIBLE_DEVICES=)")
-    return Plan(0, 2, False, {}, "no GPU: 2 CPU processes (gloo), CPU sizes")
+    return Plan(0, ranks, False, {}, f"no GPU: {ranks} CPU processes (gloo), CPU sizes")
 
 
 def on_gpu() -> bool:
@@ -164,26 +165,28 @@ def command_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start a command in the background, its output (stderr folded in) on a pipe, with command_env(env)."""
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env=command_env(env))
+    """Start a command in the background, its output (stderr folded in) on a pipe, with command_env(env); in a
+    process group of its own that runner.stop_group() stops, and that is stopped when the kernel exits."""
+    return runner.start(args, env=command_env(env))
 
 
 def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Finished:
     """Run a command, print its output as it comes (stderr folded in), and return it; `check`: a failure stops
-    the cell with the command's exit code and its last lines."""
+    the cell with the command's exit code and its last lines. Interrupting the kernel stops the command's whole
+    process group (torchrun and its workers) before the cell stops."""
     print(f"$ {' '.join(args)}", flush=True)
-    proc = start(list(args), env)
-    lines = []
-    for line in proc.stdout:
+    lines: list[str] = []
+
+    def show(line: str) -> None:
         print(line, end="", flush=True)
         lines.append(line)
-    proc.wait()
-    out = "".join(lines)
-    if check and proc.returncode != 0:
+
+    done = runner.run(list(args), env=command_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                      each_line=show, echo=False)
+    if check and done.returncode != 0:
         tail = "".join(lines[-15:])
-        raise NotWhatYouShouldSee(f"{' '.join(args)} exited {proc.returncode}; its last lines:\n{tail}")
-    return Finished(args, proc.returncode, out, None)
+        raise NotWhatYouShouldSee(f"{' '.join(args)} exited {done.returncode}; its last lines:\n{tail}")
+    return Finished(args, done.returncode, "".join(lines), None)
 
 
 def lab(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Finished:

@@ -1,11 +1,11 @@
 """`lab report DIR...`: report.md and PNG plots from run directories and benchmark results.
 
 A DIR is a run directory (it has manifest.json), a folder of them (a workshop), or
-a benchmark result JSON (`lab bench allreduce --json`, `lab bench collective --json` (one file per op;
-all of them drawn in one plot), `lab bench scaling --json` in either mode,
-`lab memory --json`, `lab bench strategies --json`, `lab bench levers --json`); folders are searched one
-level down for both. Every figure says what was measured, its units, and on what: data source, device,
-world size. The Markdown is what GitHub and JupyterLab render: a blank line ends every table, and the
+a benchmark result JSON (any row of lab.bench.registry with a report section: `lab bench allreduce --json`,
+`lab bench collective --json` (one file per op; all of them drawn in one plot), `lab bench scaling --json` in
+either mode, `lab memory --json`, `lab bench strategies --json`, `lab bench levers --json`); folders are searched
+one level down for both. Each benchmark's section is lab.bench.sections'. Every figure says what was measured,
+its units, and on what: data source, device, world size. The Markdown is what GitHub and JupyterLab render: a blank line ends every table, and the
 report's title is its only top-level heading (tests/unit/test_report_markdown.py parses it).
 """
 
@@ -16,13 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from lab import __version__, plots
-
-from lab.training import runs
+from lab.bench import registry
 from lab.errors import LabError
 from lab.formatting import num, pct
-
-
-BENCHMARKS = ("allreduce", "scaling", "memory", "strategies", "levers")
+from lab.training import runs
 
 
 def result_key(doc: dict[str, Any]) -> str | None:
@@ -33,11 +30,8 @@ def result_key(doc: dict[str, Any]) -> str | None:
     >>> result_key({"benchmark": "collective", "collective": "all_gather"})
     'collective-all_gather'
     """
-    if doc.get("benchmark") == "collective":  # one file per op: each its own result, drawn together
-        return f"collective-{doc.get('collective')}"
-    if doc.get("benchmark") in BENCHMARKS:
-        # strong and weak scaling are two results of one benchmark
-        return f"scaling-{doc.get('mode', 'weak')}" if doc["benchmark"] == "scaling" else doc["benchmark"]
+    if key := registry.result_key(doc):  # a benchmark's (lab.bench.registry's rows say which files are whose)
+        return key
     if "pitfall" in doc:
         return f"pitfall-{doc['pitfall']}"
     if "loss_at_matching_steps" in doc:  # the workshop's comparison
@@ -102,20 +96,10 @@ def build(paths: list[str], out_dir: str | None = None) -> Path:
     pitfalls = [benchmarks[k] for k in benchmarks if k.startswith("pitfall-")]
     if pitfalls:
         sections.append(_pitfalls(pitfalls, out))
-    if "allreduce" in benchmarks:
-        sections.append(_allreduce(benchmarks["allreduce"], out))
-    collectives = [benchmarks[k] for k in benchmarks if k.startswith("collective-")]
-    if collectives:
-        sections.append(_collectives(collectives, out))
-    for mode in ("strong", "weak"):
-        if f"scaling-{mode}" in benchmarks:
-            sections.append(_scaling(benchmarks[f"scaling-{mode}"], out))
-    if "levers" in benchmarks:
-        sections.append(_levers(benchmarks["levers"], out))
-    if "memory" in benchmarks:
-        sections.append(_memory(benchmarks["memory"], out))
-    if "strategies" in benchmarks:
-        sections.append(_strategies(benchmarks["strategies"], out))
+    for row in registry.BENCHMARKS.values():  # in the table's order, each benchmark's files in key order
+        results = [benchmarks[key] for key in sorted(benchmarks) if _belongs(key, row)]
+        if row.section and results:
+            sections.append(registry.call(row.section, results, out))
     report = out / "report.md"
     runs_text = "\n".join(sections)
     report.write_text(runs_text)
@@ -222,99 +206,8 @@ def _pitfalls(results: list[dict[str, Any]], out: Path) -> str:
     return "\n".join(lines)
 
 
-def _allreduce(result: dict[str, Any], out: Path) -> str:
-    devices = ", ".join(sorted(set(result.get("devices", [])))) or "unknown"
-    context = (f"{result['world_size']} ranks, {result['backend']}, {result['dtype']} {result['op']}, "
-               f"devices: {devices}")
-    plots.bus_bandwidth(result["rows"], result.get("link_gbps"), result.get("link"), context, out / "allreduce.png")
-    best = max(result["rows"], key=lambda r: r["ip_busbw"])
-    lines = ["## All-reduce bus bandwidth", "",
-             f"{context}. Average bus bandwidth {result['avg_busbw']:.3g} GB/s over {len(result['rows'])} sizes "
-             f"(nccl-tests' definition: busbw = algbw x 2(n-1)/n); best in-place {best['ip_busbw']:.3g} GB/s "
-             f"at {best['size']} B."]
-    if result.get("link_gbps"):
-        from lab.bench.collective_perf import link_share
-
-        lines.append(f"Reference link {result['link']}: {result['link_gbps']:g} GB/s; the best size reaches "
-                     f"{link_share(best['ip_busbw'], result['link_gbps'])}.")
-    lines += ["", "![All-reduce bus bandwidth](allreduce.png)", ""]
-    return "\n".join(lines)
-
-
-def _collectives(results: list[dict[str, Any]], out: Path) -> str:
-    """`lab bench collective` results: a table of each op's average and best busbw, one plot of busbw against
-    size with a line per op."""
-    from lab.bench.collective import COLLECTIVES, NAMES
-
-    results = sorted(results, key=lambda r: NAMES.index(r["collective"]) if r["collective"] in NAMES else 99)
-    setups = sorted({(r["world_size"], r["backend"], ", ".join(sorted(set(r.get("devices", [])))) or "unknown")
-                     for r in results})
-    context = "; ".join(f"{n} ranks, {backend}, devices: {devices}" for n, backend, devices in setups)
-    plots.collectives_bus_bandwidth(results, context, out / "collectives.png")
-    lines = ["## Collectives: bus bandwidth by operation", "",
-             f"{context}. nccl-tests' definitions: algbw = size / time, busbw = algbw x the op's factor; the "
-             f"average covers every size, out-of-place and in-place; #wrong counts elements that differ from "
-             f"the exact result (N/A: in-place, where the op has no defined result).", "",
-             "| collective | busbw factor | ranks | backend | type, op | sizes (B) | average busbw (GB/s) | "
-             "best busbw (GB/s) | #wrong |",
-             "|---|---|---:|---|---|---|---:|---:|---:|"]
-    for r in results:
-        rows = r["rows"]
-        factor = COLLECTIVES[r["collective"]].factor_text if r["collective"] in COLLECTIVES else "?"
-        sizes = f"{rows[0]['size']} to {rows[-1]['size']}" if rows else "none"
-        best = max(rows, key=lambda row: max(row["oop_busbw"], row["ip_busbw"]), default=None)
-        best_text = (f"{max(best['oop_busbw'], best['ip_busbw']):.3g} at {best['size']} B" if best else "n/a")
-        wrong = sum(row["oop_wrong"] + (row["ip_wrong"] or 0) for row in rows)
-        lines.append(f"| {r['collective']} | {factor} | {r['world_size']} | {r['backend']} | {r['dtype']} "
-                     f"{r['op']} | {sizes} | {r['avg_busbw']:.3g} | {best_text} | {wrong} |")
-    lines += ["", "![Bus bandwidth against size, one line per collective](collectives.png)", ""]
-    return "\n".join(lines)
-
-
-def _scaling(result: dict[str, Any], out: Path) -> str:
-    from lab.bench import scaling
-
-    mode = result["mode"]
-    fitted = result.get("amdahl") or result.get("gustafson")
-    plots.scaling(result["rows"], mode, result["context"], out / f"scaling-{mode}.png", fitted)
-    lines = [f"## {mode.capitalize()} scaling", "",
-             scaling.render(result["rows"], mode, result["context"], fitted, result.get("note")), "",
-             f"![{mode.capitalize()} scaling](scaling-{mode}.png)", ""]
-    if any(r.get("breakdown") for r in result["rows"][1:]):
-        plots.step_breakdown(result["rows"], f"{mode} scaling, {result['context']}", out / f"step-time-{mode}.png")
-        lines += [f"![Where a step's time goes, {mode} scaling](step-time-{mode}.png)", ""]
-    return "\n".join(lines)
-
-
-def _levers(result: dict[str, Any], out: Path) -> str:
-    from lab.bench import levers
-
-    plots.levers(result, out / "levers.png")
-    return "\n".join(["## Levers: precision, accumulation, DDP buckets, NCCL", "", levers.render(result), "",
-                      "![Each lever against the plain step](levers.png)", ""])
-
-
-def _memory(result: dict[str, Any], out: Path) -> str:
-    from lab.sizing import memory
-
-    device_gb = result.get("device_memory_gb")
-    plots.memory_bars(result["rows"], device_gb, result["title"], out / "memory.png")
-    lines = ["## Memory per device", "", memory.render(result["rows"], result["title"],
-                                                      device_gb * 1e9 if device_gb else None), ""]
-    if result.get("recommendation"):
-        lines += [f"Recommendation ({device_gb:g} GB per device): {result['recommendation']}", ""]
-    lines += ["![Memory per device](memory.png)", ""]
-    if "measured" in result:
-        lines += [memory.render_measured(result["measured"]), ""]
-    return "\n".join(lines)
-
-
-def _strategies(result: dict[str, Any], out: Path) -> str:
-    from lab.bench import strategies
-
-    plots.strategies(result["rows"], result["context"], out / "strategies.png")
-    return "\n".join(["## Strategies side by side", "", strategies.render(result), "",
-                      "![Memory per rank and loss curves by strategy](strategies.png)", ""])
+def _belongs(key: str, row: registry.Benchmark) -> bool:
+    return key == row.name or (row.part is not None and key.startswith(f"{row.name}-"))
 
 
 def _relative(path: Path, start: Path) -> str:

@@ -26,25 +26,22 @@ report.md, *.png}.
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.teaching import comparison
-
 from lab import config
-
-from lab.cluster import launch
-
-from lab.training import runs
+from lab.bench import registry
+from lab.cluster import cores, launch, runner
 from lab.config import Config
 from lab.errors import LabError
+from lab.teaching import comparison
+from lab.training import runs
 
 
-PARTS = ("training", "pitfalls", "allreduce", "scaling", "levers", "memory", "strategies")
+OWN_PARTS = ("training", "pitfalls")  # then every benchmark that has a part (lab.bench.registry: its `workshop`)
 LECTURE_PITFALLS = ("set-epoch", "checkpoint-every-rank", "batchnorm", "uneven-batches")
 
 
@@ -74,19 +71,22 @@ def ddp_sizes(requested: int | None, gpus: int) -> list[int]:
 
 
 def parts(only: str | None) -> list[str]:
-    """The parts `--only` names, in the workshop's order.
+    """The parts `--only` names, in the workshop's order (every part when `only` is None).
 
-    >>> parts(None) == list(PARTS), parts("scaling,pitfalls")
-    (True, ['pitfalls', 'scaling'])
+    >>> parts(None)
+    ['training', 'pitfalls', 'allreduce', 'scaling', 'levers', 'memory', 'strategies']
+    >>> parts("scaling,pitfalls")
+    ['pitfalls', 'scaling']
     """
+    every = [*OWN_PARTS, *(b.name for b in registry.workshop_parts())]
     if not only:
-        return list(PARTS)
+        return every
     asked = [p.strip() for p in only.split(",") if p.strip()]
-    unknown = [p for p in asked if p not in PARTS]
+    unknown = [p for p in asked if p not in every]
     if unknown or not asked:
         raise LabError(f"--only {only}: unknown part {', '.join(unknown) or '(none given)'}; "
-                       f"choose from {', '.join(PARTS)} (comma-separated)")
-    return [p for p in PARTS if p in asked]
+                       f"choose from {', '.join(every)} (comma-separated)")
+    return [p for p in every if p in asked]
 
 
 def default_config() -> str:
@@ -99,12 +99,10 @@ def default_config() -> str:
 
 def run(config_name: str, overrides: list[str], nproc_per_node: int | None, output_dir: str,
         only: str | None = None) -> int:
-    import torch
-
     if nproc_per_node is not None and nproc_per_node < 2:
         raise LabError(f"--nproc-per-node: {nproc_per_node}; the workshop compares 1 process with 2 or more")
     chosen = parts(only)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = cores.gpu_count()
     sizes = ddp_sizes(nproc_per_node, gpus)
     if gpus and sizes[-1] > gpus:
         raise LabError(f"--nproc-per-node: {sizes[-1]} processes but this host has {gpus} GPU(s)")
@@ -116,6 +114,7 @@ def run(config_name: str, overrides: list[str], nproc_per_node: int | None, outp
     folder.mkdir(parents=True)
     print(f"workshop {workshop_id}: config {cfg.origin}; results in {folder}", flush=True)
     steps = [s for s in plan(cfg, config_name, overrides, sizes, gpus, folder) if s.part in chosen]
+    runner.check_processes(max((s.processes for s in steps), default=1), "lab workshop")  # before the first step
     total = len(steps) + 1  # + the report
     started = time.monotonic()
     for index, step in enumerate(steps, start=1):
@@ -125,7 +124,8 @@ def run(config_name: str, overrides: list[str], nproc_per_node: int | None, outp
             step.command()
         else:
             print(f"\n== {index}/{total} {step.title}\n$ {shlex.join(step.command)}", flush=True)
-            if subprocess.call(step.command, env=_env(step.processes, gpus > 0)) != 0:
+            if runner.run(step.command, env=_env(step.processes, gpus > 0), processes=step.processes,
+                          echo=False).returncode != 0:
                 print(f"workshop: step '{step.title}' failed; see the output above", file=sys.stderr)
                 return 1
         print(f"(step {index}: {time.monotonic() - step_started:.0f} s)", flush=True)
@@ -141,11 +141,11 @@ def run(config_name: str, overrides: list[str], nproc_per_node: int | None, outp
 def plan(cfg: Config, config_name: str, overrides: list[str], sizes: list[int], gpus: int,
          folder: Path) -> list[Step]:
     """Every step of the workshop on this host, in order."""
-    on_gpu = gpus > 0
     lab = [sys.executable, "-m", "lab"]
     set_args = [x for o in overrides for x in ("--set", o)]
-    # Benchmarks over every GPU; on a CPU over the first DDP size (2): more ranks than cores measure turns.
-    ranks = sizes[-1] if on_gpu else sizes[0]
+    # Benchmarks over the one DDP size asked for, else the lab's default: every GPU, or 2 CPU processes (more
+    # ranks than cores measure turns).
+    ranks = sizes[0] if len(sizes) == 1 else cores.default_ranks(gpus, fewest_gpus=2)
 
     def train_target(name: str, *extra: str) -> list[str]:
         return launch.lab_target("train", config_name, [*overrides, f"run.output_dir={folder}", f"run.id={name}",
@@ -166,29 +166,9 @@ def plan(cfg: Config, config_name: str, overrides: list[str], sizes: list[int], 
     steps += [Step("pitfalls", f"pitfall: {name}, broken then fixed", ranks,
                    [*lab, "pitfall", name, "--nproc-per-node", str(ranks), "--json", str(folder / f"pitfall-{name}.json")])
               for name in pitfalls]
-    steps.append(Step("allreduce", f"all-reduce bus bandwidth over {ranks} ranks", ranks, launch.torchrun_command(
-        ranks, ["-m", "lab", "bench", "allreduce", "-b", "8", "-e", "1G" if on_gpu else "64M",
-                "-n", "20" if on_gpu else "10", "-w", "5" if on_gpu else "2", "--json", str(folder / "allreduce.json")])))
-    # Scaling over 1, 2, 4 processes on a CPU (4 is past 2 cores: the table says so and the fit leaves it
-    # out) and over every GPU on a GPU server; each process gets the threads of the largest run at every size.
-    scaling_largest = gpus if on_gpu else max(4, ranks)
-    for mode, title in (("strong", "strong scaling (one global batch) with Amdahl's law"),
-                        ("weak", "weak scaling (one batch per process) with Gustafson's law")):
-        steps.append(Step("scaling", f"{title} over 1..{scaling_largest} processes", scaling_largest, [
-            *lab, "bench", "scaling", "--config", config_name, *set_args, "--mode", mode,
-            "--max-world-size", str(scaling_largest), "--steps", "40" if on_gpu else "4",
-            "--warmup", "10" if on_gpu else "1", "--json", str(folder / f"scaling-{mode}.json")]))
-    steps.append(Step("levers", f"levers over {ranks} ranks: precision, accumulation, DDP buckets, NCCL", ranks, [
-        *lab, "bench", "levers", "--config", config_name, *set_args, "--nproc-per-node", str(ranks),
-        "--steps", "10" if on_gpu else "2", "--rounds", "2", "--warmup", "1",
-        "--json", str(folder / "levers.json")]))
-    device = "h200" if on_gpu and "H200" in _device_name() else "h100"
-    steps.append(Step("memory", "memory: a 7B model under DDP vs ZeRO/FSDP, and ResNet-18 measured", 1, [
-        *lab, "memory", "--params", "7e9", "--world-size", "8", "--device", device, "--measure",
-        "--json", str(folder / "memory.json")]))
-    steps.append(Step("strategies", f"strategies: DDP, FSDP and ZeRO-1/2/3 over {ranks} ranks", ranks, [
-        *lab, "bench", "strategies", "--config", config_name, *set_args, "--nproc-per-node", str(ranks),
-        "--steps", "20" if on_gpu else "6", "--json", str(folder / "strategies.json")]))
+    host = registry.WorkshopHost(gpus, ranks, config_name, set_args, folder)
+    for bench in registry.workshop_parts():  # the benchmarks' parts, each sized by its own module
+        steps += [Step(bench.name, *step) for step in registry.call(bench.workshop, host)]
     return steps
 
 
@@ -198,12 +178,6 @@ def _total_steps(cfg: Config) -> int:
     from lab.training.plan import plan_steps
 
     return plan_steps(cfg, 1, data.generated_train_size(cfg.data) or TRAIN_SIZE).total_steps
-
-
-def _device_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0)
 
 
 def _tour_checkpoint(folder: Path) -> None:

@@ -24,17 +24,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from lab.training import checkpoint
-
 from lab import data
-
-from lab.observability import device_memory, metrics
-
 from lab.cluster import dist, provenance, torchrun_env
 from lab.config import Config, check_layout, to_dict
-from lab.training.console import Console, SilentConsole
 from lab.errors import CheckpointError
 from lab.formatting import num, pct
+from lab.observability import device_memory, metrics
+from lab.training import checkpoint
+from lab.training.console import Console, SilentConsole
 from lab.training.runs import RunDir, git_revision, new_run_id, rendezvous_run_id
 from lab.training.trainer import Hook, Trainer, set_determinism
 

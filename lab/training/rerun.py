@@ -21,7 +21,6 @@ import math
 import os
 import secrets
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,8 +30,9 @@ import yaml
 
 import lab
 from lab import config
-from lab.training import runs
+from lab.cluster import runner
 from lab.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_GATE_MISSED, EXIT_OK, ConfigError, DataError, LabError
+from lab.training import runs
 
 # A heuristic, not a proof: the relative difference two float32 runs of one config may show with no bug, when
 # non-deterministic kernels (atomics, algorithm choice, all-reduce order) add the same numbers in another
@@ -207,7 +207,7 @@ def run(args: Any) -> int:
         new_path = Path(cfg.run.output_dir) / cfg.run.id
         print(f"rerun of {record.path} (world size {world}, steps 1-{limit}) into {new_path}\n$ {shlex.join(command)}",
               flush=True)
-        code = subprocess.run(command, env=env).returncode
+        code = runner.run(command, env=env, processes=world, echo=False).returncode  # the $ line is printed above
     if code != 0:
         print(f"lab rerun: the rerun's `lab train` exited {code} (its output is above)", file=sys.stderr)
         return EXIT_BAD_INPUT if code == EXIT_BAD_INPUT else EXIT_FAILED

@@ -1,6 +1,7 @@
-"""The Trainer: one code path for the single-device baseline and DDP under torchrun.
+"""The Trainer: one code path for the single-device baseline and every strategy under torchrun (DDP, FSDP,
+DeepSpeed: whichever row of lab.config.strategies dist.strategy names).
 
-World size 1 is the baseline: no process group, no wrapper, the same loop. The pieces
+World size 1 is the baseline: no process group, no wrapper, the same loop; the strategy owns what differs. The pieces
 it is built from each live in their own module: the step plan (lab.training.plan), the optimizer,
 schedule and precision (lab.training.optim), how the model is wrapped and stepped across ranks
 (lab.training.strategies), and the interval meter (lab.training.meter). The step loop never reads a value
@@ -21,14 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from lab.training import checkpoint, model as models, optim, strategies
-
 from lab import data
-
-from lab.observability import device_memory
-
 from lab.cluster import dist, torchrun_env
 from lab.config import Config, host_sync_warning, to_dict
+from lab.observability import device_memory
+from lab.training import checkpoint, model as models, optim, strategies
 from lab.training.console import Console, SilentConsole
 from lab.training.meter import IntervalMeter, Throughput
 from lab.training.plan import plan_steps

@@ -13,9 +13,26 @@ from tests.conftest import lab
 SMALL = ["bench", "allreduce", "-b", "8", "-e", "64K", "-f", "4", "-n", "3", "-w", "1", "--nproc-per-node", "2"]
 
 
-def test_allreduce_two_ranks_rows_and_definitions(tmp_path):
-    proc = lab(*SMALL, "--json", str(tmp_path / "ar.json"))
-    result = json.loads((tmp_path / "ar.json").read_text())
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    """A healthy 2-rank all-reduce job: (its process, its JSON)."""
+    out = tmp_path_factory.mktemp("allreduce") / "ar.json"
+    proc = lab(*SMALL, "--json", str(out))
+    return proc, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def corrupted_below_the_floor(tmp_path_factory):
+    """One job for two tests: rank 1 sends one wrong element, and a --min-busbw no CPU reaches. Neither hides
+    the other: the check counts values, the gate reads the bandwidth (test_collectives.py's job does the same)."""
+    out = tmp_path_factory.mktemp("allreduce") / "ar.json"
+    proc = lab(*SMALL, "--json", str(out), "--min-busbw", "1e9", env={"LAB_ALLREDUCE_CORRUPT_RANK": "1"},
+               check=False)
+    return proc, json.loads(out.read_text())
+
+
+def test_allreduce_two_ranks_rows_and_definitions(healthy):
+    proc, result = healthy
     assert [r["size"] for r in result["rows"]] == [8, 32, 128, 512, 2048, 8192, 32768]
     for r in result["rows"]:
         assert r["count"] == r["size"] // 4 and r["type"] == "float" and r["redop"] == "sum" and r["root"] == -1
@@ -27,16 +44,15 @@ def test_allreduce_two_ranks_rows_and_definitions(tmp_path):
     assert re.search(r"^\s+8\s+2\s+float\s+sum\s+-1\s", proc.stdout, re.MULTILINE)
 
 
-def test_allreduce_counts_wrong_elements_when_a_rank_is_corrupted(tmp_path):
-    lab(*SMALL, "--json", str(tmp_path / "ar.json"), env={"LAB_ALLREDUCE_CORRUPT_RANK": "1"})
-    rows = json.loads((tmp_path / "ar.json").read_text())["rows"]
+def test_allreduce_counts_wrong_elements_when_a_rank_is_corrupted(corrupted_below_the_floor):
+    rows = corrupted_below_the_floor[1]["rows"]
     assert all(r["oop_wrong"] == 1 and r["ip_wrong"] == 1 for r in rows)  # exactly the one element sent wrong
 
 
-def test_allreduce_gate_exits_3():
-    proc = lab(*SMALL, "--min-busbw", "1e9", check=False)
+def test_allreduce_gate_exits_3(corrupted_below_the_floor):
+    proc, result = corrupted_below_the_floor
     assert proc.returncode == 3, proc.stderr
-    assert "is below --min-busbw" in proc.stdout
+    assert "is below --min-busbw" in proc.stdout and result["gate_missed"]
 
 
 def test_strong_scaling_one_and_two_processes_with_amdahls_fit(tmp_path):

@@ -8,6 +8,7 @@ import socket
 import torch
 
 from tests.conftest import ROOT, TINY, TORCHRUN, lab, metrics, run, torchrun
+from tests.distributed.conftest import DETERMINISTIC_TWO_RANKS, ONE_THREAD
 
 WORKER = str(ROOT / "tests" / "distributed" / "worker.py")
 
@@ -35,22 +36,21 @@ def _losses(run_dir):
     return [(r["step"], r["loss"]) for r in metrics(run_dir)]
 
 
-def test_stopped_and_resumed_run_continues_bit_identically(runs_dir):
-    common = ["train", *TINY, "--nproc-per-node", "2", "--set", f"run.output_dir={runs_dir}",
-              "--set", "run.deterministic=true", "--set", "train.log_every=1", "--set", "train.epochs=3"]
-    lab(*common, "--set", "run.id=whole")
-    lab(*common, "--set", "run.id=parts", "--set", "train.stop_after_steps=11")  # mid-epoch 2 of 3
+def test_stopped_and_resumed_run_continues_bit_identically(deterministic_two_ranks, runs_dir):
+    # The whole run is the session's (tests/distributed/conftest.py): 12 steps, 4 an epoch; this one in two parts.
+    args = ["train", *DETERMINISTIC_TWO_RANKS, "--set", f"run.output_dir={runs_dir}", "--set", "run.id=parts"]
+    lab(*args, "--set", "train.stop_after_steps=6", env=ONE_THREAD)  # mid-epoch 2 of 3
     stopped = json.loads((runs_dir / "parts" / "summary.json").read_text())
-    assert stopped["status"] == "stopped" and stopped["steps"] == 11
-    proc = lab(*common, "--set", "run.id=parts")  # same id: checkpoint.resume=auto picks up last.pt
-    assert "resuming from" in proc.stdout and "at step 11" in proc.stdout
+    assert stopped["status"] == "stopped" and stopped["steps"] == 6
+    proc = lab(*args, env=ONE_THREAD)  # same id: checkpoint.resume=auto picks up last.pt
+    assert "resuming from" in proc.stdout and "at step 6" in proc.stdout
 
-    whole, parts = _losses(runs_dir / "whole"), _losses(runs_dir / "parts")
-    assert [s for s, _ in parts] == list(range(1, 25)) == [s for s, _ in whole]
+    whole, parts = _losses(deterministic_two_ranks), _losses(runs_dir / "parts")
+    assert [s for s, _ in parts] == list(range(1, 13)) == [s for s, _ in whole]
     assert parts == whole  # bit-identical, before and after the resume
     assert json.loads((runs_dir / "parts" / "summary.json").read_text())["status"] == "completed"
     manifest = json.loads((runs_dir / "parts" / "manifest.json").read_text())
-    assert [s["step"] for s in manifest["starts"]] == [0, 11]
+    assert [s["step"] for s in manifest["starts"]] == [0, 6]
 
 
 def test_deterministic_single_process_runs_are_bit_identical(runs_dir):

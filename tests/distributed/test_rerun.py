@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TINY, lab, metrics
+from tests.distributed.conftest import ONE_THREAD
 
 # 256 images at a global batch of 64: 8 steps over 2 epochs, a row per step, an evaluation per epoch.
-# One thread per rank (so no OpenMP thread spins on a busy 2-core machine); the rerun takes it from the record.
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# One thread (ONE_THREAD); the rerun takes it from the record.
 RECORD = [*TINY, "--set", "run.deterministic=true", "--set", "data.synthetic_train_size=256",
           "--set", "data.synthetic_test_size=128", "--set", "train.log_every=1", "--set", "checkpoint.save=false"]
 
@@ -46,12 +46,10 @@ def test_a_deterministic_run_reruns_bit_identically(one_rank, tmp_path):
     assert proc.stdout.rstrip().splitlines()[-1].startswith("| 8 | bit-identical | 0 |")  # the table comes last
 
 
-def test_a_two_rank_torchrun_run_reruns_bit_identically(tmp_path):
-    runs_dir = tmp_path / "runs"
-    lab("train", *RECORD, "--nproc-per-node", "2", "--set", f"run.output_dir={runs_dir}", "--set", "run.id=two",
-        env=ONE_THREAD)
-    proc, result, new_dir = rerun(runs_dir / "two", tmp_path)
-    assert proc.returncode == 0 and result["identical"] and result["steps_compared"] == 8
+def test_a_two_rank_torchrun_run_reruns_bit_identically(deterministic_two_ranks, tmp_path):
+    # The session's deterministic 2-rank run (tests/distributed/conftest.py): 12 steps, each compared.
+    proc, result, new_dir = rerun(deterministic_two_ranks, tmp_path)
+    assert proc.returncode == 0 and result["identical"] and result["steps_compared"] == 12
     assert "--nproc-per-node 2" in proc.stdout  # the rerun ran under torchrun with the recorded world size
     assert json.loads((new_dir / "manifest.json").read_text())["world_size"] == 2
 

@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, lab, run
 
 BARE = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "bare"), os.environ.get("PYTHONPATH", "")])}
@@ -36,6 +38,7 @@ def test_the_bare_interpreter_hides_every_optional_package_and_keeps_torch_and_i
                      "1 ModuleNotFoundError: No module named 'tqdm'"]
 
 
+@pytest.mark.slow  # a real run on the bare interpreter: about 5 s
 def test_training_runs_on_a_bare_interpreter(tmp_path):
     lab("train", "--config", "smoke", "--set", "train.max_steps=2", "--set", f"run.output_dir={tmp_path}",
         "--set", "run.id=bare", env=BARE)
@@ -43,6 +46,7 @@ def test_training_runs_on_a_bare_interpreter(tmp_path):
     assert summary["status"] == "completed" and summary["steps"] == 2
 
 
+@pytest.mark.slow  # two lab commands on the bare interpreter: about 5 s
 def test_a_command_that_needs_a_missing_package_names_it_and_the_pip_command_in_one_line(tmp_path):
     exporter = lab("train", "--config", "smoke", "--set", "metrics.port_base=29911", "--set",
                    f"run.output_dir={tmp_path}", env=BARE, check=False)

@@ -93,6 +93,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # waits out a real deadline on a sleeping child: about 7 s
 def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(tmp_path, monkeypatch):
     # The step table is replaced in-process by three fake steps: one that passes at once, one whose child (with a
     # grandchild, as torchrun has workers) sleeps past the deadline, one after it.

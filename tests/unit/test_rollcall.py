@@ -14,10 +14,13 @@ import sys
 import time
 from datetime import timedelta
 
+import pytest
+
 from lab.teaching.lesson import free_ports
 from lab.cluster.rollcall import RollCall
 
 
+@pytest.mark.slow  # two observer processes polling a real store: about 7 s
 def test_two_launchers_count_each_other_at_the_store():
     from torch.distributed import TCPStore
 

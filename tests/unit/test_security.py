@@ -111,8 +111,8 @@ def test_ansible_keeps_host_key_checking_on():
         assert "UserKnownHostsFile=/dev/null" not in text, name
 
 
-def test_the_readme_names_every_port_the_lab_opens():
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_name_every_port_the_lab_opens():
+    readme = (ROOT / "docs" / "reliability.md").read_text()
     section = readme[readme.index("## Ports"):]
     section = section[:section.index("\n## ", 1)]
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
@@ -120,5 +120,5 @@ def test_the_readme_names_every_port_the_lab_opens():
     assert published, "compose publishes no port: the scan is broken"
     expected = published | {29400, 9500, 9100, 9400}  # rendezvous, first exporter, node and dcgm exporters
     missing = [port for port in sorted(expected) if str(port) not in section]
-    assert not missing, f"README '## Ports' does not name {missing}"
+    assert not missing, f"docs/reliability.md '## Ports' does not name {missing}"
     assert "firewall" in section.lower()

@@ -55,6 +55,7 @@ def test_the_parts_run_elsewhere_are_planned_as_the_commands_those_tests_run(tmp
         "memory", "--params", "7e9", "--world-size", "8", "--device", "h100", "--measure"]
 
 
+@pytest.mark.torchrun  # DDP on 2 ranks and five strategy jobs: about 85 s of CI
 def test_workshop_trains_compares_runs_the_strategies_and_reports(tmp_path):
     # run.deterministic: the strategies step's curves can then be compared bit for bit (below).
     proc = lab("workshop", "--config", "smoke", "--output-dir", str(tmp_path), "--set", "model.width=8",

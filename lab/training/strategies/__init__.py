@@ -4,7 +4,8 @@ A strategy owns the wrapped model; the Trainer owns the loop, the data and the o
 a strategy decides: what a training step calls (`forward`), whether a micro-batch's backward
 communicates (`accumulating`), how ranks with fewer batches keep up (`uneven_inputs`), how the
 optimizer step runs, and how the model's and the optimizer's state are saved and restored. `build` picks one from the
-config; DDP is the first, and the world-size-1 baseline is DDP's code path without the wrapper.
+config by its row in lab.config.strategies (a new strategy: a module here and a row there); DDP is the first, and
+the world-size-1 baseline is DDP's code path without the wrapper.
 
     strategy = build(cfg, ctx, model)
     with strategy.accumulating(last_micro_batch), autocast:
@@ -16,28 +17,22 @@ config; DDP is the first, and the world-size-1 baseline is DDP's code path witho
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 from torch import nn
 
 from lab.cluster.dist import DistContext
 from lab.config import Config
+from lab.config.strategies import STRATEGIES
 from lab.training.strategies.base import Strategy, tensor_bytes
 
 __all__ = ["Strategy", "build", "tensor_bytes"]
 
 
 def build(cfg: Config, ctx: DistContext, model: nn.Module, amp_dtype: torch.dtype | None = None) -> Strategy:
-    """The strategy dist.strategy names (config.DistConfig lists them), around `model` (on ctx.device);
+    """The strategy dist.strategy names (a row of lab.config.strategies), around `model` (on ctx.device);
     `amp_dtype` is train.amp as lab.training.optim.choose_amp resolved it (a strategy may cast parameters itself).
     Each is imported only when chosen: DeepSpeed is an optional extra."""
-    if cfg.dist.strategy == "fsdp":
-        from lab.training.strategies.fsdp import FSDPStrategy
-
-        return FSDPStrategy(cfg, ctx, model, amp_dtype)
-    if cfg.dist.strategy == "deepspeed":
-        from lab.training.strategies.deepspeed import DeepSpeedStrategy
-
-        return DeepSpeedStrategy(cfg, ctx, model, amp_dtype)
-    from lab.training.strategies.ddp import DDPStrategy
-
-    return DDPStrategy(cfg, ctx, model, amp_dtype)
+    row = STRATEGIES[cfg.dist.strategy]
+    return getattr(importlib.import_module(row.module), row.class_name)(cfg, ctx, model, amp_dtype)

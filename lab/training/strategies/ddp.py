@@ -15,14 +15,12 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
-from lab.training import checkpoint
-
 from lab import compat
-
 from lab.cluster import dist
-from lab.config import Config
 from lab.cluster.dist import DistContext
+from lab.config import Config
 from lab.errors import LaunchError
+from lab.training import checkpoint
 from lab.training.strategies.base import Strategy
 
 
@@ -41,7 +39,7 @@ class DDPStrategy(Strategy):
         self.ddp: DistributedDataParallel | None = None
         if ctx.distributed:
             self.ddp = DistributedDataParallel(
-                model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                model, device_ids=ctx.device_ids,
                 bucket_cap_mb=d.bucket_cap_mb, gradient_as_bucket_view=d.gradient_as_bucket_view,
                 static_graph=d.static_graph, **compat.ddp_buffer_sync(d.broadcast_buffers))
         network = self.ddp or model

@@ -44,13 +44,11 @@ import torch
 from torch import nn
 
 from lab import atomic
-
-from lab.training import checkpoint
-
 from lab.cluster import dist
-from lab.config import Config, batch_size_per_rank
 from lab.cluster.dist import DistContext
+from lab.config import Config, batch_size_per_rank
 from lab.errors import CheckpointError, LaunchError
+from lab.training import checkpoint
 from lab.training.strategies.base import Strategy
 
 POINTER = "latest"           # DeepSpeed's name: a text file naming the last complete tag folder

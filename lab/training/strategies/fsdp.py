@@ -32,14 +32,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from lab.training import checkpoint
-
 from lab import compat
-
 from lab.cluster import dist
-from lab.config import Config
 from lab.cluster.dist import DistContext
+from lab.config import Config
 from lab.errors import CheckpointError, LaunchError
+from lab.training import checkpoint
 from lab.training.strategies.base import Strategy
 
 TRAINER_PART = checkpoint.TRAINER_PART  # written last: its presence marks a whole checkpoint
