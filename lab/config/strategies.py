@@ -58,17 +58,17 @@ DEFAULT = "ddp"  # dist.strategy's default: a `lab train` line for it needs no -
 # In the order `lab bench strategies` runs them and `lab choose` prefers them.
 STRATEGIES: dict[str, StrategyRow] = {s.name: s for s in (
     StrategyRow("ddp", "lab.training.strategies.ddp.DDPStrategy",
-             "the whole model on every rank, gradients all-reduced in buckets; at world size 1 no wrapper",
-             bench=(BenchRow("DDP", 2, "DDP"),), chooses={"ddp": ()}),
+                "the whole model on every rank, gradients all-reduced in buckets; at world size 1 no wrapper",
+                bench=(BenchRow("DDP", 2, "DDP"),), chooses={"ddp": ()}),
     StrategyRow("fsdp", "lab.training.strategies.fsdp.FSDPStrategy", "FSDP2 fully_shard per ResNet stage",
-             refuses=rules.fsdp_refuses, bench=(BenchRow("FSDP", 2, "ZeRO-3 / FSDP full shard"),),
-             chooses={"fsdp-full": (), "fsdp-hybrid": ()}),
+                refuses=rules.fsdp_refuses, bench=(BenchRow("FSDP", 2, "ZeRO-3 / FSDP full shard"),),
+                chooses={"fsdp-full": (), "fsdp-hybrid": ()}),
     StrategyRow("deepspeed", "lab.training.strategies.deepspeed.DeepSpeedStrategy",
-             "a DeepSpeed engine with ZeRO stage dist.zero_stage; the [deepspeed] extra",
-             refuses=rules.deepspeed_refuses, zero_stages=(1, 2, 3),
-             bench=(BenchRow("ZeRO-1", 1, "ZeRO-1"), BenchRow("ZeRO-2", 2, "ZeRO-2"),
-                    BenchRow("ZeRO-3", 3, "ZeRO-3 / FSDP full shard")),
-             chooses={"zero-1": ("dist.zero_stage=1",), "zero-2": ("dist.zero_stage=2",)}),
+                "a DeepSpeed engine with ZeRO stage dist.zero_stage; the [deepspeed] extra",
+                refuses=rules.deepspeed_refuses, zero_stages=(1, 2, 3),
+                bench=(BenchRow("ZeRO-1", 1, "ZeRO-1"), BenchRow("ZeRO-2", 2, "ZeRO-2"),
+                       BenchRow("ZeRO-3", 3, "ZeRO-3 / FSDP full shard")),
+                chooses={"zero-1": ("dist.zero_stage=1",), "zero-2": ("dist.zero_stage=2",)}),
 )}
 
 
