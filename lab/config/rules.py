@@ -8,17 +8,24 @@ table names these functions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from lab.errors import ConfigError
 
 if TYPE_CHECKING:
     from lab.config import Config
-    from lab.config.strategies import StrategyRow
 
 
-def check(cfg: Config, strategies: Mapping[str, StrategyRow]) -> None:
+class StrategyRules(Protocol):
+    """What the rules read of a strategy's row (lab.config.strategies.StrategyRow, which names this module's
+    refusal functions: the table imports the rules, never the other way round)."""
+
+    zero_stages: tuple[int, ...]
+    refuses: Callable[[Config], list[tuple[bool, str]]] | None
+
+
+def check(cfg: Config, strategies: Mapping[str, StrategyRules]) -> None:
     """Rules between fields that do not depend on the world size; `strategies` is the strategy table."""
     if cfg.data.uneven == "join" and cfg.train.grad_accum_steps != 1:
         raise ConfigError(f"{cfg.origin}: data.uneven: join needs train.grad_accum_steps=1 "
@@ -42,7 +49,7 @@ def check(cfg: Config, strategies: Mapping[str, StrategyRow]) -> None:
                           f"or drop, or model.sync_batchnorm=false")
 
 
-def _check_strategy(cfg: Config, strategies: Mapping[str, StrategyRow]) -> None:
+def _check_strategy(cfg: Config, strategies: Mapping[str, StrategyRules]) -> None:
     """What the chosen strategy cannot honour; a row without refusals refuses nothing."""
     chosen = strategies[cfg.dist.strategy]  # the field's check accepted only the table's names
     if cfg.dist.zero_stage != 2 and cfg.dist.zero_stage not in chosen.zero_stages:
