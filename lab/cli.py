@@ -112,6 +112,11 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--join-timeout", type=int, metavar="SECONDS",
                    help="fail when not every node arrived within this time (torchrun's default: 600)")
     p.add_argument("--local-addr", metavar="ADDR", help="this node's address, when it has several")
+    p.add_argument("--slurm", action="store_true",
+                   help="one srun task per node: --nnodes, --rdzv-endpoint, --local-addr and --rdzv-id from the "
+                        "Slurm allocation (docs/slurm.md)")
+    p.add_argument("--rdzv-port", type=int, default=29400, metavar="PORT",
+                   help="with --slurm: the rendezvous port on the allocation's first node")
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command line and exit")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- TARGET",
                    help="what every worker runs, e.g. -- -m lab train --config ddp")
@@ -192,6 +197,15 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write checks and facts as JSON ('-': stdout)")
 
 
+def _validate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", metavar="DIR", help="the job's results: node-NAME.json, nodes.json (and their .log)")
+    p.add_argument("--nodes", required=True, metavar="N1,N2", help="the job's nodes in order, the head first")
+    p.add_argument("--run-id", required=True, metavar="ID", help="the run this check belongs to")
+    p.add_argument("--out", required=True, metavar="PATH", help="where validate.json goes")
+    p.add_argument("--floor", action="append", default=[], metavar="KEY=GBPS",
+                   help="a floor of busbw: gpu_pair, nodes or cpu_pair (repeatable; default: the validate role's)")
+
+
 def _data_root(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default="data", help="data root (default: data)")
 
@@ -243,6 +257,11 @@ COMMANDS: tuple[Command, ...] = (
             handlers.doctor,
             description="Check python, torch, devices, NCCL/gloo, /dev/shm, ports, the run output directory and the "
                         "interfaces NCCL/GLOO_SOCKET_IFNAME name."),
+    Command("validate", "the fabric check's verdict from a Slurm validation job's all-reduce results: validate.json",
+            _validate_args, "lab.bench.fabric.run",
+            description="Judge DIR's `lab bench allreduce --json` results (node-NAME.json per node, nodes.json for all "
+                        "of them) against the floors and write the validate.json the Ansible validate role writes. "
+                        "Exit 1 when a floor is missed or a result is missing."),
 )
 
 

@@ -22,6 +22,7 @@ def train(args: argparse.Namespace) -> int:
     if args.help_config:
         print(config.describe())
         return EXIT_OK
+    _refuse_foreign_launch()
     if args.profile:
         args.overrides = ["train.profile_steps=5", *args.overrides]
     cfg = config.load(args.config, args.overrides)
@@ -78,10 +79,14 @@ def launch(args: argparse.Namespace) -> int:
     if not target:
         raise LabError("nothing to run; end with `-- -m lab train --config ddp` or `-- SCRIPT.py ARGS`")
     launching.check_not_nested()
+    if args.slurm:
+        _place_from_slurm(args)
     rdzv = launching.Rendezvous(endpoint=args.rdzv_endpoint, nnodes=args.nnodes, run_id=args.rdzv_id,
                                 max_restarts=args.max_restarts, local_addr=args.local_addr,
                                 join_timeout=args.join_timeout)
     rdzv.check()
+    if rdzv.endpoint is None:  # one node: a Slurm step of several tasks would start several independent jobs
+        _refuse_foreign_launch()
     fixed_nodes = rdzv.nnodes.isdigit()  # an elastic job's world size is known only at the rendezvous
     _check_lab_train_target(target, args.nproc_per_node * int(rdzv.nnodes) if fixed_nodes else None,
                             args.parser)
@@ -90,6 +95,33 @@ def launch(args: argparse.Namespace) -> int:
         print(shlex.join(command))
         return EXIT_OK
     return EXIT_OK if launching.run(command, args.nproc_per_node, rdzv) == 0 else EXIT_FAILED
+
+
+def _place_from_slurm(args: argparse.Namespace) -> None:
+    """`lab launch --slurm`: the rendezvous from the allocation (lab.cluster.slurm), said on one line."""
+    import sys
+
+    from lab.cluster import slurm
+
+    given = [name for name, value in (("--nnodes", args.nnodes != "1"), ("--rdzv-endpoint", args.rdzv_endpoint),
+                                      ("--local-addr", args.local_addr)) if value]
+    if given:
+        raise LabError(f"--slurm takes {', '.join(given)} from the allocation; drop {' and '.join(given)}")
+    place = slurm.placement(args.rdzv_port)
+    args.nnodes, args.rdzv_endpoint, args.local_addr = str(place.nnodes), place.endpoint, place.local_addr
+    args.rdzv_id = args.rdzv_id or place.run_id
+    job = slurm.allocation()
+    print(f"lab launch: Slurm job {job.job_id}, node {job.node_id} of {place.nnodes} ({job.node_name}, "
+          f"{place.local_addr}); rendezvous '{args.rdzv_id}' at {place.endpoint}", file=sys.stderr, flush=True)
+
+
+def _refuse_foreign_launch() -> None:
+    """Several processes that Slurm or MPI started, each about to run alone: one line, exit 2."""
+    from lab.cluster import slurm
+
+    reason = slurm.foreign_launch()
+    if reason:
+        raise LabError(reason)
 
 
 def _check_lab_train_target(target: list[str], world_size: int | None, parser: argparse.ArgumentParser) -> None:

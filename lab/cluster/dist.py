@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from lab.cluster import cores, torchrun_env
+from lab.cluster import cores, slurm, torchrun_env
 from lab.config import DistConfig
 from lab.errors import LaunchError
 
@@ -86,6 +86,9 @@ def choose_backend(preference: str, device: torch.device) -> str:
 
 
 def init(cfg: DistConfig) -> DistContext:
+    reason = slurm.foreign_launch()  # srun -n 16 or mpirun -np 16 without torchrun: 16 runs of world size 1
+    if reason:
+        raise LaunchError(reason)
     global_rank, local_rank, world_size, local_world_size, node_rank = torchrun_env.layout()
     device = choose_device(cfg.device, local_rank, local_world_size)
     if device.type == "cuda":

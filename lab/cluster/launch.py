@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from lab.cluster import cores, runner, torchrun_env
 from lab.errors import LabError
 
+NODE_ADDRESS_VARIABLE = "LAB_NODE_ADDRESS"  # this node's --local-addr, as its workers see it
 TORCHRUN_JOIN_TIMEOUT = 600  # seconds: torchrun's own default for a rendezvous to complete
 
 
@@ -142,15 +144,24 @@ def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None =
     started = time.monotonic()
     multi_node = rdzv.endpoint is not None
     folder = runner.StackFolder()
+    tail: list[str] = []  # the end of torchrun's stderr, for the one-line reason when this node fails
+
+    def relay(line: str) -> None:
+        folder.relay(line)
+        tail.append(line)
+        del tail[:-200]
+
     roll_call = None
     if multi_node:  # the observer's client retries until the head's store is up
         host, port = rdzv.host_port
         roll_call = RollCall(host, int(port), rdzv.run_id or "default", rdzv.join_timeout_or_default,
                              expected=rdzv.min_nodes).start()
     try:
-        status = runner.run(command, env={**worker_env(nproc_per_node), **(extra_env or {})},
+        # the workers learn this node's address (--local-addr): their exporters listen there (lab.observability)
+        node = {NODE_ADDRESS_VARIABLE: rdzv.local_addr} if rdzv.local_addr else {}
+        status = runner.run(command, env={**worker_env(nproc_per_node), **node, **(extra_env or {})},
                             processes=nproc_per_node, stderr=subprocess.PIPE if multi_node else None,
-                            each_line=folder.relay).returncode  # line by line: the log keeps its order
+                            each_line=relay).returncode  # line by line: the log keeps its order
     finally:
         if roll_call is not None:
             roll_call.stop()
@@ -161,7 +172,32 @@ def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None =
     if (roll_call is not None and status != 0 and (roll_call.arrived or 0) < rdzv.min_nodes
             and time.monotonic() - started >= rdzv.join_timeout_or_default):
         print(rendezvous_failure(rdzv, roll_call.arrived), file=sys.stderr, flush=True)
+    elif multi_node and status != 0:
+        node = f" ({rdzv.local_addr})" if rdzv.local_addr else ""
+        print(f"lab launch: this node's workers{node} failed, torchrun exit {status}: {failure_reason(tail)}",
+              file=sys.stderr, flush=True)
     return status
+
+
+def failure_reason(lines: list[str]) -> str:
+    """What ended a failed worker group, from torchrun's stderr: a worker's exception line, else the root cause
+    torchrun's failure table names (a rank killed by a signal raises nothing).
+
+    >>> print(failure_reason(["ChildFailedError:", "  rank      : 1 (local_rank: 0)", "  exitcode  : -9 (pid: 42)",
+    ...                       "  traceback : Signal 9 (SIGKILL) received by PID 42", "====="]))
+    rank 1 (local_rank: 0): Signal 9 (SIGKILL) received by PID 42
+    >>> print(failure_reason(["Traceback ...", "ValueError: loss is nan", "ChildFailedError:", "  rank : 0"]))
+    ValueError: loss is nan
+    """
+    error = runner.last_error_line("".join(line if line.endswith("\n") else line + "\n" for line in lines))
+    if re.search(r"\b\w*(Error|Exception)\b:", error):
+        return error
+    table = dict(re.findall(r"^\s*(rank|exitcode|traceback)\s*:\s*(.+?)\s*$", "\n".join(lines), re.MULTILINE))
+    if "rank" in table:
+        cause = table.get("traceback", "")
+        cause = cause if cause and not cause.startswith("To enable traceback") else f"exit code {table.get('exitcode')}"
+        return f"rank {table['rank']}: {cause}"
+    return error
 
 
 def rendezvous_failure(rdzv: Rendezvous, arrived: int | None) -> str:

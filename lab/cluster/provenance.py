@@ -19,6 +19,8 @@ def describe(ctx) -> dict:
     """This process's part of the run manifest."""
     info = {"host": socket.gethostname(), "global_rank": ctx.global_rank, "local_rank": ctx.local_rank,
             "node_rank": ctx.node_rank, "device": str(ctx.device), "threads": torch.get_num_threads()}
+    if os.environ.get("SLURMD_NODENAME"):  # under Slurm: the node's name in the allocation (hosts may share a name)
+        info["slurm_node"] = os.environ["SLURMD_NODENAME"]
     if ctx.device.type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(ctx.device)
     else:

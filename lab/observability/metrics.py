@@ -15,6 +15,7 @@ intervals with numbers it has already synced: no extra host sync.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import time
@@ -251,8 +252,12 @@ def start(cfg, ctx, run_id: str, info: dict[str, str], say=print) -> NullExporte
         return NullExporter()
     port = cfg.port_base + ctx.local_rank
     labels = {"run_id": run_id, "rank": str(ctx.global_rank), "node": socket.gethostname()}
-    listen = listen_address(cfg.bind_address, multi_node=ctx.world_size > ctx.local_world_size,
-                            head=torchrun_env.store_endpoint()[0])
+    multi_node = ctx.world_size > ctx.local_world_size
+    bind = cfg.bind_address
+    node = os.environ.get("LAB_NODE_ADDRESS")  # lab launch --local-addr: the node's own address (Slurm's NodeAddr)
+    if multi_node and node and is_loopback(bind):  # loopback cannot be scraped from another node: the node's own can
+        bind = node
+    listen = listen_address(bind, multi_node=multi_node, head=torchrun_env.store_endpoint()[0])
     if listen.reason:
         say(f"metrics: {listen.reason}: the exporters listen on {listen.bind} and advertise {listen.advertise}")
     try:

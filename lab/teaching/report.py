@@ -107,20 +107,23 @@ def build(paths: list[str], out_dir: str | None = None) -> Path:
 
 
 def _validate(result: dict[str, Any]) -> str:
-    """The playbook's fabric check (validate.json): every all-reduce it ran against its floor, then the
+    """The fabric check's validate.json (the playbook's validate role, or slurm/validate.sbatch): every all-reduce it ran against its floor, then the
     health readings, then what failed."""
     def busbw(value: Any) -> str:
         return "did not run" if value is None else f"{value:.3g}"
 
+    where = "slurm/validate.sbatch" if result.get("platform") == "slurm" else "the validate role"
     lines = ["## Fabric validation", "",
-             f"The validate role ran `lab bench allreduce` before the job: {result['definitions']['busbw']}; "
+             f"The fabric check ({where}) ran `lab bench allreduce`: {result['definitions']['busbw']}; "
              f"the floor is {result['definitions']['floor']}. Verdict: "
              f"{'passed' if result['ok'] else 'FAILED'}.", "",
              "| check | nodes | ranks | busbw (GB/s) | floor (GB/s) | verdict |", "|---|---|---:|---:|---:|---|"]
     for node, record in result["nodes"].items():
         for pair in record["pairs"]:
-            what = "two CPU processes" if pair["pair"] == "cpu" else f"GPU pair {pair['pair']}"
-            lines.append(f"| {what} | {node} | 2 | {busbw(pair['avg_busbw'])} | {pair['floor']:g} | "
+            what = ("two CPU processes" if pair["pair"] == "cpu" else  # a Slurm job's node: all its GPUs at once
+                    f"{'GPUs' if pair['pair'].count(',') > 1 else 'GPU pair'} {pair['pair']}")
+            ranks = 2 if pair["pair"] == "cpu" else pair["pair"].count(",") + 1
+            lines.append(f"| {what} | {node} | {ranks} | {busbw(pair['avg_busbw'])} | {pair['floor']:g} | "
                          f"{'ok' if pair['ok'] else 'below'} |")
     across = ([("all nodes", result["all_nodes"])] if result.get("all_nodes") else []) + list(result["ring"].items())
     for name, check in across:

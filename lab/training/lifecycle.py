@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lab import data
-from lab.cluster import dist, provenance, torchrun_env
+from lab.cluster import dist, provenance, slurm, torchrun_env
 from lab.config import Config, check_layout, to_dict
 from lab.errors import CheckpointError
 from lab.formatting import num, pct
@@ -77,7 +77,7 @@ class RunStart:
             "total_steps": trainer.total_steps, "amp": _amp_name(trainer),
             "versions": self.versions, "git_revision": git_revision(),
             "hosts": sorted({r["host"] for r in ranks}), "ranks": ranks, "environment": provenance.recorded_env(),
-            "starts": [start],
+            "starts": [start], "slurm": slurm.record(),
         }
 
     def summary(self, results: dict[str, Any], status: str, error: str | None = None) -> dict[str, Any]:
@@ -266,7 +266,13 @@ def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, s
 
 
 def _publish_targets(r: RunStart, targets: list) -> None:
-    """file_sd target files listing every rank's endpoint, so Prometheus finds the run without a config edit."""
+    """file_sd target files listing every rank's endpoint, so Prometheus finds the run without a config edit.
+    Under Slurm each target also carries the job's id and cluster (slurm_job_id, slurm_cluster): Prometheus
+    attaches them to every series it scrapes there, so a dashboard selects one job's ranks."""
+    job = slurm.record()
+    if job is not None:
+        targets = [{**t, "labels": {**t["labels"], "slurm_job_id": job["job_id"], "slurm_cluster": job["cluster"]}}
+                   if t else t for t in targets]
     written = metrics.write_targets(r.run_dir.path / "prometheus-targets.json", targets)
     if written is None:
         return

@@ -53,7 +53,18 @@ SERVER = "a server that runs until stopped; tests/infra/test_jupyterlab_browser.
 SUITE = "the test suite itself (or the workshop, whose parts tests/unit/test_workshop.py runs)"
 NETWORK = "needs the internet (a download) or a GPU host's own Python; nothing here reaches either"
 
+SLURM_JOB = ("acts on a job id of the reader's Slurm cluster; tests/infra/test_slurm.py submits, requeues and releases its "
+             "own jobs on a real two-node Slurm")
+SLURM_DGX = "needs a Slurm cluster of GPU nodes; tests/infra/test_slurm.py submits the same script on a real two-node Slurm"
+
 NOT_RUN_HERE = {
+    "LAB_CONFIG=ddp sbatch -N 4 --gpus-per-node=8 slurm/lab.sbatch": SLURM_DGX,
+    "LAB_METRICS_PORT_BASE=9500 LAB_TARGETS_DIR=/shared/prometheus/targets sbatch -N 2 slurm/lab.sbatch": SLURM_DGX,
+    "squeue -u $USER": SLURM_JOB,
+    "tail -f slurm-lab-ID.out": SLURM_JOB,
+    "scancel ID": SLURM_JOB,
+    "scontrol requeue ID": SLURM_JOB,
+    "scontrol update JobId=ID StartTime=now": SLURM_JOB,
     "make lab": SUITE,
     "make test": SUITE,
     "make notebook": SERVER,
