@@ -138,15 +138,24 @@ def _pitfall_args(p: argparse.ArgumentParser) -> None:
 
 
 def _memory_args(p: argparse.ArgumentParser) -> None:
+    from lab.sizing import choose as tree  # no torch: its argparse types and its headroom
+
     p.add_argument("--params", type=float, default=7e9, help="parameter count (default 7e9)")
     # --world-size and --node-size: memory.run checks them, with messages that name what a device count means
     p.add_argument("--world-size", type=int, default=8, help="devices (default 8)")
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd-momentum", "sgd"])
     p.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"],
                    help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)")
-    p.add_argument("--convention", default="zero", choices=["zero", "hf"],
-                   help="bytes per parameter: zero (16 for mixed Adam) or hf (18) (default zero)")
-    p.add_argument("--node-size", type=int, help="devices per node, for FSDP hybrid shard")
+    p.add_argument("--convention", default="zero", choices=["zero", "hf", "deepspeed"],
+                   help="bytes per parameter: zero (16 for mixed Adam), hf (18), or deepspeed (DeepSpeed's own "
+                        "estimators, 2 + 18/N) (default zero)")
+    p.add_argument("--node-size", type=int, help="devices per node, for FSDP hybrid shard (deepspeed: GPUs per node)")
+    p.add_argument("--largest-layer", type=float, metavar="PARAMS",
+                   help="parameters of the largest layer, for --convention deepspeed's ZeRO-3 rows (default 0)")
+    p.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
+                   help="DeepSpeed's reduce bucket in MiB, shown beside the total (default 25: dist.bucket_cap_mb)")
+    p.add_argument("--headroom", type=tree.FRACTION, default=tree.HEADROOM, metavar="FRACTION",
+                   help="part of device memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)")
     p.add_argument("--device", choices=["h100", "h200", "a100-80", "a100-40"], help="device to fit on")
     p.add_argument("--device-memory", type=float, metavar="GB", help="device memory in GB (instead of --device)")
     for name in ("seq-len", "micro-batch", "hidden", "heads", "layers"):
@@ -198,12 +207,24 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
 
 
 def _validate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", metavar="DIR", help="the job's results: node-NAME.json, nodes.json (and their .log)")
-    p.add_argument("--nodes", required=True, metavar="N1,N2", help="the job's nodes in order, the head first")
+    p.add_argument("folder", metavar="DIR",
+                   help="the check's results: facts-NAME/, node-NAME.json, nodes.json (and their .log)")
+    p.add_argument("--nodes", required=True, metavar="N1,N2", help="the nodes in order, the head first")
     p.add_argument("--run-id", required=True, metavar="ID", help="the run this check belongs to")
     p.add_argument("--out", required=True, metavar="PATH", help="where validate.json goes")
-    p.add_argument("--floor", action="append", default=[], metavar="KEY=GBPS",
-                   help="a floor of busbw: gpu_pair, nodes or cpu_pair (repeatable; default: the validate role's)")
+    p.add_argument("--floor", action="append", default=[], metavar="[NODE:]KEY=GBPS",
+                   help="a floor: node, pair, nodes, host_device or d2d, for every node or NODE (repeatable; "
+                        "default: the node's platform's, or the baseline's)")
+    p.add_argument("--expect", action="append", default=[], metavar="[NODE:]KEY=VALUE",
+                   help="what a node should have: xid_max, ib_ports, ib_rate, ib_width, pcie_gen, pcie_width, "
+                        "gdrdma, journal, dcgm (repeatable)")
+    p.add_argument("--baseline", metavar="FILE", help="fail figures under --baseline-fraction of this baseline")
+    p.add_argument("--baseline-fraction", default="0.8", metavar="F", help="of the baseline (default 0.8)")
+    p.add_argument("--record-baseline", metavar="FILE", help="write this (passed) run's figures as a baseline")
+    p.add_argument("--dcgm-level", type=int, choices=range(5), metavar="N",
+                   help="the dcgmi diag level the facts were asked for (default: facts-NAME/dcgm-level.txt)")
+    p.add_argument("--runner", choices=("slurm", "ansible"), default="slurm",
+                   help="who ran the check, as validate.json's platform (default slurm)")
 
 
 def _data_root(p: argparse.ArgumentParser) -> None:
@@ -257,11 +278,12 @@ COMMANDS: tuple[Command, ...] = (
             handlers.doctor,
             description="Check python, torch, devices, NCCL/gloo, /dev/shm, ports, the run output directory and the "
                         "interfaces NCCL/GLOO_SOCKET_IFNAME name."),
-    Command("validate", "the fabric check's verdict from a Slurm validation job's all-reduce results: validate.json",
+    Command("validate", "the fabric check's verdict from its facts and all-reduce results: validate.json",
             _validate_args, "lab.bench.fabric.run",
-            description="Judge DIR's `lab bench allreduce --json` results (node-NAME.json per node, nodes.json for all "
-                        "of them) against the floors and write the validate.json the Ansible validate role writes. "
-                        "Exit 1 when a floor is missed or a result is missing."),
+            description="Pick each node's platform from its facts (scripts/node-facts.sh), judge its all-reduce "
+                        "results (node-NAME.json, nodes.json) at the sizes >= 1 GiB and its facts (PCIe, "
+                        "InfiniBand, GPUDirect RDMA, DCGM, XIDs, row remaps, the fabric manager) and write "
+                        "validate.json. Exit 1 when a floor is missed, a check fails or a result is missing."),
 )
 
 

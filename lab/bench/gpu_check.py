@@ -16,6 +16,7 @@ slowest thing here and measures only itself):
                   init_process_group(device_id=...), DDP on CUDA, no_sync with accumulation
   host syncs      training steps under torch.cuda.set_sync_debug_mode("error"), bf16 and fp16 (none allowed),
                   then SyncBatchNorm, whose host sync is expected and shown (lab.bench.gpu_measure)
+  host<->device   `lab bench hostdevice`: pinned copies to and from each GPU, the GPU-to-GPU matrix
   training        `lab train` for a few epochs of synthetic data: wall time, images/s
   data path       `lab bench pipeline`: the lab's device-resident data path against a
                   torchvision DataLoader path, data alone (target 10x) and with the training step
@@ -63,7 +64,7 @@ from typing import Any
 
 from lab.bench.gpu_steps import (  # the steps, named here by the table below (and the tests)
     Check, DeadlineCut, HOW_TO_GET, MIN_START_SECONDS, Outcome, STEP_LIMIT, STOP_SECONDS, StepFailed,
-    Terminated, all_reduce, bf16_training, data_path, deterministic_and_resume, doctor, fsdp, host_syncs,
+    Terminated, all_reduce, bf16_training, data_path, deterministic_and_resume, doctor, fsdp, host_device, host_syncs,
     levers, lightning_peer, memory, metrics_overhead, one_rank_ddp, strategies, training,
 )
 from lab.errors import LabError
@@ -96,6 +97,8 @@ STEPS: tuple[Step, ...] = (
     Step("DDP, 1 rank", 15, 15, lambda c: one_rank_ddp(c, compiled=False), limit=120),
     Step("host syncs", 25, 20, host_syncs, gpus=1, limit=150,
          no_gpu="no CUDA device (the CPU tests count syncs and host copies instead)"),
+    Step("host<->device", 5, 5, host_device, gpus=1, limit=60,
+         no_gpu="no CUDA device: the CPU tests run the same copies host memory to host memory"),
     Step("training", 20, 15, lambda c: training(c, c.epochs), limit=180),
     Step("data path", 25, 15, data_path, limit=180),
     Step("deterministic", 30, 35, deterministic_and_resume, limit=120, lines=("deterministic", "resume")),

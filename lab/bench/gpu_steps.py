@@ -237,6 +237,34 @@ def host_syncs(c: Check) -> Outcome:
                    f"{shown}", figures=found)
 
 
+def host_device(c: Check) -> Outcome:
+    """`lab bench hostdevice` on this host's GPUs: pinned copies both ways per GPU and the GPU-to-GPU matrix, the
+    figures `lab validate` judges (the CPU tests run the same code host to host, unpinned)."""
+    path = c.out / "hostdevice.json"
+    path.unlink(missing_ok=True)  # a last check's figures must not stand in for this one's
+    c.lab("hostdevice", "bench", "hostdevice", "--size", "64M" if c.quick else "256M",
+          "--iters", "5" if c.quick else "20", "--json", str(path))
+    r = json.loads(path.read_text())
+    if r["device"] != "cuda" or not r["pinned"]:
+        raise StepFailed(f"copies ran on {r['device']} with {'pinned' if r['pinned'] else 'pageable'} host memory, "
+                         f"not CUDA and pinned; see {c.out / 'hostdevice.log'}")
+    n, d2d = len(r["gpus"]), r["d2d_gbps"]
+    figures = [g[k] for g in r["gpus"] for k in ("h2d_gbps", "d2h_gbps")] + [v for row in d2d for v in row]
+    if n != c.gpus or len(d2d) != n or any(len(row) != n for row in d2d) or \
+            not all(math.isfinite(v) and v > 0 for v in figures):
+        raise StepFailed(f"{n} GPU(s) and a {len(d2d)}-row matrix for {c.gpus} GPU(s), or a figure not a positive "
+                         f"number: {figures}")
+
+    def span(values: list[float]) -> str:
+        return f"{min(values):.1f}" if max(values) - min(values) < 0.05 else f"{min(values):.1f}-{max(values):.1f}"
+
+    pairs = [d2d[i][j] for i in range(n) for j in range(n) if i != j]
+    return Outcome("host<->device", "passed", f"{n} GPU(s), pinned, {r['size_bytes'] / 2**20:g} MiB (GB/s): "
+                   f"host->device {span([g['h2d_gbps'] for g in r['gpus']])}, device->host "
+                   f"{span([g['d2h_gbps'] for g in r['gpus']])}, within a GPU {span([d2d[i][i] for i in range(n)])}"
+                   + (f", GPU to GPU {span(pairs)}" if pairs else ""), figures=r)
+
+
 def training(c: Check, epochs: int) -> Outcome:
     started = time.perf_counter()
     c.train("training", "training", f"train.epochs={1 if c.quick else epochs}", "checkpoint.save=false")

@@ -174,6 +174,12 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH")
 
 
+def _hostdevice_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--size", default="256M", help="bytes per copy, K/M/G binary as in nccl-tests (default 256M)")
+    p.add_argument("--iters", type=at_least(1), default=20, help="timed copies per figure (default 20)")
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON (the schema: lab/bench/hostdevice.py)")
+
+
 def _gpu_check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=at_least(1), default=3, help="epochs of synthetic data to time (default 3)")
     p.add_argument("--out", default="runs/gpu-check", metavar="DIR",
@@ -244,6 +250,11 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               section="lab.bench.sections.strategies", workshop="lab.bench.strategies.workshop_steps"),
     Benchmark("pipeline", "the lab's data path vs a torchvision DataLoader path", _pipeline_args,
               "lab.bench.pipeline.run"),
+    Benchmark("hostdevice", "pinned host<->device copy bandwidth per GPU and the GPU-to-GPU copy matrix",
+              _hostdevice_args, "lab.bench.hostdevice.run",
+              description="Per visible GPU, pinned host memory to the GPU and back; for every pair of GPUs a copy "
+                          "from one to the other (the diagonal: within one GPU), GB/s = 1e9 B/s, torch copies timed "
+                          "after warm-ups. Without CUDA the CPU stands in (host memory copies, \"device\": \"cpu\")."),
     Benchmark("gpu-check", "every GPU path of the lab on this host, a table last (make gpu-check)", _gpu_check_args,
               "lab.bench.gpu_check.run"),
     Benchmark("metrics-overhead", "training step time with the exporter on vs off", _metrics_overhead_args,

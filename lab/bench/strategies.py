@@ -7,7 +7,11 @@ seed): a few steps, the loss of each, images/s over the steps after the first, t
 forward and backward so the gradients exist while this rank's bytes are counted (parameters,
 gradients, optimizer state: a sharded tensor counts its local shard). Beside each count sits
 `lab memory`'s estimate for the same strategy and world size (fp32 SGD with momentum, the lab's
-recipe), and the loss curve's largest relative difference from DDP's.
+recipe, counting what each tool keeps: DeepSpeed's fp32 master partition, FSDP2's in-place shards), and the
+loss curve's largest relative difference from DDP's. The bucket DeepSpeed reduces through (its IPG bucket,
+reduce_bucket_size from dist.bucket_cap_mb) is its own column, not in the state: what this rank holds of it
+when the bytes are counted, beside the estimate's (ZeRO-3 keeps it all run, ZeRO-1 until the step, ZeRO-2 frees
+it at the end of each backward).
 
 On a CPU "peak" is the process's peak resident memory (Python, torch and the data set included), so
 the parameter/gradient/optimizer split is the figure that shows sharding; on GPUs it is
@@ -72,7 +76,7 @@ def run(args) -> int:
                 rows.append(failed_row(label, done.stderr))
                 continue
             rows.append({"label": label, **json.loads(out.read_text())})
-    result = summarize(rows, n)
+    result = summarize(rows, n, cfg.dist.bucket_cap_mb * 2**20)
     print(render(result), flush=True)
     if args.json:
         runs.write_json(args.json, result)
@@ -93,21 +97,24 @@ def failed_row(label: str, stderr: str) -> dict[str, str]:
     return {"label": label, "error": f"failed: {last_error_line(stderr)}"}
 
 
-def summarize(rows: list[dict[str, Any]], world_size: int) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], world_size: int, bucket_bytes: float = 25 * 2**20) -> dict[str, Any]:
     """Add the estimate, its ratio and the loss gap from DDP to each measured row."""
     from lab.sizing import memory
 
     measured = [r for r in rows if "error" not in r]
     ddp = next((r for r in measured if r["label"] == "DDP"), None)
     params = measured[0]["parameter_count"] if measured else 0
-    estimates = {r["strategy"]: r["total_bytes"] for r in memory.estimate(params, world_size, *memory.MEASURED_RECIPE)}
+    estimates = {r["strategy"]: r for r in memory.estimate(params, world_size, *memory.MEASURED_RECIPE,
+                                                             bucket_bytes=bucket_bytes)}
     by_label = {label: est for label, _, _, est in strategy_rows()}
     for r in measured:
         r["losses"] = sorted([int(step), loss] for step, loss in dict(r["losses"]).items())  # JSON keeps pairs
     curve = {r["label"]: dict(r["losses"]) for r in measured}
     for r in measured:
         r["state_bytes"] = sum(r[p] for p in PARTS)
-        r["estimate_bytes"] = estimates[by_label[r["label"]]]
+        r["estimate_bytes"] = estimates[by_label[r["label"]]]["total_bytes"]
+        r["bucket_estimate_bytes"] = estimates[by_label[r["label"]]]["bucket_bytes"]
+        r.setdefault("bucket_bytes", 0)  # a JSON of a worker before the bucket was counted
         r["measured_over_estimate"] = r["state_bytes"] / r["estimate_bytes"]
         r["rest_bytes"] = max(0, r["peak_bytes"] - r["state_bytes"])
         r["loss_gap_from_ddp"] = relative_gap(curve["DDP"], curve[r["label"]]) if ddp else None
@@ -121,20 +128,23 @@ def render(result: dict[str, Any]) -> str:
     mib = 2**20
     lines = [f"Strategies side by side: {result['context']}", "",
              "| strategy | parameters | gradients | optimizer state | state per rank | estimate | measured / "
-             "estimate | peak (rest) | images/s | loss gap from DDP |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "estimate | bucket held (estimate) | peak (rest) | images/s | loss gap from DDP |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['label']} | {r['error']} | | | | | | | | |")
+            lines.append(f"| {r['label']} | {r['error']} | | | | | | | | | |")
             continue
         gap = "-" if r["loss_gap_from_ddp"] is None else f"{r['loss_gap_from_ddp']:.1e}"
         lines.append(f"| {r['label']} | {r['parameters_bytes'] / mib:.2f} MiB | {r['gradients_bytes'] / mib:.2f} MiB | "
                      f"{r['optimizer_states_bytes'] / mib:.2f} MiB | {r['state_bytes'] / mib:.2f} MiB | "
                      f"{r['estimate_bytes'] / mib:.2f} MiB | {r['measured_over_estimate']:.2f} | "
+                     f"{r['bucket_bytes'] / mib:g} MiB ({r['bucket_estimate_bytes'] / mib:g}) | "
                      f"{r['peak_bytes'] / mib:.0f} MiB ({r['rest_bytes'] / mib:.0f}) | {r['samples_per_second']:.0f} | "
                      f"{gap} |")
     lines += ["", "state = parameters + gradients + optimizer state held by one rank (a shard counts its own part); "
-                  "estimate: `lab memory` for fp32 SGD with momentum; loss gap: largest relative difference per step."]
+                  "estimate: `lab memory` for fp32 SGD with momentum (DeepSpeed's fp32 master partition counted); "
+                  "bucket: DeepSpeed's IPG bucket held when counted (ZeRO-2 frees it after each backward), not in "
+                  "the state; loss gap: largest relative difference per step."]
     return "\n".join(lines)
 
 
@@ -175,7 +185,8 @@ def worker(argv: list[str]) -> None:
         results = trainer.fit()
         # One more forward and backward, no step: the gradients exist while the bytes are counted.
         trainer.forward_backward(*next(trainer.train_loader.forever()))
-        split = trainer.strategy.memory_split(trainer.optimizer)
+        split = {**trainer.strategy.memory_split(trainer.optimizer),
+                 "bucket_bytes": held_bucket_bytes(trainer.strategy)}
         if ctx.is_primary:
             from lab.cluster import provenance
 
@@ -185,6 +196,20 @@ def worker(argv: list[str]) -> None:
                 "parameter_count": sum(p.numel() for p in trainer.model.parameters()),
                 "device": provenance.describe(ctx)["device_name"], "global_batch_size": cfg.train.global_batch_size,
                 "data": dataset.description.split(" (")[0]})
+
+
+def held_bucket_bytes(strategy) -> int:
+    """Bytes of DeepSpeed's IPG bucket buffers this rank holds now (stage 1/2: a list of buffers per dtype, emptied
+    at the end of the backward at stage 2, in the step at stage 1; stage 3: one buffer per dtype, kept): 0 for DDP
+    and FSDP, which have no such engine."""
+    import torch
+
+    zero = getattr(getattr(strategy, "engine", None), "optimizer", None)
+    total = 0
+    for bucket in getattr(zero, "ipg_buckets", {}).values():
+        held = bucket.buffer if isinstance(bucket.buffer, (list, tuple)) else [bucket.buffer]
+        total += sum(b.numel() * b.element_size() for b in held if torch.is_tensor(b))
+    return total
 
 
 if __name__ == "__main__":

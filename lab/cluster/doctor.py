@@ -34,15 +34,18 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import sys
 import sysconfig
+import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from lab.cluster import cores, nvml, slurm
+from lab.cluster import cores, fabric_manager, nvml, slurm
 from lab.cluster.addresses import is_loopback
 from lab.errors import LabError
 
@@ -240,8 +243,54 @@ def check_compile(env: Mapping[str, str], include_dir: str | None = None) -> Che
                  f"on Debian/Ubuntu or in an NGC container: apt-get install -y gcc {dev}")
 
 
-def check_torch(expect_gpus: int | None) -> tuple[list[Check], dict[str, Any]]:
-    """torch, its devices and its collective backends."""
+def cuda_init_error(torch: Any) -> str:
+    """Why CUDA does not start, in CUDA's words ("CUDA error 802: system not yet initialized"), or torch's first
+    line; "" when torch.cuda.init() raises nothing."""
+    try:
+        with warnings.catch_warnings():  # is_available() has warned once already
+            warnings.simplefilter("ignore")
+            torch.cuda.init()
+    except Exception as exc:  # noqa: BLE001 - RuntimeError or AssertionError, whatever this torch raises
+        text = str(exc)
+        found = re.search(r"Error (\d+): ([^(\n]+)", text)
+        return f"CUDA error {found.group(1)}: {found.group(2).strip()}" if found else text.strip().split("\n")[0][:200]
+    return ""
+
+
+def check_unusable_gpus(cuda_build: str | None, init_error: str,
+                        read_fabric: Callable[[], fabric_manager.Fabric]) -> tuple[Check, dict[str, Any]]:
+    """NVIDIA GPUs are here and torch cannot use them: say why. A CPU build of torch needs a CUDA build; a CUDA
+    build that cannot start CUDA on an NVSwitch system whose fabric manager is down needs the manager started
+    (installing torch again would change nothing); anything else is CUDA's own error with the usual causes."""
+    if cuda_build is None:
+        return Check("devices", "fail", "NVIDIA devices are present but this torch is a CPU build",
+                     "install a CUDA build of torch that matches the driver (or use the lab image)"), {}
+    fabric = read_fabric()
+    facts = {"cuda_error": init_error, "fabric": asdict(fabric)}
+    said = f"torch (CUDA build {cuda_build}) cannot start CUDA: {init_error or 'no error given'}"
+    driver = fabric.driver or nvml.driver_version()
+    start = (f"sudo systemctl start {fabric_manager.SERVICE} (its package must be the driver's version, "
+             f"{driver or 'nvidia-smi shows it'}; B200 and later also need NVLSM), then check that "
+             f"`nvidia-smi -q | grep -A 2 Fabric` says State: Completed")
+    # Error 802 (cudaErrorSystemNotReady) is the fabric's: it names the manager even where no switch is seen.
+    not_ready = bool(re.search(r"\b802\b|not yet initialized", init_error))
+    where = f"this is an NVSwitch system ({fabric.nvswitch})" if fabric.nvswitch else "error 802 is the fabric's"
+    if fabric.manager_down and (fabric.nvswitch or not_ready):
+        return Check("devices", "fail", f"{said}; {where} and {fabric_manager.SERVICE} is {fabric.manager}: the "
+                     f"GPUs cannot join the NVLink fabric", start), facts
+    if (fabric.nvswitch or not_ready) and fabric.manager is None:
+        return Check("devices", "fail", f"{said}; {where}, and the fabric manager's state cannot be read here "
+                     f"(systemctl: {fabric.manager_said or 'no answer'})",
+                     f"on the host (not in a container): systemctl status {fabric_manager.SERVICE}; if it is not "
+                     f"active, {start}"), facts
+    return Check("devices", "fail", said, "check nvidia-smi; a driver older than torch's CUDA build needs a newer "
+                 "driver or a torch built for the driver's CUDA; a container needs --gpus all"), facts
+
+
+def check_torch(expect_gpus: int | None, read_fabric: Callable[[], fabric_manager.Fabric] = fabric_manager.read,
+                ) -> tuple[list[Check], dict[str, Any]]:
+    """torch, its devices and its collective backends. `read_fabric`: the NVSwitch and fabric-manager facts,
+    read only when GPUs are present that torch cannot use."""
     try:
         import torch
         import torch.distributed as dist
@@ -256,8 +305,10 @@ def check_torch(expect_gpus: int | None) -> tuple[list[Check], dict[str, Any]]:
         names = sorted(set(facts["gpu_names"]))
         checks.append(Check("devices", "ok", f"{facts['gpu_count']} x {', '.join(names)}"))
     elif nvml.host_has_gpus():
-        checks.append(Check("devices", "fail", "NVIDIA devices are present but torch cannot use them",
-                            "install a CUDA build of torch that matches the driver (or use the lab image)"))
+        unusable, found = check_unusable_gpus(torch.version.cuda, cuda_init_error(torch) if torch.version.cuda
+                                              else "", read_fabric)
+        checks.append(unusable)
+        facts.update(found)
     else:
         checks.append(Check("devices", "ok", f"no CUDA GPU; {cores.available()} CPU cores (gloo on the CPU)"))
     if expect_gpus is not None and facts["gpu_count"] != expect_gpus:

@@ -2,10 +2,15 @@
 
 Names follow Prometheus conventions: the `lab_` prefix, base units (`_seconds`,
 `_bytes`, `_ratio`), `_total` on counters, `_info` for metadata. Labels are bounded:
-`run_id`, `rank` (global rank), `node` (host name) — never a step or a value — so a
-sum over `rank` is the run's total:
+`run_id`, `rank` (global rank), `node` (host name) — never a step or a value. Each rank
+scrapes its own figures, so a sum over `rank` is the run's total:
 
     sum by (run_id) (lab_train_samples_per_second)       # images/s of the whole run
+
+The Pushgateway gets one group per run, pushed by rank 0 alone under (job, run_id): the
+run-wide figures (`lab_run_*`) once, with no `rank` label, so no sum over ranks can count
+them twice; the one per-rank figure of the summary (peak memory) labelled by rank. A run
+that ends again (after a restart) replaces its group: nothing of an earlier start stays.
 
 Each rank serves /metrics on `metrics.port_base + local_rank`, at the address `listen_address`
 chooses (reachable from other hosts on a multi-node run). The trainer calls the exporter at log
@@ -282,46 +287,47 @@ def write_targets(path: Path, targets: list[dict[str, Any] | None]) -> Path | No
 
 
 def push(gateway: str, job: str, grouping: dict[str, str], values: list[tuple[str, str, dict[str, str], float]],
-         what: str, warn: bool = True) -> bool:
-    """Push gauges (name, help, labels, value) under `grouping`; an unreachable gateway costs one warning line
-    (from the rank that has `warn`), never the run."""
+         what: str) -> bool:
+    """Push gauges (name, help, labels, value) under `grouping`, replacing the group (an HTTP PUT); an
+    unreachable gateway costs one warning line, never the run."""
     prometheus = _prometheus()
     registry = prometheus.CollectorRegistry()
     families: dict[str, Gauge] = {}
     for name, doc, labels, value in values:
         if name not in families:
             families[name] = prometheus.Gauge(name, doc, list(labels), registry=registry)
-        families[name].labels(**labels).set(value)
+        (families[name].labels(**labels) if labels else families[name]).set(value)
     try:
         prometheus.push_to_gateway(gateway, job=job, grouping_key=grouping, registry=registry, timeout=5)
         return True
     except Exception as exc:  # noqa: BLE001 - URLError, timeouts, HTTP errors: never the run's failure
         reason = getattr(exc, "reason", exc)
-        if warn:
-            print(f"warning: metrics: could not push {what} to the Pushgateway at {gateway} ({reason})",
-                  file=sys.stderr, flush=True)
+        print(f"warning: metrics: could not push {what} to the Pushgateway at {gateway} ({reason})",
+              file=sys.stderr, flush=True)
         return False
 
 
-def push_run_summary(cfg, run_id: str, rank: int, summary: dict[str, Any]) -> bool:
-    labels = {"node": socket.gethostname()}
-    values = [
+def push_run_summary(cfg, run_id: str, summary: dict[str, Any], ranks: list[dict[str, Any]]) -> bool:
+    """Rank 0's push of the run's one group, (job, run_id), replacing what an earlier start of the run pushed:
+    the run-wide figures once, without rank or node labels (a run spans nodes, and a figure with no rank
+    label cannot be summed over ranks), and each rank's peak memory (`ranks`: rank, node,
+    device_memory_peak_bytes, gathered from every rank) labelled by rank."""
+    run_wide = [
         ("lab_run_samples_per_second", "Training images per second of the whole run (after warm-up)",
-         labels, summary.get("samples_per_second")),
-        ("lab_run_final_loss", "Training loss at the last log interval", labels, summary.get("final_loss")),
-        ("lab_run_test_accuracy_ratio", "Test accuracy at the end", labels, summary.get("test_accuracy")),
-        ("lab_run_device_memory_peak_bytes", "Peak memory of this rank (device, or process on CPU)", labels,
-         summary.get("device_memory_peak_bytes")),
-        ("lab_run_wall_time_seconds", "Wall time of the run", labels, summary.get("wall_time_seconds")),
-        ("lab_run_restarts", "Times torchrun restarted the run's worker group", labels, summary.get("restart_count")),
-        ("lab_run_steps_redone", "Optimizer steps run again after restarts", labels, summary.get("steps_redone")),
+         summary.get("samples_per_second")),
+        ("lab_run_final_loss", "Training loss at the last log interval", summary.get("final_loss")),
+        ("lab_run_test_accuracy_ratio", "Test accuracy at the end", summary.get("test_accuracy")),
+        ("lab_run_wall_time_seconds", "Wall time of the run", summary.get("wall_time_seconds")),
+        ("lab_run_restarts", "Times torchrun restarted the run's worker group", summary.get("restart_count")),
+        ("lab_run_steps_redone", "Optimizer steps run again after restarts", summary.get("steps_redone")),
     ]
     if summary.get("status") == "completed":
-        values.append(("lab_run_last_success_timestamp_seconds", "Unix time the run last completed", labels,
-                       time.time()))
+        run_wide.append(("lab_run_last_success_timestamp_seconds", "Unix time the run last completed", time.time()))
+    values = [(name, doc, {}, value) for name, doc, value in run_wide]
+    values += [("lab_run_device_memory_peak_bytes", "Peak memory of each rank (device, or process on CPU)",
+                {"rank": str(r["rank"]), "node": r["node"]}, r["device_memory_peak_bytes"]) for r in ranks]
     values = [v for v in values if v[3] is not None]
-    return push(cfg.pushgateway, cfg.job, {"run_id": run_id, "rank": str(rank)}, values, "the run summary",
-                warn=rank == 0)
+    return push(cfg.pushgateway, cfg.job, {"run_id": run_id}, values, "the run summary")
 
 
 def run_info(ctx, versions: dict[str, Any], data_source: str) -> dict[str, str]:
@@ -336,7 +342,7 @@ def push_allreduce(gateway: str, bench_id: str, rows: list[dict[str, Any]], dtyp
     values = [("lab_allreduce_bus_bandwidth_bytes_per_second", doc,
                {"size_bytes": str(r["size"]), "placement": placement, "dtype": dtype, "op": op}, r[key] * 1e9)
               for r in rows for placement, key in (("out-of-place", "oop_busbw"), ("in-place", "ip_busbw"))]
-    return push(gateway, "lab-bench", {"run_id": bench_id, "rank": "0"}, values, "all-reduce results")
+    return push(gateway, "lab-bench", {"run_id": bench_id}, values, "all-reduce results")
 
 
 def push_scaling(gateway: str, bench_id: str, rows: list[dict[str, Any]], mode: str) -> bool:
@@ -346,4 +352,4 @@ def push_scaling(gateway: str, bench_id: str, rows: list[dict[str, Any]], mode: 
         values.append(("lab_scaling_samples_per_second", "Training images per second at this world size", labels,
                        r["samples_per_second"]))
         values.append(("lab_scaling_efficiency_ratio", "thr_N / (N thr_1)", labels, r["efficiency"]))
-    return push(gateway, "lab-bench", {"run_id": bench_id, "rank": "0"}, values, "scaling results")
+    return push(gateway, "lab-bench", {"run_id": bench_id}, values, "scaling results")

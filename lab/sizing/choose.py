@@ -164,7 +164,9 @@ def decide(req: Request) -> Choice:
     n, usable = req.gpus, req.usable_bytes
     rows = {r["strategy"].split(" (")[0]: r for r in estimate(req.params, n, req.optimizer, req.precision, "zero",
                                                                req.gpus_per_node, req.activations_bytes)}
-    ddp, zero1, zero2, full = rows["DDP"], rows["ZeRO-1"], rows["ZeRO-2"], rows["ZeRO-3 / FSDP full shard"]
+    # fp32 training has an "FSDP full shard" row apart from ZeRO-3 (DeepSpeed's fp32 master copy): FSDP's is the one
+    full = rows.get("ZeRO-3 / FSDP full shard") or rows["FSDP full shard"]
+    ddp, zero1, zero2 = rows["DDP"], rows["ZeRO-1"], rows["ZeRO-2"]
     fits = lambda row: row["total_bytes"] <= usable  # noqa: E731
     numbers = lambda row, **more: {"usable_bytes": usable, **row, **more}  # noqa: E731
     parts = (f" (parameters {_gb(ddp['parameters_bytes'])} + gradients {_gb(ddp['gradients_bytes'])} + optimizer "

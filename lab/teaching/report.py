@@ -113,9 +113,10 @@ def _validate(result: dict[str, Any]) -> str:
         return "did not run" if value is None else f"{value:.3g}"
 
     where = "slurm/validate.sbatch" if result.get("platform") == "slurm" else "the validate role"
+    judged = f" Judged: {result['judged']}." if result.get("judged") else ""
     lines = ["## Fabric validation", "",
              f"The fabric check ({where}) ran `lab bench allreduce`: {result['definitions']['busbw']}; "
-             f"the floor is {result['definitions']['floor']}. Verdict: "
+             f"the floor is {result['definitions']['floor']}.{judged} Verdict: "
              f"{'passed' if result['ok'] else 'FAILED'}.", "",
              "| check | nodes | ranks | busbw (GB/s) | floor (GB/s) | verdict |", "|---|---|---:|---:|---:|---|"]
     for node, record in result["nodes"].items():
@@ -123,19 +124,29 @@ def _validate(result: dict[str, Any]) -> str:
             what = ("two CPU processes" if pair["pair"] == "cpu" else  # a Slurm job's node: all its GPUs at once
                     f"{'GPUs' if pair['pair'].count(',') > 1 else 'GPU pair'} {pair['pair']}")
             ranks = 2 if pair["pair"] == "cpu" else pair["pair"].count(",") + 1
-            lines.append(f"| {what} | {node} | {ranks} | {busbw(pair['avg_busbw'])} | {pair['floor']:g} | "
+            judged = pair.get("busbw", pair["avg_busbw"])  # lab validate's figure at >= 1 GiB, else the average
+            lines.append(f"| {what} | {node} | {ranks} | {busbw(judged)} | {pair['floor']:g} | "
                          f"{'ok' if pair['ok'] else 'below'} |")
     across = ([("all nodes", result["all_nodes"])] if result.get("all_nodes") else []) + list(result["ring"].items())
     for name, check in across:
         lines.append(f"| {'ring pair' if name != 'all nodes' else name} | {', '.join(check['hosts'])} | "
-                     f"{check['world_size']} | {busbw(check['avg_busbw'])} | {check['floor']:g} | "
+                     f"{check['world_size']} | {busbw(check.get('busbw', check['avg_busbw']))} | "
+                     f"{check['floor']:g} | "
                      f"{'ok' if check['ok'] else 'below'} |")
-    lines += ["", "| node | GPUs | DCGM diagnostic | XID events since boot | uncorrected ECC errors |",
-              "|---|---:|---|---|---|"]
+    lines += ["", "| node | GPUs | platform | DCGM diagnostic | XID events since boot | uncorrected ECC errors |",
+              "|---|---:|---|---|---|---|"]
     for node, record in result["nodes"].items():
         health = record["health"]
-        lines.append(f"| {node} | {record['gpus']} | {health['dcgm_diag']} | {health['xid_events']} | "
+        platform = record.get("platform", {}).get("key", "not judged")  # lab validate picks one per node
+        lines.append(f"| {node} | {record['gpus']} | {platform} | {health['dcgm_diag']} | {health['xid_events']} | "
                      f"{health['ecc_uncorrected']} |")
+    # the checks of the node's facts (lab validate) that did not pass: failed, not present, unreadable, notes
+    unsettled = [(node, c) for node, record in result["nodes"].items() for c in record.get("checks", [])
+                 if c["status"] not in ("ok", "not applicable", "not run")]
+    if unsettled:
+        lines += ["", "| node | check | status | detail |", "|---|---|---|---|",
+                  *[f"| {node} | {c['name']} | {c['status']} | {c['detail'].replace('|', '/')} |"
+                    for node, c in unsettled]]
     lines.append("")
     if result["problems"]:
         lines += ["Problems:", "", *[f"- {problem}" for problem in result["problems"]], ""]

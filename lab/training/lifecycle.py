@@ -189,10 +189,12 @@ def _fit(r: RunStart) -> dict[str, Any]:
 
 
 def _record_end(r: RunStart, summary: dict[str, Any]) -> None:
-    if r.cfg.metrics.pushgateway:  # each rank: its own peak memory under grouping key (job, run_id, rank)
+    if r.cfg.metrics.pushgateway:  # one push, rank 0's, with every rank's peak memory: run figures counted once
         _, peak = device_memory.memory_bytes(r.ctx.device)
-        metrics.push_run_summary(r.cfg.metrics, r.run_dir.run_id, r.ctx.global_rank,
-                                 {**summary, "device_memory_peak_bytes": peak})
+        ranks = dist.all_gather_object(r.ctx, {"rank": r.ctx.global_rank, "node": socket.gethostname(),
+                                               "device_memory_peak_bytes": peak})
+        if r.ctx.is_primary:
+            metrics.push_run_summary(r.cfg.metrics, r.run_dir.run_id, summary, ranks)
     if r.ctx.is_primary:
         r.run_dir.write_summary(summary)
         r.console.say(f"run {r.run_dir.run_id} {summary['status']}: test accuracy {pct(summary['test_accuracy'])}, "

@@ -14,21 +14,14 @@ skips, saying so, unless LAB_REQUIRE_DEEPSPEED=1 (make test's main run), where a
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 
 import pytest
 
-from tests.conftest import TINY, lab, metrics
+from tests.conftest import TINY, lab, metrics, require_deepspeed
 
-if importlib.util.find_spec("deepspeed") is None:
-    why = ("DeepSpeed is not installed in this venv: the [deepspeed] extra goes into .venv only (make's second "
-           "pip step, DS_BUILD_OPS=0 --no-build-isolation); the lowest-torch venv tests without it")
-    if os.environ.get("LAB_REQUIRE_DEEPSPEED") == "1":
-        pytest.fail(f"LAB_REQUIRE_DEEPSPEED=1 but {why}", pytrace=False)
-    pytest.skip(why, allow_module_level=True)
+require_deepspeed()
 
 # ZeRO-1 and 2 train through the same engine; their curves are compared with DDP's, bit for bit, by
 # tests/distributed/test_fsdp.py's side-by-side test (`lab bench strategies`). Here ZeRO-3, whose forward

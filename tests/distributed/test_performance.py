@@ -60,7 +60,8 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     ran = ["doctor", "FSDP", "bf16 training", "DDP, 1 rank", "training", "data path", "deterministic", "resume"]
     for step in ran:
         assert status[step] == "passed", (step, result["steps"])
-    cuda_only = ["host syncs", "memory", "strategies", "levers", "all-reduce", "DDP + compile"]  # each says why
+    # CUDA only, each saying why
+    cuda_only = ["host syncs", "host<->device", "memory", "strategies", "levers", "all-reduce", "DDP + compile"]
     for step in cuda_only:
         assert status[step] == "skipped", (step, result["steps"])
     # The steps whose package the bare interpreter lacks are skipped naming it (each runs for real elsewhere:

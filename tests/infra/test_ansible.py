@@ -99,12 +99,16 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
 
     # the fabric was validated first, on each node and across both, and the figures came home
     validate = json.loads((job / "validate.json").read_text())
-    assert validate["ok"] and validate["problems"] == []
+    assert validate["ok"] and validate["problems"] == [] and validate["platform"] == "ansible"
     assert validate["all_nodes"]["world_size"] == 2 and validate["all_nodes"]["wrong"] == 0
     for node in NODES:
         (pair,) = validate["nodes"][node]["pairs"]
         assert pair["pair"] == "cpu" and pair["ok"] and pair["avg_busbw"] > 0
-        assert validate["nodes"][node]["health"]["dcgm_diag"] == "not present"  # no DCGM on this machine
+        assert validate["nodes"][node]["platform"]["key"] == "cpu"  # no nvidia-smi here: no GPU checks apply
+        assert validate["nodes"][node]["health"]["dcgm_diag"] == "not applicable"
+        # node-facts.sh ran on the node and its facts came home beside the all-reduce results lab validate judged
+        assert (job / "validate" / f"facts-{node}" / "nvidia-smi-gpus.rc").read_text().strip() == "127"
+        assert (job / "validate" / f"node-{node}.json").exists()
 
     # A run that succeeded leaves launch logs without pages of C++ stack: the roll call no longer polls the
     # head's store once every node arrived, and lab launch folds the stack c10d prints under a warning when
@@ -159,7 +163,7 @@ def test_validate_alone_fails_naming_the_node_below_its_floor_and_the_slow_node_
     inventory = yaml.safe_load(LOCAL.read_text())
     hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
     tiny = inventory["all"]["children"]["gpu_nodes"]["vars"]["lab_validate_min_busbw_gbps"]
-    hosts["127.0.0.2"]["lab_validate_min_busbw_gbps"] = {**tiny, "cpu_pair": 1e9}
+    hosts["127.0.0.2"]["lab_validate_min_busbw_gbps"] = {**tiny, "pair": 1e9}
     hosts["127.0.0.3"] = {"lab_node_address": "127.0.0.3", "lab_validate_min_busbw_gbps": {**tiny, "nodes": 1e9}}
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     proc, recap = _playbook(tmp_path, tmp_path / "inventory.yml", "--tags", "validate", check=False)
@@ -250,6 +254,52 @@ def test_preflight_fails_on_a_busy_rendezvous_port_naming_the_host(tmp_path):
         proc, recap = _playbook(tmp_path, LOCAL, "--tags", "preflight", check=False, lab_rdzv_port=port)
     assert proc.returncode != 0 and recap["127.0.0.1"]["failed"] == 1
     assert f"127.0.0.1: lab doctor failed: fail  port       {port} is in use on this host" in proc.stdout
+
+
+def test_preflight_under_check_mode_runs_its_read_only_checks(tmp_path):
+    # --check: Ansible skips commands unless told they are read-only (check_mode: false); lab doctor then "ran"
+    # with exit 0 and no output, and preflight failed. Now every check runs, and still nothing is left behind.
+    proc, recap = _playbook(tmp_path, LOCAL, "--check", "--tags", "preflight")
+    assert set(recap) == set(NODES) and all(r["failed"] == 0 for r in recap.values()), proc.stdout[-3000:]
+    for node in NODES:
+        assert re.search(rf"{re.escape(node)}: \d+ GPU\(s\).*torch .*lab doctor \d+ checks", proc.stdout)
+    assert not (tmp_path / "controller").exists() and not (tmp_path / "nodes").exists()
+    assert not list(tmp_path.glob(".lab-workdir-probe.*"))  # each node's probe was removed
+
+
+def test_preflight_refuses_a_lab_workdir_the_nodes_share_naming_them_and_the_path(tmp_path):
+    # The local "nodes" share this machine's disk: one lab_workdir for both is what a /home shared by Base Command
+    # Manager looks like (the other tests give each node its own folder).
+    shared = tmp_path / "shared-workdir"
+    proc, recap = _playbook(tmp_path, LOCAL, "--tags", "preflight", check=False, lab_workdir=str(shared))
+    assert proc.returncode == 2 and all(recap[n]["failed"] == 1 for n in NODES), proc.stdout[-3000:]
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("[ERROR]: Task failed")]
+    for node, other in zip(NODES, reversed(NODES)):
+        said = f"{node}: lab_workdir {shared} is one folder shared with {other} (each node saw the others' probe"
+        assert sum(said in line for line in errors) == 1, (node, errors)
+    assert "set lab_workdir to a node-local path" in proc.stdout + proc.stderr
+    assert not list(tmp_path.glob(".lab-workdir-probe.*")) and not shared.exists()  # probes gone, nothing made
+
+
+def test_a_limit_of_two_of_three_nodes_trains_with_those_two_and_the_first_of_them_as_head(tmp_path):
+    """`--limit` is how an operator drops a bad node: the head and --nnodes come from the hosts that play. Three
+    local nodes, the group's first (127.0.0.1) left out: 127.0.0.2 is the head and the world has 2 nodes."""
+    inventory = yaml.safe_load(LOCAL.read_text())
+    inventory["all"]["children"]["gpu_nodes"]["hosts"]["127.0.0.3"] = {"lab_node_address": "127.0.0.3"}
+    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    playing = ["127.0.0.2", "127.0.0.3"]
+    started = time.monotonic()
+    proc, recap = _playbook(tmp_path, tmp_path / "inventory.yml", "--limit", ",".join(playing),
+                            lab_train_overrides=["model.width=8", "train.max_steps=2"])
+    seconds = time.monotonic() - started
+    assert set(recap) == set(playing) and all(r["failed"] == 0 for r in recap.values()), proc.stdout[-3000:]
+    job = tmp_path / "controller" / "job1"
+    nodes = json.loads((job / "nodes.json").read_text())
+    assert nodes["nnodes"] == "2" and nodes["rdzv_endpoint"].startswith("127.0.0.2:") and set(nodes["launch"]) == set(playing)
+    manifest = json.loads((job / "manifest.json").read_text())
+    assert manifest["world_size"] == 2 and sorted(r["node_rank"] for r in manifest["ranks"]) == [0, 1]
+    assert not (tmp_path / "nodes" / "127.0.0.1").exists()  # the node left out was never touched
+    print(f"--limit play, 2 of 3 nodes: {seconds:.0f} s")
 
 
 def _sshd_binary() -> str:

@@ -46,10 +46,12 @@ case "$1 $2" in
   "ps "*) printf '%s\\n' 'lab-job0-127.0.0.1 (Exited (137) 2 hours ago)|' 'lab-prometheus-1 (Up 3 days)|lab' ;;
   *) echo "stand-in docker: $*" >&2; exit 1 ;;
 esac""",
-    # mlx5_0 is down (refused), mlx5_1 up, mlx5_2 an Ethernet port that is down (not NCCL's IB: not refused)
-    "ibstat": r"""printf "CA 'mlx5_0'\n\tCA type: MT4129\n\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tLink layer: InfiniBand\n"
-printf "CA 'mlx5_1'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tLink layer: InfiniBand\n"
-printf "CA 'mlx5_2'\n\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tLink layer: Ethernet\n"
+    # mlx5_0 is down (refused), mlx5_1 up but trained down to HDR 200 (refused: an H200 node wants NDR 400),
+    # mlx5_3 up at 400, mlx5_2 an Ethernet port that is down (not NCCL's IB: not refused)
+    "ibstat": r"""printf "CA 'mlx5_0'\n\tCA type: MT4129\n\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tRate: 10\n\t\tLink layer: InfiniBand\n"
+printf "CA 'mlx5_1'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 200\n\t\tLink layer: InfiniBand\n"
+printf "CA 'mlx5_2'\n\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tRate: 10\n\t\tLink layer: Ethernet\n"
+printf "CA 'mlx5_3'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n\t\tLink layer: InfiniBand\n"
 """,
     "lsmod": r"printf 'Module  Size  Used by\nnvidia_uvm  1  0\nnvidia  2  1 nvidia_uvm\n'",
 }
@@ -70,7 +72,9 @@ def test_preflight_refuses_busy_gpus_leftovers_another_image_and_broken_infiniba
     (tmp_path / "infiniband").mkdir()  # 127.0.0.1 "has" /dev/infiniband, 127.0.0.2 has none
     inventory = yaml.safe_load(LOCAL.read_text())
     hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
-    hosts["127.0.0.1"]["preflight_ib_device_dir"] = str(tmp_path / "infiniband")
+    # no driver banner: no DMA-BUF, so GPUDirect RDMA needs nvidia_peermem (whatever this machine's driver is)
+    hosts["127.0.0.1"].update(preflight_ib_device_dir=str(tmp_path / "infiniband"),
+                              preflight_nvidia_version_file=str(tmp_path / "no-driver-banner"))
     hosts["127.0.0.2"].update(preflight_ib_device_dir=str(tmp_path / "no-infiniband"), lab_image="lab:other",
                               lab_nccl_net_ib=True)
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
@@ -89,7 +93,9 @@ def test_preflight_refuses_busy_gpus_leftovers_another_image_and_broken_infiniba
             "lab containers are still on this node: lab-job0-127.0.0.1 (Exited (137) 2 hours ago); remove them",
             f"the lab image lab:0.1.0 differs across the nodes: {ids}; put the same image on every node",
             "InfiniBand ports not Active: mlx5_0 port 1 is Down; check the cables and the subnet manager",
-            *([f"{tmp_path / 'infiniband'} exists but the nvidia_peermem module is not loaded"] if peermem else []),
+            "InfiniBand ports below 400 Gb/s: mlx5_1 port 1 at 200 Gb/s; reseat or replace the cable",
+            *([f"{tmp_path / 'infiniband'} exists but GPUDirect RDMA has no kernel support here: the nvidia_peermem "
+               "module is not loaded and DMA-BUF is not available"] if peermem else []),
         ],
         "127.0.0.2": [
             "the GPUs are busy: 4242, python3, 1024 MiB",
@@ -106,8 +112,8 @@ def test_preflight_refuses_busy_gpus_leftovers_another_image_and_broken_infiniba
     assert not any("lab-prometheus-1" in e or "mlx5_2" in e for e in errors), errors  # compose's stack; Ethernet
     # InfiniBand present: NCCL_NET=IB goes into the job's environment; absent: the checks say so and are skipped
     assert "127.0.0.1: NCCL_NET=IB in the job's environment: NCCL fails rather than falling back" in proc.stdout
-    assert (f"127.0.0.2: not present here, so not checked: {tmp_path / 'no-infiniband'} (ibstat ports Active, "
-            "nvidia_peermem, NCCL_NET=IB)") in proc.stdout
+    assert (f"127.0.0.2: not present here, so not checked: {tmp_path / 'no-infiniband'} (ibstat ports Active and "
+            "their rate, nvidia_peermem or DMA-BUF, NCCL_NET=IB)") in proc.stdout
     # refused before lab doctor and before anything was written
     assert "Run lab doctor" not in proc.stdout
     assert not (tmp_path / "controller").exists() and not (tmp_path / "nodes").exists()
@@ -243,6 +249,67 @@ def test_launch_passes_infiniband_the_job_env_and_the_shared_checkpoint_folder()
     assert not any("checkpoint.dir" in a for a in _render(env, built["launch_target"], facts))
 
 
+PCIE_TOPO = """\
+\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tPIX\tSYS\tSYS\t0-31\t0\t\tN/A
+GPU1\tPIX\t X \tSYS\tSYS\t0-31\t0\t\tN/A
+GPU2\tSYS\tSYS\t X \tNV4\t32-63\t1\t\tN/A
+GPU3\tSYS\tSYS\tNV4\t X \t32-63\t1\t\tN/A
+"""  # four PCIe GPUs, two of them joined by an NVLink bridge (nvidia-smi topo -m's layout)
+
+
+@pytest.mark.parametrize(("node", "mode", "pairs"), [
+    ("h100", "auto", []),  # NVSwitch: NV18 between every pair, the all-GPU check covers them
+    ("h100", "always", 28), ("pcie", "auto", 6), ("pcie", "never", []), ("cpu", "always", [])])
+def test_validate_runs_gpu_pairs_only_where_nvlink_does_not_join_every_pair(node, mode, pairs):
+    import base64
+
+    env = _jinja()
+    fixture = ROOT / "tests" / "fixtures" / "fabric" / "h100"  # reproduced nvidia-smi outputs of an 8 x H100 node
+    texts = {"h100": ("0", (fixture / "nvidia-smi-gpus.txt").read_text(), (fixture / "nvidia-smi-topo.txt").read_text()),
+             "pcie": ("0", "".join(f"{i}, NVIDIA L40S, GPU-{i}, 46068, 4, 4, 16, 16\n" for i in range(4)), PCIE_TOPO),
+             "cpu": ("127", "nvidia-smi: not installed\n", "nvidia-smi: not installed\n")}[node]
+    tasks = _tasks("validate")
+    choose = _task(tasks, "Choose the checks of this node")
+    facts = {"validate_facts_read": {"results": [{"content": base64.b64encode(t.encode()).decode()} for t in texts]},
+             "validate_pairs": mode, "lab_env": {}, "lab_workdir": "/raid/lab", "validate_gpu_bench": ["-b", "1G"],
+             "validate_cpu_bench": ["-b", "64K"]}
+    for key, value in choose["vars"].items():
+        facts[key] = _render(env, value, facts)
+    for key in ("validate_gpus", "validate_all_nvlink"):
+        facts[key] = _render(env, choose["ansible.builtin.set_fact"][key], facts)
+    chosen = _render(env, _task(tasks, "Choose the GPU pairs to check alone (validate_pairs {{ validate_pairs }})")
+                     ["ansible.builtin.set_fact"]["validate_gpu_pairs"], facts)
+    assert len(facts["validate_gpus"]) == {"h100": 8, "pcie": 4, "cpu": 0}[node]
+    assert facts["validate_all_nvlink"] is (node == "h100")
+    assert (len(chosen) if pairs else chosen) == pairs and (not chosen or chosen[0] == "0,1")
+
+
+def test_validate_and_launch_containers_are_named_and_removed_in_always_however_the_check_ends():
+    # An async timeout kills the docker client, not its container, which would keep the GPUs: each container is
+    # named and `docker rm --force NAME` runs in the block's always:. Rendered here (no Docker engine or GPU).
+    env = _jinja()
+    (block,) = yaml.safe_load((ROLES / "validate" / "tasks" / "run.yml").read_text())
+    facts = {"lab_runtime": "docker", "lab_run_id": "job1", "validate_check": "node-dgx-01", "lab_image": "lab:0.1.0",
+             "validate_env": {"NCCL_NET": "IB"}, "validate_check_env": {"NCCL_DEBUG": "INFO"},
+             "validate_docker_head": ["docker", "run", "--rm"], "validate_docker_gpus": "all",
+             "validate_lab_args": ["bench", "allreduce", "--json", "/raid/lab/runs/job1/validate/node-dgx-01.json"]}
+    for key in ("validate_container", "validate_check_env_all", "validate_argv"):
+        facts[key] = _render(env, block["vars"][key], facts)
+    argv = facts["validate_argv"]
+    assert argv[argv.index("--name") + 1] == "lab-validate-job1-node-dgx-01"
+    assert {"--env=NCCL_NET", "--env=NCCL_DEBUG"} <= set(argv) and argv[argv.index("lab:0.1.0") + 1:][:2] == ["bench", "allreduce"]
+    (remove,) = block["always"]
+    assert remove["ansible.builtin.command"]["argv"] == ["docker", "rm", "--force", "{{ validate_container }}"]
+    assert remove["when"] == "lab_runtime == 'docker'" and [t["async"] for t in block["block"] if "async" in t]
+
+    launch = next(t for t in yaml.safe_load((ROLES / "launch" / "tasks" / "main.yml").read_text())
+                  if t["name"] == "Run the job on every node at once")
+    (remove,) = launch["always"]
+    assert remove["ansible.builtin.command"]["argv"] == ["docker", "rm", "--force", "{{ launch_container }}"]
+    assert "--name" in _task(_tasks("launch"), "Build the lab launch command line")["ansible.builtin.set_fact"]["launch_runner"]
+
+
 def test_collect_records_each_nodes_image_id_in_nodes_json():
     env = _jinja()
     write = _task(_tasks("collect"), "Write every node's outcome to nodes.json")
@@ -251,6 +318,24 @@ def test_collect_records_each_nodes_image_id_in_nodes_json():
     image_ids = _render(env, write["vars"]["collect_nodes"]["image_id"],
                         {"ansible_play_hosts_all": list(hostvars), "hostvars": hostvars})
     assert image_ids == {"dgx-01": "sha256:1", "dgx-02": None, "dgx-03": ""}
+
+
+DRIVER_BANNERS = {  # /proc/driver/nvidia/version's first line, as the two kinds of kernel modules print it
+    "open": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  (dvs-builder@U16)",
+    "proprietary": "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Thu Jan 23 22:47:27 UTC 2025",
+}
+
+
+@pytest.mark.parametrize(("kernel", "modules", "dmabuf"), [
+    ("6.8.0-45-generic", "open", True), ("5.15.0-1063-nvidia", "open", True), ("5.4.0-200-generic", "open", False),
+    ("6.8.0-45-generic", "proprietary", False), ("6.8.0-45-generic", None, False)])
+def test_preflight_accepts_dma_buf_instead_of_nvidia_peermem_on_a_new_kernel_with_the_open_modules(kernel, modules, dmabuf):
+    # The decision is preflight's Jinja (no DGX here); the refusal it feeds runs for real in the stand-in test above.
+    env = _jinja()
+    notes = _task(_tasks("preflight"), "Read the ports of the HCAs to check (those NCCL_IB_HCA names, else every InfiniBand port)")
+    facts = {"preflight_kernel": {"stdout": kernel},
+             "preflight_driver_banner": {"stdout": DRIVER_BANNERS[modules]} if modules else {"rc": 1, "stdout": ""}}
+    assert _render(env, notes["ansible.builtin.set_fact"]["preflight_dmabuf"], facts) is dmabuf
 
 
 def test_the_job_variables_are_defaulted_and_documented():

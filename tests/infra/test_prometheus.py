@@ -64,7 +64,10 @@ def stack(tmp_path):
     config["scrape_configs"] = [jobs["lab"], jobs["pushgateway"]]  # no dcgm/node exporters on this machine
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     procs = [
-        subprocess.Popen([pushgateway, f"--web.listen-address=127.0.0.1:{push_port}"],
+        # Debian's build persists to /var/lib/prometheus/pushgateway.data by default: every test run would see
+        # the groups of the runs before it (a stale run "promtest" failed a clean-clone run here). A fresh file.
+        subprocess.Popen([pushgateway, f"--web.listen-address=127.0.0.1:{push_port}",
+                          f"--persistence.file={tmp_path / 'pushgateway.data'}"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
         subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
                           f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
@@ -145,17 +148,53 @@ def test_two_rank_run_is_scraped_summed_and_its_summary_outlives_it(stack, tmp_p
     # The run is over and its targets are gone; the pushed summary is still there.
     assert not (stack["targets"] / f"{run_id}.json").exists()
     assert (tmp_path / "runs" / run_id / "prometheus-targets.json").exists()
-    pushed = wait_for(prom, f'lab_run_samples_per_second{{run_id="{run_id}"}}', 2)
-    assert {r["metric"]["rank"] for r in pushed} == {"0", "1"}
-    assert all(r["metric"]["job"] == "lab" for r in pushed)
-    success = wait_for(prom, f'lab_run_last_success_timestamp_seconds{{run_id="{run_id}"}}', 2)
-    assert all(abs(float(r["value"][1]) - time.time()) < 600 for r in success)
+    # The run's throughput from the Pushgateway: one series, rank 0's push of the run figure, without a rank
+    # label, equal to summary.json's; a sum over ranks reads the same, not twice the truth.
+    summary = json.loads((tmp_path / "runs" / run_id / "summary.json").read_text())
+    pushed = wait_for(prom, f'lab_run_samples_per_second{{run_id="{run_id}"}}', 1)
+    assert len(pushed) == 1 and "rank" not in pushed[0]["metric"] and pushed[0]["metric"]["job"] == "lab", pushed
+    assert float(pushed[0]["value"][1]) == pytest.approx(summary["samples_per_second"])
+    summed = query(prom, f'sum by (run_id) (lab_run_samples_per_second{{run_id="{run_id}"}})')
+    assert float(summed[0]["value"][1]) == pytest.approx(summary["samples_per_second"])
+    # The one per-rank figure of the summary, labelled by rank, in the same group
+    peaks = wait_for(prom, f'lab_run_device_memory_peak_bytes{{run_id="{run_id}"}}', 2)
+    assert sorted(r["metric"]["rank"] for r in peaks) == ["0", "1"] and all(float(r["value"][1]) > 1e6 for r in peaks)
+    success = wait_for(prom, f'lab_run_last_success_timestamp_seconds{{run_id="{run_id}"}}', 1)
+    assert len(success) == 1 and abs(float(success[0]["value"][1]) - time.time()) < 600
+    # One group for the run in the Pushgateway: (job, run_id), no group per rank to go stale
+    assert _groups(stack["pushgateway"], run_id) == [{"job": "lab", "run_id": run_id}]
 
     # promtool's naming lint on a real scrape: no complaints.
     promtool = shutil.which("promtool")
     check = subprocess.run([promtool, "check", "metrics"], input=scrape_text, capture_output=True, text=True)
     assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
     assert 'lab_run_info{' in scrape_text and f'run_id="{run_id}"' in scrape_text
+
+
+def _groups(pushgateway: str, *run_ids: str) -> list[dict[str, str]]:
+    """The Pushgateway's groups of these runs (its /api/v1/metrics), each as its grouping labels."""
+    with urllib.request.urlopen(f"http://{pushgateway}/api/v1/metrics", timeout=10) as response:
+        groups = [group["labels"] for group in json.load(response)["data"]]
+    return sorted((g for g in groups if g.get("run_id") in run_ids), key=lambda g: sorted(g.items()))
+
+
+def test_a_run_that_ends_again_replaces_its_group(stack):
+    """A restarted run (same run id) pushes again: its group is replaced, not added to, whatever the world size
+    of the earlier start; another run keeps its own group."""
+    from lab import config
+    from lab.observability import metrics
+
+    cfg = config.load("smoke", [f"metrics.pushgateway={stack['pushgateway']}"]).metrics
+    summary = {"status": "completed", "samples_per_second": 100.0, "wall_time_seconds": 10.0}
+    four = [{"rank": r, "node": f"n{r // 2}", "device_memory_peak_bytes": 1e9} for r in range(4)]
+    assert metrics.push_run_summary(cfg, "r1", summary, four)
+    assert metrics.push_run_summary(cfg, "r1", {**summary, "samples_per_second": 60.0}, four[:2])
+    assert metrics.push_run_summary(cfg, "r2", summary, four[:1])
+    assert _groups(stack["pushgateway"], "r1", "r2") == [{"job": "lab", "run_id": "r1"}, {"job": "lab", "run_id": "r2"}]
+    prom = stack["prometheus"]
+    rate = wait_for(prom, 'lab_run_samples_per_second{run_id="r1"} == 60', 1)
+    assert len(query(prom, 'lab_run_samples_per_second{run_id="r1"}')) == 1, rate
+    assert len(wait_for(prom, 'lab_run_device_memory_peak_bytes{run_id="r1"}', 2)) == 2  # ranks 2, 3 are gone
 
 
 def test_an_unreachable_pushgateway_costs_one_warning_line(tmp_path):
@@ -201,7 +240,12 @@ def test_dashboard_uses_the_lab_metrics_and_a_run_variable():
     from lab.observability import metrics
 
     dashboard = json.loads((MONITORING / "grafana" / "dashboards" / "lab.json").read_text())
-    assert [v["name"] for v in dashboard["templating"]["list"]] == ["run_id"]
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["run_id", "node"]
+    # the GPU panels show the selected runs' nodes: the node variable is the ranks' node label
+    nodes = dashboard["templating"]["list"][1]
+    assert nodes["definition"] == 'label_values(lab_run_info{run_id=~"$run_id"}, node)'
+    gpu_exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"] if "DCGM_" in t["expr"]]
+    assert gpu_exprs and all('{node=~"$node"}' in e for e in gpu_exprs), gpu_exprs
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     source = Path(metrics.__file__).read_text()
     for name in set(re.findall(r"\blab_[a-z_]+\b", exprs)):

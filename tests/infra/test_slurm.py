@@ -51,8 +51,10 @@ def cluster():
 
 
 def _job_env(runs: Path, **extra: str) -> dict[str, str]:
+    # A free rendezvous port per job, not the script's default 29400: another torchrun on this machine (a
+    # developer's run beside the suite) would otherwise be joined or refused by it.
     return {"LAB_COMMAND": LAB, "LAB_RUNS": str(runs), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-            **TRAINING, **extra}
+            "LAB_RDZV_PORT": str(free_ports()), **TRAINING, **extra}
 
 
 def _output(folder: Path, job_id: str) -> str:

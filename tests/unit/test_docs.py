@@ -30,6 +30,8 @@ RUN_HERE = {
     "--hidden 8192 --layers 80": "choice:",
     ".venv/bin/lab memory --params 7e9 --world-size 8 --device h100": "ZeRO",
     ".venv/bin/lab memory --params 7e9 --seq-len 4096 --micro-batch 1 --hidden 4096 --heads 32 --layers 32": "ZeRO",
+    ".venv/bin/lab memory --convention deepspeed --params 7e9 --world-size 8 --largest-layer 131e6 --device h100":
+        "27.71 GiB (29,750,000,000 bytes)",
     "diff -u examples/single_device.py examples/ddp_torchrun.py": "+    sampler = DistributedSampler(",
 }
 
@@ -74,7 +76,7 @@ NOT_RUN_HERE = {
     "WITH_CIFAR=1 docker compose build lab": REGISTRY,
     "docker compose pull prometheus pushgateway grafana node-exporter dcgm-exporter": REGISTRY,
     "docker save lab:0.1.0 prom/prometheus:v2.53.4 prom/pushgateway:v1.11.0 grafana/grafana:11.4.0 "
-    "prom/node-exporter:v1.8.2 nvcr.io/nvidia/k8s/dcgm-exporter:3.3.9-3.6.1-ubuntu22.04 | gzip > lab-images.tar.gz":
+    "prom/node-exporter:v1.8.2 nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04 | gzip > lab-images.tar.gz":
         REGISTRY,
     "docker load < lab-images.tar.gz": REGISTRY,
     "LAB_DATA_ROOT=/opt/lab/data docker compose up --no-build lab": REGISTRY,

@@ -64,7 +64,7 @@ def test_the_plan_fits_the_deadline_on_one_h200_and_at_toy_sizes(monkeypatch):
     assert sum(r["expected_seconds"] for r in cpu) < 180
     text = gpu_check.render_plan(h200, 360, quick=False)
     total = sum(r["expected_seconds"] for r in h200)
-    assert text.splitlines()[0] == (f"gpu-check plan: 14 step(s), about {total} s expected (on one H200) of the "
+    assert text.splitlines()[0] == (f"gpu-check plan: 15 step(s), about {total} s expected (on one H200) of the "
                                     f"360 s deadline")
 
 

@@ -75,8 +75,9 @@ def pushed_by_the_lab() -> set[str]:
     try:
         cfg = config.load("smoke", [f"metrics.pushgateway={gateway}"]).metrics
         summary = {"status": "completed", "samples_per_second": 1.0, "final_loss": 1.0, "test_accuracy": 0.5,
-                   "device_memory_peak_bytes": 1, "wall_time_seconds": 1.0, "restart_count": 0, "steps_redone": 0}
-        assert metrics.push_run_summary(cfg, "r1", 0, summary)
+                   "wall_time_seconds": 1.0, "restart_count": 0, "steps_redone": 0}
+        ranks = [{"rank": 0, "node": "n", "device_memory_peak_bytes": 1}]
+        assert metrics.push_run_summary(cfg, "r1", summary, ranks)
         assert metrics.push_allreduce(gateway, "b1", [{"size": 8, "oop_busbw": 1.0, "ip_busbw": 1.0}], "float", "sum")
         assert metrics.push_scaling(gateway, "s1", [{"world_size": 1, "samples_per_second": 1.0, "efficiency": 1.0}],
                                     "weak")

@@ -1,0 +1,269 @@
+"""The checks `lab validate` makes of one node's facts (scripts/node-facts.sh, parsed by lab.bench.node_facts), each a
+record {name, status, detail} and, when it fails, a problem naming the node and the reason. A check whose tool is not
+installed says "not present", one whose output cannot be read "unreadable": on a GPU node either is a problem, never
+a pass (an operator who knowingly lacks the journal or DCGM says so with --expect journal=skip / dcgm=skip).
+
+Statuses: ok, failed, not present, unreadable, not run (the check was not asked for), not applicable (a CPU node),
+note (reported, not judged: e.g. a GPU's PCIe generation lowered while idle).
+
+GPUDirect RDMA is asserted from NCCL's own log (NCCL_DEBUG=INFO): a channel to another node over InfiniBand reads
+"via NET/IB/<n>/GDRDMA" when the NIC reads and writes GPU memory directly, "via NET/IB/<n>" when it bounces through
+host memory, "via NET/Socket" without InfiniBand at all. It needs nvidia_peermem or DMA-BUF: NVIDIA recommends DMA-BUF
+(GPU Operator docs, "GPUDirect RDMA and GPUDirect Storage", docs.nvidia.com/datacenter/cloud-native/gpu-operator/
+latest/gpu-operator-rdma.html): Linux 5.12 or later, driver 515 or later, the open GPU kernel modules; NCCL then
+logs "GPU Direct RDMA (DMABUF) enabled" per HCA (nvidia-peermem: "GPU Direct RDMA (nvidia-peermem) enabled").
+
+>>> nccl_channels("h1:1:2 [0] NCCL INFO Channel 00/0 : 8[0] -> 0[0] [receive] via NET/IB/0/GDRDMA")
+{'h1': {'gdrdma': 1, 'ib': 0, 'socket': 0, 'dmabuf': False}}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from lab.bench import node_facts as nf
+from lab.bench.node_facts import Fact
+from lab.bench.platforms import Platform
+
+DMABUF_DRIVER = (515,)
+DMABUF_KERNEL = (5, 12)
+
+# --expect KEY=VALUE: what a node should have, over its platform's table; "skip" waives a check's tool
+EXPECT_KEYS = {
+    "xid_max": "XIDs since boot that still pass (an integer >= 0; default 0)",
+    "ib_ports": "InfiniBand ports Active at the rate and width (an integer >= 0)",
+    "ib_rate": "each port's rate in Gb/s (e.g. 400)",
+    "ib_width": "each port's width (e.g. 4X)",
+    "pcie_gen": "each GPU's PCIe generation (e.g. 5)",
+    "pcie_width": "each GPU's PCIe width (e.g. 16)",
+    "gdrdma": "yes (NCCL's log must show GPUDirect RDMA on InfiniBand; the default where there is InfiniBand) or no",
+    "journal": "required (default: an unreadable journal is a problem) or skip",
+    "dcgm": "required (default where a level is asked) or skip",
+}
+
+
+def check(name: str, status: str, detail: str) -> dict[str, str]:
+    return {"name": name, "status": status, "detail": detail}
+
+
+def _missing(name: str, fact: Fact, waiver: str = "") -> tuple[dict[str, str], list[str]]:
+    """A check whose fact could not be had: its status and the problem that says so."""
+    hint = f"; --expect {waiver}=skip waives it" if waiver else ""
+    return check(name, fact.status, fact.why()), [f"{name}: {fact.why()}{hint}"]
+
+
+# ----------------------------------------------------------------------------- each check
+
+
+def pcie(gpus: list[dict[str, Any]], expected: tuple[int, int] | None) -> tuple[dict[str, str], list[str]]:
+    """Each GPU's PCIe link: its width below its maximum, or its maximum below what the platform should have, fails.
+    A generation below the maximum is a note only: the driver lowers it on an idle GPU (nvidia-smi
+    --help-query-gpu: "These may be reduced when the GPU is not in use"); the pinned-copy bandwidth
+    (hostdevice-NAME.json) judges the link under load."""
+    problems, notes = [], []
+    for gpu in gpus:
+        gen, gen_max = gpu["pcie_gen_current"], gpu["pcie_gen_max"]
+        width, width_max = gpu["pcie_width_current"], gpu["pcie_width_max"]
+        where = f"GPU {gpu['index']}: PCIe Gen{gen} x{width} (max Gen{gen_max} x{width_max})"
+        if width is not None and width_max is not None and width < width_max:
+            problems.append(f"{where}: x{width} is below its maximum x{width_max} (a link trained down)")
+        elif expected and ((gen_max or 0) < expected[0] or (width_max or 0) < expected[1]):
+            problems.append(f"{where}: below the Gen{expected[0]} x{expected[1]} this platform's GPUs have")
+        elif expected and (gen or 0) < expected[0]:
+            notes.append(f"{where}: below Gen{expected[0]} now (idle GPUs lower it; judged by the copy bandwidth)")
+    if problems:
+        return check("pcie", "failed", "; ".join(problems)), [f"pcie: {problem}" for problem in problems]
+    if notes:
+        return check("pcie", "note", "; ".join(notes)), []
+    link = f"Gen{expected[0]} x{expected[1]}" if expected else "its maximum"
+    return check("pcie", "ok", f"{len(gpus)} GPU(s) at {link}"), []
+
+
+def fabric_state(fact: Fact) -> tuple[dict[str, str], list[str]]:
+    """nvidia-smi -q's Fabric State/Status per GPU: an NVSwitch GPU not "Completed"/"Success" has no NVLink fabric."""
+    if not fact.ok:
+        return _missing("fabric-state", fact)
+    gpus = nf.query_fabric(fact.text)["gpus"]
+    bad = [f"{gpu['bus_id']}: State {gpu['state']}, Status {gpu['status']}" for gpu in gpus
+           if gpu["state"] != "Completed" or gpu["status"] != "Success"]
+    if not gpus:
+        return check("fabric-state", "unreadable", "nvidia-smi -q lists no GPU"), \
+            ["fabric-state: nvidia-smi -q lists no GPU"]
+    if bad:
+        return check("fabric-state", "failed", "; ".join(bad)), \
+            [f"fabric-state: GPU fabric not completed ({'; '.join(bad)}): is nvidia-fabricmanager running?"]
+    return check("fabric-state", "ok", f"{len(gpus)} GPU(s): State Completed, Status Success"), []
+
+
+def fabric_manager(fact: Fact) -> tuple[dict[str, str], list[str]]:
+    """systemctl is-active nvidia-fabricmanager: "active", or the NVSwitch board's GPUs cannot use NVLink."""
+    state = fact.text.strip().splitlines()[0] if fact.text.strip() else ""
+    if fact.status == nf.NOT_PRESENT:
+        return _missing("fabric-manager", fact)
+    if state != "active":
+        return check("fabric-manager", "failed", f"nvidia-fabricmanager is {state or 'not active'}"), \
+            [f"fabric-manager: nvidia-fabricmanager is {state or 'not active'} on an NVSwitch system "
+             f"(systemctl start nvidia-fabricmanager; its version must match the driver's)"]
+    return check("fabric-manager", "ok", "nvidia-fabricmanager is active"), []
+
+
+def infiniband(ibstat: Fact, ib_width: Fact, want: tuple[int, float, str | None] | None
+               ) -> tuple[dict[str, str], list[str], list[dict[str, Any]]]:
+    """(check, problems, the Active InfiniBand ports): `want` (ports, Gb/s, width) Active at that rate and width, and
+    every InfiniBand port below it named. With nothing expected the ports are reported only."""
+    ports, source = nf.ib_ports(ibstat, ib_width)
+    active = [port for port in ports if (port.get("state") or "").lower() == "active"]
+    if not source:
+        if want and want[0] > 0:
+            fact = ib_width if ib_width.status != nf.NOT_PRESENT else ibstat
+            return check("infiniband", fact.status, f"{ibstat.why()}; {ib_width.why()}"), \
+                [f"infiniband: {ibstat.why()}; {ib_width.why()}; {want[0]} port(s) expected"], []
+        return check("infiniband", "not present", "no ibstat and no /sys/class/infiniband"), [], []
+    if not want:
+        return check("infiniband", "ok" if active else "not applicable",
+                     f"{len(active)} Active InfiniBand port(s) ({source}); none expected by the platform"), [], active
+    count, rate, width = want
+
+    def name(port: dict[str, Any]) -> str:
+        return f"{port['ca']}/{port['port']}"
+
+    good = [port for port in active if (port["rate_gbps"] or 0) >= rate
+            and (width is None or port.get("width") in (None, width))]
+    problems = []
+    for port in ports:
+        if port in good:
+            continue
+        if port in active:
+            problems.append(f"{name(port)} Active at {port['rate_gbps']:g} Gb/s {port.get('width') or ''}".rstrip()
+                            + f", expected {rate:g} Gb/s {width or ''}".rstrip())
+        else:
+            problems.append(f"{name(port)} is {port.get('state') or 'in no known state'}"
+                            + (f" ({port['phys_state']})" if port.get("phys_state") else ""))
+    detail = f"{len(good)} of {count} expected port(s) Active at {rate:g} Gb/s {width or ''}".rstrip() + \
+             f" ({source})"
+    if len(good) < count or (problems and len(good) < len(ports)):
+        if len(good) >= count:  # more ports than expected, some below: a storage rail is IB here; name, do not fail
+            return check("infiniband", "note", f"{detail}; beyond them: {'; '.join(problems)}"), [], active
+        return check("infiniband", "failed", f"{detail}; {'; '.join(problems) or 'no port'}"), \
+            [f"infiniband: {detail}: {'; '.join(problems) or 'no InfiniBand port found'}"], active
+    return check("infiniband", "ok", detail), [], active
+
+
+def gpudirect_support(modules: Fact, kernel: Fact, driver: Fact, query: Fact) -> tuple[dict[str, str], list[str]]:
+    """nvidia_peermem loaded, or DMA-BUF possible (kernel >= 5.12, driver >= 515, the open kernel module where
+    /proc/driver/nvidia/version says which)."""
+    if modules.ok and "nvidia_peermem" in nf.module_names(modules.text):
+        return check("gpudirect-support", "ok", "nvidia_peermem is loaded"), []
+    kernel_version = nf.version_tuple(kernel.text) if kernel.ok else ()
+    module = nf.driver_module(driver.text) if driver.ok else {"version": None, "open": None}
+    version = module["version"] or (nf.query_fabric(query.text)["driver_version"] if query.ok else None)
+    driver_version = nf.version_tuple(version or "")
+    reasons = []
+    if not kernel_version or kernel_version < DMABUF_KERNEL:
+        reasons.append(f"kernel {kernel.text.strip() or 'unknown'} (DMA-BUF needs 5.12 or later)")
+    if not driver_version or driver_version < DMABUF_DRIVER:
+        reasons.append(f"driver {version or 'unknown'} (DMA-BUF needs 515 or later)")
+    if module["open"] is False:
+        reasons.append("the proprietary kernel module (DMA-BUF needs the open GPU kernel modules)")
+    peermem = "nvidia_peermem is not loaded" if modules.ok else f"lsmod: {modules.status}"
+    if reasons:
+        return check("gpudirect-support", "failed", f"{peermem}; DMA-BUF not possible: {'; '.join(reasons)}"), \
+            [f"gpudirect-support: {peermem} and DMA-BUF is not possible: {'; '.join(reasons)}"]
+    said = "" if module["open"] else " (open kernel module not confirmed: /proc/driver/nvidia/version unread)"
+    return check("gpudirect-support", "ok",
+                 f"DMA-BUF: kernel {kernel.text.strip()}, driver {version}{said}; {peermem}"), []
+
+
+def dcgm(fact: Fact, level: int | None, waived: bool) -> tuple[dict[str, str], list[str], str]:
+    """(check, problems, the report's one-word reading) of dcgmi diag -r LEVEL."""
+    if not level:
+        return check("dcgm-diag", "not run", "no level asked (node-facts.sh OUTDIR 2)"), [], "not run"
+    name = f"dcgmi diag -r {level}"
+    if not fact.ok and fact.status == nf.NOT_PRESENT:
+        if waived:
+            return check("dcgm-diag", "not present", f"{fact.why()} (waived: --expect dcgm=skip)"), [], "not present"
+        chk, problems = _missing(name, fact, "dcgm")
+        return chk, problems, "not present"
+    parsed = nf.dcgm_diag(fact.text)
+    if parsed["failed"] or fact.rc != 0:
+        why = "; ".join(parsed["failed"]) or fact.why()
+        return check("dcgm-diag", "failed", why), [f"{name}: {why}"], f"fail: {why}"
+    detail = f"{parsed['passed']} passed" + (f"; warnings: {'; '.join(parsed['warned'])}" if parsed["warned"] else "")
+    return check("dcgm-diag", "ok", detail), [], "pass"
+
+
+def xid(journal: Fact, kernel_lines: Fact, xid_max: int, waived: bool) -> tuple[dict[str, str], list[str], Any]:
+    """(check, problems, the report's XID reading): more XIDs since boot than xid_max fail; an unreadable journal
+    says "unreadable" (and fails unless --expect journal=skip), never "0 XIDs"."""
+    readable, why = nf.journal_readable(journal, kernel_lines)
+    if not readable:
+        status = nf.NOT_PRESENT if journal.status == nf.NOT_PRESENT else nf.UNREADABLE
+        if waived:
+            return check("xid", status, f"{why} (waived: --expect journal=skip)"), [], status
+        return check("xid", status, why), [f"xid: the kernel journal is {status}: {why}; --expect journal=skip "
+                                           f"waives it"], status
+    events = nf.xids(journal.text)
+    if len(events) > xid_max:
+        codes = ", ".join(sorted({f"Xid {event['code']} on {event['pci']}" for event in events}))
+        return check("xid", "failed", f"{len(events)} XID(s) since boot: {codes}"), \
+            [f"xid: {len(events)} XID(s) since boot (threshold {xid_max}): {codes}"], len(events)
+    return check("xid", "ok", f"{len(events)} XID(s) since boot (threshold {xid_max})"), [], len(events)
+
+
+def row_remap(fact: Fact) -> tuple[dict[str, str], list[str]]:
+    """A row remap that failed, or one pending (until the GPU is reset), fails."""
+    if not fact.ok:
+        return _missing("row-remap", fact)
+    rows = nf.remapped_rows(fact.text)
+    bad = [f"{row['bus_id']}: " + ", ".join(word for word, flag in (("failure", row["failure"]),
+                                                                   ("pending", row["pending"])) if flag)
+           for row in rows if row["failure"] or row["pending"]]
+    if bad:
+        return check("row-remap", "failed", "; ".join(bad)), \
+            [f"row-remap: {'; '.join(bad)} (pending: reset the GPU; failure: the GPU needs service)"]
+    return check("row-remap", "ok", f"{len(rows)} GPU(s): no remap failure or pending"), []
+
+
+# ----------------------------------------------------------------------------- NCCL's log
+
+CHANNEL = re.compile(r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO Channel .* via "
+                     r"NET/(?P<net>\w+)/\d+(?P<gdr>/GDRDMA)?")
+DMABUF = re.compile(r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO .*GPU Direct RDMA \(DMABUF\) enabled")
+
+
+def nccl_channels(text: str) -> dict[str, dict[str, Any]]:
+    """Per host of an NCCL_DEBUG=INFO log: its network channels over IB with GPUDirect RDMA, over IB without, over
+    sockets, and whether NCCL registered GPU memory through DMA-BUF."""
+    hosts: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        if match := CHANNEL.match(line):
+            seen = hosts.setdefault(match["host"], {"gdrdma": 0, "ib": 0, "socket": 0, "dmabuf": False})
+            if match["net"].startswith("IB"):
+                seen["gdrdma" if match["gdr"] else "ib"] += 1
+            elif match["net"] == "Socket":
+                seen["socket"] += 1
+        elif match := DMABUF.match(line):
+            hosts.setdefault(match["host"], {"gdrdma": 0, "ib": 0, "socket": 0, "dmabuf": False})["dmabuf"] = True
+    return hosts
+
+
+def gdrdma(channels: dict[str, dict[str, Any]], names: set[str], log_name: str) -> tuple[dict[str, str], list[str]]:
+    """This node's channels in the log (its lines begin with one of `names`, its host names): all over IB with
+    GDRDMA passes; any without, or over sockets, fails."""
+    mine = [seen for host, seen in channels.items() if host in names or host.split(".")[0] in names]
+    if not channels:
+        return check("gdrdma", "unreadable", f"{log_name} has no NCCL INFO channel line (run it with "
+                                             f"NCCL_DEBUG=INFO)"), \
+            [f"gdrdma: {log_name} has no NCCL INFO channel line: GPUDirect RDMA not shown (NCCL_DEBUG=INFO)"]
+    if not mine:
+        return check("gdrdma", "not run", f"{log_name} holds no line of this node (only the head's output)"), []
+    total = {key: sum(seen[key] for seen in mine) for key in ("gdrdma", "ib", "socket")}
+    how = " (DMA-BUF)" if any(seen["dmabuf"] for seen in mine) else ""
+    if total["socket"] or total["ib"] or not total["gdrdma"]:
+        said = (f"{total['socket']} channel(s) over sockets (NET/Socket)" if total["socket"] else
+                f"{total['ib']} InfiniBand channel(s) without GDRDMA" if total["ib"] else "no network channel")
+        return check("gdrdma", "failed", f"{said}; {total['gdrdma']} with GDRDMA{how}"), \
+            [f"gdrdma: GPUDirect RDMA not used: {log_name} shows {said} (nvidia_peermem or DMA-BUF, "
+             f"NCCL_NET_GDR_LEVEL)"]
+    return check("gdrdma", "ok", f"{total['gdrdma']} InfiniBand channel(s), all via GDRDMA{how}"), []
