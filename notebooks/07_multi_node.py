@@ -156,11 +156,11 @@ print(f"\nexit code {alone.returncode} after {alone_seconds:.0f} s; its last lin
 
 # %% [markdown]
 # ## 4. The validate play: the fabric before the job
-# Before it launches, `multinode.yml` measures all-reduce bus bandwidth on each node (every pair of its GPUs, or two
-# CPU processes) and across all nodes, and compares each against a floor (`lab_validate_min_busbw_gbps`); a node
-# that misses its floor fails the play, by name, before any training. On two local nodes it takes about 75 s on
-# this course's 2-core machine (measured under load), more than this lesson's budget, so the cell below only
-# lists the play's tasks. Run it in a terminal:
+# Before it launches, `multinode.yml` reads each node's facts (GPUs, NVLink, InfiniBand, DCGM), measures all-reduce
+# bus bandwidth on each node (all its GPUs at once, or two CPU processes) and across all nodes, and `lab validate`
+# judges each against its platform's floor (or `lab_validate_min_busbw_gbps`); a node that misses one fails the
+# play, by name, before any training. On two local nodes it took 29 s here (about 75 s under load), more than this
+# lesson's budget, so the cell below only lists the play's tasks. Run it in a terminal:
 #
 # ```sh
 # .venv/bin/ansible-playbook -i playbooks/inventory/local.yml playbooks/multinode.yml --tags validate
@@ -169,21 +169,24 @@ print(f"\nexit code {alone.returncode} after {alone_seconds:.0f} s; its last lin
 # It writes `runs/<run id>/validate.json` on the controller. Its shape, from a run of that command here (trimmed):
 #
 # ```json
-# {"check": "validate", "run_id": "job1", "ok": true, "problems": [],
-#  "nodes": {"127.0.0.1": {"gpus": 0, "floors": {"cpu_pair": 0.0001, "gpu_pair": 200.0, "nodes": 0.0001},
-#                          "pairs": [{"pair": "cpu", "avg_busbw": 0.079, "floor": 0.0001, "ok": true, "rc": 0}],
-#                          "health": {"dcgm_diag": "not present", "ecc_uncorrected": "not present",
-#                                     "xid_events": "not present"}},
+# {"check": "validate", "platform": "ansible", "run_id": "job1", "ok": true, "problems": [],
+#  "nodes": {"127.0.0.1": {"gpus": 0, "platform": {"key": "cpu", "name": "CPU only (no NVIDIA GPU)"},
+#                          "floors": {"node": 0.01, "pair": 0.0001, "nodes": 0.0001},
+#                          "pairs": [{"pair": "cpu", "busbw": 1.30, "floor": 0.0001, "ok": true,
+#                                     "judged_at": "largest size 1 MiB (the run had none >= 1 GiB)"}],
+#                          "facts": {"...": "what scripts/node-facts.sh found: GPUs, NVLink, InfiniBand, DCGM"},
+#                          "checks": [{"name": "gpu-checks", "status": "not applicable", "...": "..."}]},
 #            "127.0.0.2": {"...": "the same for the second node"}},
-#  "all_nodes": {"hosts": ["127.0.0.1", "127.0.0.2"], "world_size": 2, "avg_busbw": 0.239, "floor": 0.0001,
-#                "wrong": 0, "ok": true},
-#  "ring": {}, "suspects": [],
-#  "runs": {"127.0.0.1": {"nodes": {"rc": 0, "log": "...", "last_line": "# Avg bus bandwidth    : 0.238696"}}},
-#  "definitions": {"busbw": "...", "floor": "..."}}
+#  "all_nodes": {"hosts": ["127.0.0.1", "127.0.0.2"], "world_size": 2, "busbw": 0.80, "floor": 0.0001, "ok": true},
+#  "ring": {}, "ring_needed": false, "suspects": [],
+#  "runs": {"127.0.0.1": {"node": {"...": "..."}, "nodes": {"last_line": "# Avg bus bandwidth    : 0.346251"}}},
+#  "definitions": {"busbw": "...", "judged": "...", "floor": "...", "host_device": "..."}}
 # ```
 #
-# `avg_busbw` is in GB/s (1e9 bytes). `ring` holds the pairs of nodes measured around a ring when all nodes
-# together missed the floor, and `suspects` the nodes that are in two slow pairs.
+# `busbw` is in GB/s (1e9 bytes), judged at the messages of 1 GiB and more (GPUs), or at the largest size the run
+# had (here, CPUs). On a DGX the node's platform (8 x H100 on NVSwitch, ...) sets its floors, and each GPU, NVLink,
+# InfiniBand, GPUDirect RDMA, DCGM and XID check is a line of `checks`. `ring` holds the pairs of nodes measured
+# around a ring when all nodes together missed the floor, and `suspects` the nodes that are in two slow pairs.
 
 # %%
 ansible = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) or shutil.which("ansible-playbook")
