@@ -231,7 +231,10 @@ def test_each_nodes_exporter_is_announced_to_prometheus_with_the_job_id_then_wit
     job_id = cluster.sbatch("sbatch -N 2 slurm/lab.sbatch", ROOT, tmp_path,
                             env=_job_env(tmp_path / "runs", LAB_METRICS_PORT_BASE=str(port),
                                          LAB_TARGETS_DIR=str(prometheus["targets"]),
-                                         LAB_SET="model.width=8 train.epochs=6"))
+                                         # 320 steps, about 16 s on a quiet machine: at 6 epochs (3 s) a fast
+                                         # machine ended the run before Prometheus's 1 s file_sd refresh and
+                                         # scrape had seen both nodes (a clean-clone run failed so)
+                                         LAB_SET="model.width=8 train.epochs=40"))
     seen: set[str] = set()
     while cluster.job(job_id).state in ("PENDING", "CONFIGURING", "RUNNING") and len(seen) < 2:
         seen |= {r["metric"]["instance"] for r in _query(prometheus["url"], f'up{{slurm_job_id="{job_id}"}} == 1')}
