@@ -212,7 +212,15 @@ def test_eight_ranks_on_two_cores_train_and_every_exporter_answers_throughout(tm
     failures = []
     try:
         deadline = time.monotonic() + HANG_GUARD
-        while not targets_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+        # The ranks add themselves to the file one by one (a clean-clone run read it with rank 3 not yet in):
+        # wait for all eight, not for the file.
+        def listed() -> list[int]:
+            try:
+                return sorted(int(t["labels"]["rank"]) for t in json.loads(targets_file.read_text()))
+            except (OSError, ValueError):
+                return []
+
+        while listed() != list(range(8)) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         targets = json.loads(targets_file.read_text())
         assert sorted(int(t["labels"]["rank"]) for t in targets) == list(range(8))
