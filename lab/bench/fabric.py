@@ -51,8 +51,6 @@ from lab.bench.fabric_input import (  # noqa: F401 (parse_* and describe_pair: t
     FLOOR_KEYS, _folder, _result, _shortfall, _why_missing, describe_pair, judged_busbw, last_line, on_gpus,
     parse_expect, parse_floors, parse_nodes, wrong_elements,
 )
-    FLOOR_KEYS, parse_floors, parse_expect, parse_nodes, _folder, _result, last_line, _why_missing, wrong_elements, judged_busbw, on_gpus, describe_pair, _shortfall,
-)
 from lab.bench import platforms as table
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 
