@@ -305,6 +305,7 @@ def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: 
         callbacks=[clock], default_root_dir=str(root))
     trainer.fit(_module(lightning, net, cfg, steps), train_dataloaders=_Forever(loader))
     measured = clock.result(cfg.train.global_batch_size)  # every rank: it may reduce over them
+    _leave_process_group()
     if layout.global_rank != 0:
         return None
     return {**measured, "precision": precision(amp, dtype),
@@ -318,6 +319,18 @@ def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: 
             "optimizer": {"name": "SGD", "lr": cfg.train.lr, "momentum": cfg.train.momentum,
                           "nesterov": cfg.train.nesterov, "weight_decay": cfg.train.weight_decay,
                           "schedule": cfg.train.schedule, "warmup_steps": cfg.train.warmup_steps}}
+
+
+def _leave_process_group() -> None:
+    """Meet at a barrier, then destroy the group Lightning formed: Lightning leaves it for the interpreter's
+    exit, where gloo's threads can still hold a finished collective's tensors. Seen in CI: rank 1 aborted
+    with "terminate called without an active exception" after `max_steps` was reached. The why of the
+    barrier is in lab.cluster.dist.initialized, which ends the lab's own runs the same way."""
+    import torch.distributed as tdist
+
+    if tdist.is_initialized():
+        tdist.barrier()
+        tdist.destroy_process_group()
 
 
 def precision(amp, dtype) -> str:
