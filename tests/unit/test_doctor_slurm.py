@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from lab.cluster import doctor, slurm
+from lab.cluster import doctor, doctor_slurm, slurm
+from lab.cluster.check import Check
 from tests.conftest import ROOT
 
 EIGHT = ",".join(map(str, range(8)))
@@ -31,8 +32,8 @@ def step_env(tasks_per_node: int, nodes: int = 2, **extra: str) -> dict[str, str
             **extra}
 
 
-def checks_for(env: dict[str, str], node_gpus: int | None = 8) -> dict[str, doctor.Check]:
-    checks, _ = doctor.check_slurm_job(slurm.allocation(env), env.get("CUDA_VISIBLE_DEVICES"), node_gpus)
+def checks_for(env: dict[str, str], node_gpus: int | None = 8) -> dict[str, Check]:
+    checks, _ = doctor_slurm.check_slurm_job(slurm.allocation(env), env.get("CUDA_VISIBLE_DEVICES"), node_gpus)
     return {c.name: c for c in checks}
 
 
@@ -89,7 +90,7 @@ def test_an_unknown_pool_is_a_warning_not_a_guess():
 
 def test_the_slurm_line_and_facts_describe_the_allocation():
     env = step_env(8, SLURM_GPUS_ON_NODE="8", SLURM_STEP_GPUS=EIGHT, CUDA_VISIBLE_DEVICES="3")
-    checks, facts = doctor.check_slurm_job(slurm.allocation(env), "3", 8)
+    checks, facts = doctor_slurm.check_slurm_job(slurm.allocation(env), "3", 8)
     assert checks[0].line() == (
         "ok    slurm      job 4242 on dgx: 2 node(s) dgx01,dgx02; this is dgx01 (node 0), step task 3 of 16, "
         f"8 on this node; 8 GPU(s) on this node (SLURM_STEP_GPUS/SLURM_JOB_GPUS={EIGHT}); "
@@ -100,7 +101,7 @@ def test_the_slurm_line_and_facts_describe_the_allocation():
 
 
 def test_outside_slurm_there_is_no_slurm_line_and_no_facts():
-    assert doctor.check_slurm_job(slurm.allocation({"CUDA_VISIBLE_DEVICES": EIGHT}), EIGHT, 8) == ([], None)
+    assert doctor_slurm.check_slurm_job(slurm.allocation({"CUDA_VISIBLE_DEVICES": EIGHT}), EIGHT, 8) == ([], None)
 
 
 def test_the_real_command_under_srun_variables_prints_the_line_and_the_json_key(tmp_path):
