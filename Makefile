@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Passed to `lab workshop`, e.g. make lab LAB_ARGS="--set train.max_steps=60"
 LAB_ARGS ?=
 
-.PHONY: lab test test-fast test-tools setup clean gpu-check notebook
+.PHONY: lab test test-fast test-tools setup clean gpu-check notebook horovod
 
 setup: $(STAMP)
 
@@ -22,6 +22,11 @@ $(STAMP): pyproject.toml constraints.txt
 lab: $(STAMP)
 	$(BIN)/lab workshop --config workshop-cpu $(LAB_ARGS)
 
+# dist.strategy=horovod: Horovod 0.28.1 (its last release) from the registry's sdist with the lab's patches, built
+# against .venv's torch (about 4 minutes on 2 cores) and cached by torch version (docs/horovod.md).
+horovod: $(STAMP)
+	third_party/horovod/build.sh $(BIN)/python
+
 # The lessons in JupyterLab, from .venv (in Docker: `docker compose up jupyter`). It opens no browser: open the
 # http://127.0.0.1:8888/lab?token=... address it prints (a new random token each start). The .ipynb are made
 # from the paired notebooks/*.py (jupytext) and kept in step with them as you save.
@@ -32,12 +37,13 @@ notebook: $(STAMP)
 	$(BIN)/jupyter lab --no-browser --ip=$(LAB_BIND_ADDRESS) --port=$(NOTEBOOK_PORT) --ServerApp.root_dir=. \
 		$(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01_baseline_and_ddp.ipynb
 
-# LAB_REQUIRE_DEEPSPEED=1: the DeepSpeed tests fail, not skip, when DeepSpeed is missing from .venv (it never is
-# after $(STAMP)); the lowest-torch venv has no DeepSpeed and skips them, saying why.
+# LAB_REQUIRE_DEEPSPEED=1, LAB_REQUIRE_HOROVOD=1: the DeepSpeed and Horovod tests fail, not skip, when either is
+# missing from .venv (neither is after $(STAMP) and `make horovod`, whose build is about 4 of CI's minutes); the
+# lowest-torch venv has neither and skips them, saying why.
 # CI=true (.ci/run sets it): the container test's engine cache (~6 GB, nothing reuses it on a fresh machine) is
 # deleted before the second venv (~6 GB) is installed. With both, a CI machine's disk ran out (stop 21).
-test: $(STAMP) test-tools
-	LAB_REQUIRE_DEEPSPEED=1 $(BIN)/python -m pytest
+test: $(STAMP) test-tools horovod
+	LAB_REQUIRE_DEEPSPEED=1 LAB_REQUIRE_HOROVOD=1 $(BIN)/python -m pytest
 	@if [ "$${CI:-}" = true ]; then scripts/container-base.sh clean || echo "make test: could not delete the container cache"; fi
 	$(MAKE) test-torch-lowest
 

@@ -26,6 +26,11 @@ def train(args: argparse.Namespace) -> int:
     if args.profile:
         args.overrides = ["train.profile_steps=5", *args.overrides]
     cfg = config.load(args.config, args.overrides)
+    if cfg.dist.strategy == "horovod":
+        from lab.cluster import horovodrun
+
+        horovodrun.check_installed()
+        horovodrun.check_worker()
     if args.nproc_per_node is not None:
         return _launch_train(args, cfg)
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -52,7 +57,13 @@ def _launch_train(args: argparse.Namespace, cfg) -> int:
     overrides = list(args.overrides)
     if not cfg.run.id:  # one id, chosen here, so a restarted worker group finds its checkpoint
         overrides.append(f"run.id={runs.new_run_id(cfg.run.name)}")
-    command = launch.torchrun_command(args.nproc_per_node, launch.lab_target("train", args.config, overrides))
+    target = launch.lab_target("train", args.config, overrides)
+    if cfg.dist.strategy == "horovod":
+        from lab.cluster.horovodrun import horovodrun_command
+
+        command = horovodrun_command(args.nproc_per_node, target, timeout_seconds=cfg.dist.timeout_seconds)
+    else:
+        command = launch.torchrun_command(args.nproc_per_node, target)
     return EXIT_OK if launch.run(command, args.nproc_per_node) == 0 else EXIT_FAILED
 
 

@@ -28,7 +28,8 @@
 #    80 GB H100 and a 141 GB H200;
 # 2. check the estimate against a measurement: ResNet-18 trained for a few steps, in one process, then on 2 ranks
 #    with DDP and with FSDP;
-# 3. ask `lab choose` which tool to use for that model on those GPUs, and why.
+# 3. ask `lab choose` which tool to use for that model on those GPUs, and why;
+# 4. train the lecture's fourth tool, Horovod, beside DDP: the same bytes, the same curve.
 #
 # The estimate is arithmetic, the same on every machine. The measurement uses a narrow ResNet-18 (width 16) and
 # 2 gloo processes on a CPU, and the full-width model (width 64) on a GPU, where "measured" is also
@@ -104,12 +105,31 @@ lesson.table([{"device": d, "usable GB": c["usable_bytes"] / 1e9, "choice": c["c
              ["device", "usable GB", "choice", "lab train"])
 
 # %% [markdown]
+# ## 5. The lecture's fourth tool: Horovod beside DDP
+# Horovod (`dist.strategy=horovod`; `make horovod` builds it) shards nothing: every rank holds the whole replica,
+# as under DDP, and its `DistributedOptimizer` averages each gradient from a background thread, fusing small
+# ones into one buffer. `lab bench strategies --rows Horovod` trains DDP and Horovod on one config for a few
+# steps, each its own job (torchrun for DDP, horovodrun for Horovod), and counts each rank's bytes. Where Horovod
+# is not installed, its row says so.
+
+# %%
+lesson.lab("bench", "strategies", "--nproc-per-node", "2", "--rows", "Horovod", "--steps", "4",
+           "--set", f"model.width={width}", "--json", str(folder / "strategies.json"))
+side = {r["label"]: r for r in lesson.results(folder / "strategies.json")["rows"]}
+lesson.table([{"strategy": label, "state MiB per rank": r.get("state_bytes", 0) / 2**20,
+               "estimate MiB": r.get("estimate_bytes", 0) / 2**20, "images/s": r.get("samples_per_second", ""),
+               "loss gap from DDP": r.get("loss_gap_from_ddp", r.get("error", ""))} for label, r in side.items()],
+             ["strategy", "state MiB per rank", "estimate MiB", "images/s", "loss gap from DDP"])
+
+# %% [markdown]
 # ## What you should see
 # Per device, for 7B parameters on 8 devices (16 bytes per parameter): DDP 112 GB, ZeRO-1 38.5 GB, ZeRO-2
 # 26.25 GB, ZeRO-3 / FSDP full shard 14 GB. DDP does not fit on an 80 GB H100 and does fit on a 141 GB H200; every
 # sharded strategy fits on both. So `lab choose` picks ZeRO-1 on H100s (the least sharding that fits, with room
 # for activations) and plain DDP on H200s. The ResNet-18 measurement agrees with the estimate (ratio 1.00 on a
-# CPU), and FSDP holds half of DDP's bytes per rank on 2 ranks.
+# CPU), and FSDP holds half of DDP's bytes per rank on 2 ranks. Horovod holds exactly DDP's bytes (the same
+# replica, and `lab memory`'s DDP row is its estimate) and trains DDP's loss curve (bit for bit on a CPU); its
+# place in `lab choose` is the last line: it fits where DDP fits, and its last release is from 2023.
 #
 # **Ask:** ZeRO-3 uses the least memory; why not always use it? (Its parameters are sharded too, so every
 # forward and backward must all-gather them: 1.5x DDP's communication per step (ZeRO paper, section 7), and the
@@ -140,3 +160,8 @@ fsdp_share = two["fsdp"]["total_bytes"] / two["ddp"]["total_bytes"] if {"ddp", "
 lesson.expect(0.45 <= fsdp_share <= 0.55, f"FSDP holds about half of DDP's bytes per rank on 2 ranks ({fsdp_share:.2f})")
 lesson.expect([choices["h100"]["choice"]["strategy"], choices["h200"]["choice"]["strategy"]] == ["zero-1", "ddp"],
               f"lab choose: {choices['h100']['choice']['label']} on H100s, {choices['h200']['choice']['label']} on H200s")
+horovod, ddp = side["Horovod"], side["DDP"]
+lesson.expect("not installed" in horovod["error"] if "error" in horovod else
+              horovod["state_bytes"] == ddp["state_bytes"] and horovod["loss_gap_from_ddp"] <= (1e-2 if gpu else 0.0),
+              horovod.get("error") or f"Horovod holds DDP's {ddp['state_bytes'] / 2**20:.2f} MiB per rank and trains "
+              f"its loss curve (largest gap {horovod['loss_gap_from_ddp']:.1e})")

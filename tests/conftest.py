@@ -43,18 +43,30 @@ def metrics(run_dir: Path, kind: str = "train") -> list[dict]:
 TINY = ["--config", "smoke", "--set", "model.width=8"]
 
 
-def require_deepspeed() -> None:
-    """At a DeepSpeed test module's top: skip it where DeepSpeed is missing, saying why, or fail under
-    LAB_REQUIRE_DEEPSPEED=1 (make test sets it: .venv always has DeepSpeed after its second pip step)."""
+def _require(module: str, flag: str, why: str) -> None:
+    """At an optional strategy's test module's top: skip it where `module` is missing, saying why, or fail when
+    the environment sets `flag`=1 (make test does: .venv always has it)."""
     import importlib.util
 
-    if importlib.util.find_spec("deepspeed") is not None:
+    if importlib.util.find_spec(module) is not None:
         return
-    why = ("DeepSpeed is not installed in this venv: the [deepspeed] extra goes into .venv only (make's second "
-           "pip step, DS_BUILD_OPS=0 --no-build-isolation); the lowest-torch venv tests without it")
-    if os.environ.get("LAB_REQUIRE_DEEPSPEED") == "1":
-        pytest.fail(f"LAB_REQUIRE_DEEPSPEED=1 but {why}", pytrace=False)
+    if os.environ.get(flag) == "1":
+        pytest.fail(f"{flag}=1 but {why}", pytrace=False)
     pytest.skip(why, allow_module_level=True)
+
+
+def require_deepspeed() -> None:
+    """DeepSpeed's tests: LAB_REQUIRE_DEEPSPEED=1 under make test (.venv has it after make's second pip step)."""
+    _require("deepspeed", "LAB_REQUIRE_DEEPSPEED",
+             "DeepSpeed is not installed in this venv: the [deepspeed] extra goes into .venv only (make's second "
+             "pip step, DS_BUILD_OPS=0 --no-build-isolation); the lowest-torch venv tests without it")
+
+
+def require_horovod() -> None:
+    """Horovod's tests: LAB_REQUIRE_HOROVOD=1 under make test (after `make horovod` built it into .venv)."""
+    _require("horovod", "LAB_REQUIRE_HOROVOD",
+             "Horovod is not installed in this venv: `make horovod` builds it into .venv only "
+             "(third_party/horovod/build.sh); the lowest-torch venv tests without it")
 
 
 @pytest.fixture

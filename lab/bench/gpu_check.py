@@ -24,7 +24,8 @@ slowest thing here and measures only itself):
   resume          a run stopped at half way and resumed matches the run that was not stopped
   memory          model state (parameters, gradients, momentum) measured with
                   torch.cuda.memory_allocated against the estimator, like with like; peak apart
-  strategies      `lab bench strategies` on every GPU in bf16: DDP, FSDP, ZeRO-1/2/3 (these need DeepSpeed)
+  strategies      `lab bench strategies` on every GPU in bf16: DDP, FSDP, ZeRO-1/2/3 (with DeepSpeed),
+                  Horovod (with `make horovod`; else "not installed")
   levers          `lab bench levers` on every GPU: bf16 and fp16 + GradScaler against fp32, accumulation, buckets,
                   the step's peak memory, and (2 GPUs or more) the NCCL_ALGO/PROTO/P2P sweep
   all-reduce      `lab bench collective all` over every GPU of the host (2 GPUs or more)

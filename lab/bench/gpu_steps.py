@@ -331,8 +331,9 @@ def memory(c: Check) -> Outcome:
 
 
 def strategies(c: Check) -> Outcome:
-    """DDP, FSDP and DeepSpeed ZeRO-1/2/3 each train on this host's GPUs over NCCL with bf16 (FSDP's mixed-precision
-    policy, DeepSpeed's own bf16): what the CPU tests cannot run."""
+    """DDP, FSDP, DeepSpeed ZeRO-1/2/3 and Horovod each train on this host's GPUs over NCCL with bf16 (FSDP's
+    mixed-precision policy, DeepSpeed's own bf16, autocast under DDP and Horovod): what the CPU tests cannot run.
+    DeepSpeed and Horovod are optional: a row whose package is missing says "not installed" and fails nothing."""
     table = c.out / "strategies.json"
     table.unlink(missing_ok=True)  # a last check's table must not stand in for this one's
     try:

@@ -143,6 +143,8 @@ def _strategies_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N",
                    help="ranks per strategy (default: the GPUs present, else 2)")
     p.add_argument("--steps", type=at_least(2), default=6, help="training steps per strategy (default 6)")
+    p.add_argument("--rows", metavar="LABELS", help="only these rows, comma-separated (e.g. DDP,Horovod; "
+                                                    "default: every row)")
     p.add_argument("--json", metavar="PATH", help="write the table as JSON")
     p.add_argument("--plot", metavar="PNG", help="memory per rank by strategy and the loss curves")
 
@@ -245,8 +247,8 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     # `lab memory` is a command of its own (lab.cli); its result is a section of the report like a benchmark's.
     Benchmark("memory", "memory per device: DDP vs ZeRO-1/2/3 and FSDP", None, None,
               section="lab.bench.sections.memory", workshop="lab.bench.registry.memory_workshop_steps"),
-    Benchmark("strategies", "DDP, FSDP and DeepSpeed ZeRO-1/2/3 side by side: memory per rank, images/s, loss "
-                            "curves", _strategies_args, "lab.bench.strategies.run",
+    Benchmark("strategies", "DDP, FSDP, DeepSpeed ZeRO-1/2/3 and Horovod side by side: memory per rank, images/s, "
+                            "loss curves", _strategies_args, "lab.bench.strategies.run",
               section="lab.bench.sections.strategies", workshop="lab.bench.strategies.workshop_steps"),
     Benchmark("pipeline", "the lab's data path vs a torchvision DataLoader path", _pipeline_args,
               "lab.bench.pipeline.run"),

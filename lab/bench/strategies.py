@@ -1,8 +1,9 @@
-"""The same training under DDP, FSDP and DeepSpeed ZeRO-1/2/3, side by side: memory per rank, speed, loss.
+"""The same training under DDP, FSDP, DeepSpeed ZeRO-1/2/3 and Horovod, side by side: memory per rank, speed, loss.
 
     lab bench strategies --nproc-per-node 2 --json strategies.json --plot strategies.png
+    lab bench strategies --nproc-per-node 2 --rows Horovod --steps 4     # DDP and Horovod only
 
-Each strategy is its own torchrun job of the lab's Trainer on one config (model, data, global batch,
+Each strategy is its own torchrun job (horovodrun for Horovod) of the lab's Trainer on one config (model, data, global batch,
 seed): a few steps, the loss of each, images/s over the steps after the first, then one more
 forward and backward so the gradients exist while this rank's bytes are counted (parameters,
 gradients, optimizer state: a sharded tensor counts its local shard). Beside each count sits
@@ -15,7 +16,7 @@ it at the end of each backward).
 
 On a CPU "peak" is the process's peak resident memory (Python, torch and the data set included), so
 the parameter/gradient/optimizer split is the figure that shows sharding; on GPUs it is
-torch.cuda.max_memory_allocated. DeepSpeed rows need the [deepspeed] extra; without it they say so.
+torch.cuda.max_memory_allocated. DeepSpeed rows need the [deepspeed] extra, the Horovod row `make horovod`; without them they say so.
 
 >>> round(relative_gap({1: 2.0, 2: 1.0}, {1: 2.0, 2: 1.001, 3: 5.0}), 9)   # step 3: only one curve has it
 0.001
@@ -41,6 +42,27 @@ def strategy_rows() -> list[tuple[str, str, int, str]]:
     return [(row.label, s.name, row.zero_stage, row.estimate) for s in STRATEGIES.values() for row in s.bench]
 
 
+def chosen_rows(spec: str | None) -> list[tuple[str, str, int, str]]:
+    """The rows `--rows` names (labels, comma-separated; any case), in the table's order; all when None. DDP's is
+    kept whatever is named: every loss gap is measured from it.
+
+    >>> [label for label, *_ in chosen_rows("horovod")]
+    ['DDP', 'Horovod']
+    """
+    from lab.errors import LabError
+
+    every = strategy_rows()
+    if not spec:
+        return every
+    labels = {label.lower(): label for label, *_ in every}
+    wanted = [item.strip().lower() for item in spec.split(",") if item.strip()]
+    unknown = [item for item in wanted if item not in labels]
+    if unknown or not wanted:
+        raise LabError(f"--rows: {', '.join(unknown) or repr(spec)} is not a row; use labels among "
+                       f"{', '.join(labels.values())}")
+    return [row for row in every if row[0].lower() in {*wanted, "ddp"}]
+
+
 PARTS = ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes")
 
 
@@ -52,6 +74,7 @@ def relative_gap(reference: dict[int, float], other: dict[int, float]) -> float:
 def run(args) -> int:
     from lab import config, plots
     from lab.cluster import cores, launch, runner
+    from lab.cluster.horovodrun import horovodrun_command
     from lab.training import runs
 
     if args.plot:
@@ -60,17 +83,21 @@ def run(args) -> int:
     cfg = config.load(args.config or "smoke", args.overrides)
     config.check_layout(cfg, n)
     runner.check_processes(n, f"--nproc-per-node {n}")
+    chosen = chosen_rows(getattr(args, "rows", None))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, strategy, stage, _ in strategy_rows():
-            if strategy == "deepspeed" and not _deepspeed_installed():
-                rows.append({"label": label, "error": "DeepSpeed is not installed (pip install '.[deepspeed]')"})
+        for label, strategy, stage, _ in chosen:
+            missing = _not_installed(strategy)
+            if missing:
+                rows.append({"label": label, "error": missing})
                 continue
             out = Path(tmp) / f"{label}.json"
             target = ["-m", "lab.bench.strategies", "--worker", str(out), "--steps", str(args.steps),
                       "--config", args.config or "smoke", *[x for o in args.overrides for x in ("--set", o)],
                       "--set", f"dist.strategy={strategy}", "--set", f"dist.zero_stage={stage}"]
-            done = runner.run(launch.torchrun_command(n, target), env=launch.worker_env(n), processes=n,
+            command = (horovodrun_command(n, target, timeout_seconds=cfg.dist.timeout_seconds)
+                       if strategy == "horovod" else launch.torchrun_command(n, target))
+            done = runner.run(command, env=launch.worker_env(n), processes=n,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             if done.returncode != 0:
                 rows.append(failed_row(label, done.stderr))
@@ -148,10 +175,21 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _deepspeed_installed() -> bool:
+def _not_installed(strategy: str) -> str | None:
+    """Why an optional strategy's row cannot run here (its package is missing), or None."""
     import importlib.util
 
-    return importlib.util.find_spec("deepspeed") is not None
+    if strategy == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        return "DeepSpeed is not installed (pip install '.[deepspeed]')"
+    if strategy == "horovod":
+        from lab.cluster import horovodrun
+        from lab.errors import LabError
+
+        try:
+            horovodrun.check_installed()
+        except LabError:
+            return "Horovod is not installed (make horovod: third_party/horovod/build.sh)"
+    return None
 
 
 # ----------------------------------------------------------------------------- one strategy (a torchrun worker)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as tdist
 
-from lab.cluster import cores, slurm, torchrun_env
+from lab.cluster import cores, horovod_env, slurm, torchrun_env
 from lab.config import DistConfig
 from lab.errors import LaunchError
 
@@ -103,7 +103,14 @@ def init(cfg: DistConfig) -> DistContext:
         timeout = datetime.timedelta(seconds=cfg.timeout_seconds)
         # A 1-rank group started without torchrun has no one to meet: an in-process store is enough.
         alone = world_size == 1 and not torchrun_env.launched_by_torchrun()
-        store = tdist.HashStore() if alone else _attempt_store(global_rank, world_size, timeout)
+        if alone:
+            store = tdist.HashStore()
+        elif horovod_env.launched() and not torchrun_env.launched_by_torchrun():  # horovodrun sets no MASTER_PORT
+            from lab.cluster import horovod_rendezvous
+
+            store = horovod_rendezvous.store(global_rank, world_size, timeout)
+        else:
+            store = _attempt_store(global_rank, world_size, timeout)
         tdist.init_process_group(
             backend=backend,
             store=store,

@@ -2,7 +2,8 @@
 
 torch-free on purpose: the CLI asks "am I under torchrun, am I rank 0?" before it
 imports torch, so bad input is refused in a fraction of a second. A process started
-without torchrun is rank 0 of a world of 1.
+without torchrun is rank 0 of a world of 1, unless horovodrun started it (dist.strategy=horovod): then its
+layout is horovodrun's (lab.cluster.horovod_env).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ def _int(name: str, default: int) -> int:
 
 
 def layout() -> Layout:
+    if not launched_by_torchrun():
+        from lab.cluster import horovod_env
+
+        if horovod_env.launched():
+            return Layout(*horovod_env.layout())
     return Layout(_int("RANK", 0), _int("LOCAL_RANK", 0), _int("WORLD_SIZE", 1), _int("LOCAL_WORLD_SIZE", 1),
                   _int("GROUP_RANK", 0))
 
@@ -34,8 +40,8 @@ def launched_by_torchrun() -> bool:
 
 
 def is_primary_process() -> bool:
-    """Global rank 0 (or no torchrun at all): the process that prints errors and records."""
-    return _int("RANK", 0) == 0
+    """Global rank 0 (or no launcher at all): the process that prints errors and records."""
+    return layout().global_rank == 0
 
 
 def restart_count() -> int:

@@ -137,6 +137,10 @@ class DistConfig:
                                              "DDPOptimizer on one GPU.")
     broadcast_buffers: bool = knob(False, "Broadcast buffers (BatchNorm running stats) from rank 0 before every "
                                           "forward; off because evaluation broadcasts them once, where they matter.")
+    horovod_timeline_steps: int = knob(10, "With dist.strategy=horovod: record Horovod's timeline (each tensor's "
+                                           "negotiation, fusion-buffer copies and all-reduce) over the first this "
+                                           "many optimizer steps into the run directory's horovod-timeline.json; "
+                                           "0: none.", min=0)
 
 
 @dataclass(frozen=True)

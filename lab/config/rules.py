@@ -75,17 +75,39 @@ def fsdp_refuses(cfg: Config) -> list[tuple[bool, str]]:
 
 def deepspeed_refuses(cfg: Config) -> list[tuple[bool, str]]:
     """What the lab's DeepSpeed engine cannot honour (lab/training/strategies/deepspeed.py)."""
-    m, d = cfg.model, cfg.dist
+    m = cfg.model
     return [
         (cfg.data.uneven == "join", "data.uneven: join uses DDP's Join context, which DeepSpeed has no "
                                     "counterpart for; use data.uneven=pad or drop"),
         (m.compile, "model.compile: true is not mapped (DeepSpeed has engine.compile() and ZeRO-3 hooks of its "
                     "own); set model.compile=false"),
+        *_ddp_options(cfg),
+        (m.dtype != "float32", f"model.dtype: {m.dtype} would silently train float32 master copies (ZeRO's "
+                               f"partitions are .float()); set model.dtype=float32"),
+    ]
+
+
+def horovod_refuses(cfg: Config) -> list[tuple[bool, str]]:
+    """What the lab's Horovod strategy cannot honour (lab/training/strategies/horovod.py)."""
+    m = cfg.model
+    return [
+        (cfg.data.uneven == "join", "data.uneven: join uses DDP's Join context; Horovod's hvd.join is not wired; "
+                                    "use data.uneven=pad or drop"),
+        (m.compile, "model.compile: true is not mapped (Horovod's gradient hooks sit on the eager parameters); "
+                    "set model.compile=false"),
+        (m.sync_batchnorm, "model.sync_batchnorm: true is not mapped to hvd.SyncBatchNorm; set "
+                           "model.sync_batchnorm=false, or model.norm=group for batch-independent norms"),
+        *_ddp_options(cfg),
+    ]
+
+
+def _ddp_options(cfg: Config) -> list[tuple[bool, str]]:
+    """DDP's own keys, set away from their defaults: a strategy without DDP's wrapper cannot honour them."""
+    d = cfg.dist
+    return [
         (d.static_graph, "dist.static_graph: true is a DDP option; set dist.static_graph=false"),
         (d.broadcast_buffers, "dist.broadcast_buffers: true is a DDP option; set dist.broadcast_buffers=false"),
         (not d.gradient_as_bucket_view, "dist.gradient_as_bucket_view: false is a DDP option; drop the key"),
-        (m.dtype != "float32", f"model.dtype: {m.dtype} would silently train float32 master copies (ZeRO's "
-                               f"partitions are .float()); set model.dtype=float32"),
     ]
 
 

@@ -6,7 +6,7 @@ No torch here, and no import of the implementations: the CLI and the config read
 arguments, and DeepSpeed is an optional extra. A row names its class as a dotted string, imported when it is built.
 
 >>> list(STRATEGIES)
-['ddp', 'fsdp', 'deepspeed']
+['ddp', 'fsdp', 'deepspeed', 'horovod']
 >>> STRATEGIES["deepspeed"].module, STRATEGIES["deepspeed"].class_name
 ('lab.training.strategies.deepspeed', 'DeepSpeedStrategy')
 """
@@ -69,6 +69,9 @@ STRATEGIES: dict[str, StrategyRow] = {s.name: s for s in (
                 bench=(BenchRow("ZeRO-1", 1, "ZeRO-1"), BenchRow("ZeRO-2", 2, "ZeRO-2"),
                        BenchRow("ZeRO-3", 3, "ZeRO-3")),
                 chooses={"zero-1": ("dist.zero_stage=1",), "zero-2": ("dist.zero_stage=2",)}),
+    StrategyRow("horovod", "lab.training.strategies.horovod.HorovodStrategy",
+                "Horovod's DistributedOptimizer, launched by horovodrun; built by third_party/horovod/build.sh",
+                refuses=rules.horovod_refuses, bench=(BenchRow("Horovod", 2, "DDP"),)),
 )}
 
 

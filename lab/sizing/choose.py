@@ -10,7 +10,7 @@ Adam), plus activations when given, against the GPU's memory less --headroom. In
 2. ZeRO-1 fits with room (optimizer state sharded) -> ZeRO-1; else ZeRO-2 fits (gradients too) -> ZeRO-2;
 3. full sharding fits -> FSDP full shard; across nodes on a slow link, hybrid shard when it fits;
 4. nothing fits -> offload to CPU/NVMe, or the smallest GPU count at which full sharding fits.
-Horovod gets one line, never the choice.
+Horovod gets one line, never the choice: it fits where DDP does, and its status is said.
 
 >>> choice = decide(Request(params=parse_params("7B"), gpus_per_node=8))
 >>> [d.answer.split(" per GPU")[0] for d in choice.decisions]
@@ -50,8 +50,22 @@ HEADROOM = 0.1
 # "room" is this part of usable memory left after ZeRO-1; with them, they are counted, and fitting is room enough.
 ZERO1_ROOM = 0.1
 TP_PP_LEFT = 0.1  # note tensor/pipeline parallelism when one layer, or the sharded weights, leave less than this
-HOROVOD = ("only if you already run it: last release 0.28.1 (June 2023), compiled against the framework at install "
-           "time, data parallel only (no sharding): never the default choice today")
+# Horovod's memory is DDP's (a whole replica per GPU, gradients averaged): it fits exactly where step 1 does.
+HOROVOD_STATUS = ("last release 0.28.1 (June 2023), built from source against the framework, which current torch "
+                  "needs patched (make horovod): for a new project no fix will come from upstream, so start with DDP")
+
+
+def horovod_line(ddp_fits: bool) -> str:
+    """The Horovod answer: when it fits (where DDP does), and what its maintenance status means.
+
+    >>> horovod_line(False).startswith("no: it shards nothing"), horovod_line(True).startswith("fits where DDP")
+    (True, True)
+    """
+    if not ddp_fits:
+        return f"no: it shards nothing (a whole replica per GPU, as DDP, which does not fit); {HOROVOD_STATUS}"
+    return (f"fits where DDP fits (the same replica per GPU); a fit when code already trains with "
+            f"hvd.DistributedOptimizer, or one horovodrun serves TensorFlow and PyTorch jobs alike: "
+            f"lab train --nproc-per-node N --set dist.strategy=horovod trains it; {HOROVOD_STATUS}")
 LABELS = {"ddp": "DDP", "zero-1": "ZeRO-1 (DeepSpeed stage 1)", "zero-2": "ZeRO-2 (DeepSpeed stage 2)",
           "fsdp-full": "FSDP FULL_SHARD (ZeRO-3)", "fsdp-hybrid": "FSDP HYBRID_SHARD (full shard in a node, "
           "replicate across nodes)", "offload": "offload: ZeRO-Infinity / FSDP CPU offload"}
@@ -263,7 +277,7 @@ def _choice(strategy: str, req: Request, decisions: list[Decision], notes: list[
 
 
 def render(choice: Choice) -> str:
-    decisions = [*choice.decisions, Decision("Horovod?", HOROVOD, {})]
+    decisions = [*choice.decisions, Decision("Horovod?", horovod_line(choice.strategy == "ddp"), {})]
     lines = [f"{i}. {d.question} {d.answer}" for i, d in enumerate(decisions, 1)]
     lines += [f"note: {note}" for note in choice.notes]
     lines += [f"choice: {LABELS[choice.strategy]}", choice.lab_train or "(no lab train line: see the notes)"]
@@ -304,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
             "device_memory_bytes": req.device_bytes, "usable_bytes": req.usable_bytes, "headroom": req.headroom,
             "interconnect": args.interconnect, "link_gbps": req.link_gbps, "optimizer": req.optimizer,
             "precision": req.precision, "activations_bytes": req.activations_bytes,
-            "decisions": [asdict(d) for d in choice.decisions], "horovod": HOROVOD,
+            "decisions": [asdict(d) for d in choice.decisions], "horovod": horovod_line(choice.strategy == "ddp"),
             "choice": {"strategy": choice.strategy, "label": LABELS[choice.strategy],
                        "lab_train": choice.lab_train, "notes": choice.notes}})
     print(f"{summary}\n{render(choice)}")

@@ -19,6 +19,7 @@ from lab import __version__, plots
 from lab.bench import registry
 from lab.errors import LabError
 from lab.formatting import num, pct
+from lab.observability import horovod_timeline
 from lab.training import runs
 
 
@@ -174,7 +175,7 @@ def _training(run_dirs: list[Path], out: Path) -> str:
     throughput = {f"{d.name}\n({m['world_size']} x {m['ranks'][0]['device_name']})": s["samples_per_second"]
                   for d, m, s in info if s.get("samples_per_second")}
     lines += ["", f"Data: {'; '.join(data_sources)}.", "", "![Training loss](loss.png)", ""]
-    for d, m, _ in info:
+    for d, m, s in info:
         if (d / "profile-summary.json").exists():
             p = runs.read_json(d / "profile-summary.json")
             trace = Path(_relative(d / p["trace"], out))
@@ -182,6 +183,9 @@ def _training(run_dirs: list[Path], out: Path) -> str:
                       f"{p['communication_us'] / 1e3:.1f} ms, everything else {p['compute_us'] / 1e3:.1f} ms "
                       f"({p['communication_share']:.1%} communication); trace: [{trace}]({trace}) "
                       f"(open in ui.perfetto.dev: DDP's all-reduce buckets overlap the backward pass).", ""]
+        if (d / horovod_timeline.FILE).exists():  # dist.strategy=horovod: the first steps' all-reduce phases
+            steps = min(m["config"]["dist"].get("horovod_timeline_steps", 0), s["steps"])
+            lines += horovod_timeline.render(horovod_timeline.summarise(d / horovod_timeline.FILE, steps), d.name)
     if throughput:
         plots.throughput_bars(throughput, context, out / "throughput.png")
         lines += ["![Training throughput](throughput.png)", ""]

@@ -14,7 +14,7 @@ scaling    strong scaling over 1, 2, 4, ... processes (4 on a CPU, the GPUs pres
            Amdahl's law fitted and projected, and where a step's time goes; weak scaling with Gustafson's;
 levers     bf16, gradient accumulation, DDP bucket sizes and NCCL variables against the plain DDP step;
 memory     a 7B model under DDP vs ZeRO/FSDP, and ResNet-18 measured;
-strategies the same training under DDP, FSDP and DeepSpeed ZeRO-1/2/3 side by side;
+strategies the same training under DDP, FSDP, DeepSpeed ZeRO-1/2/3 and Horovod side by side;
 report     report.md with plots.
 
 The benchmarks run over 2 ranks on a CPU and over every GPU on a GPU server. Everything lands in one

@@ -67,6 +67,7 @@ class Trainer:
         self.optimizer = optim.build_optimizer(self.model, t, ctx.device)
         self.scheduler = optim.build_schedule(self.optimizer, t, self.total_steps, cfg.origin)
         self.scaler = torch.amp.GradScaler(ctx.device.type, enabled=self.amp_dtype == torch.float16)
+        self.strategy.observe(run_dir.path if run_dir is not None else None)
         self.strategy.attach(self.optimizer, self.scheduler)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=t.label_smoothing)
 

@@ -91,7 +91,7 @@ def test_a_125m_model_is_ddp():
     assert choice.strategy == "ddp" and len(choice.decisions) == 1
     assert choice.decisions[0].answer.startswith("yes: 2 GB per GPU <= 72 GB usable")
     assert _parses(choice.lab_train) == []
-    assert render(choice).splitlines()[1:] == [f"2. Horovod? {choose.HOROVOD}", "choice: DDP",
+    assert render(choice).splitlines()[1:] == [f"2. Horovod? {choose.horovod_line(True)}", "choice: DDP",
                                                "lab train --config ddp --nproc-per-node 8"]
 
 
@@ -154,7 +154,7 @@ def test_bad_input_is_one_lab_error(capsys, args, says):
 def test_the_command_writes_json_and_never_imports_torch(tmp_path):
     proc = lab("choose", "--params", "70B", "--nodes", "2", "--json", str(tmp_path / "choice.json"), cwd=tmp_path)
     assert "(no --device or --gpu-memory: assuming h100)" in proc.stdout
-    assert "Horovod? only if you already run it: last release 0.28.1 (June 2023)" in proc.stdout
+    assert "Horovod? no: it shards nothing (a whole replica per GPU, as DDP, which does not fit); last release 0.28.1 (June 2023)" in proc.stdout
     result = json.loads((tmp_path / "choice.json").read_text())
     assert (result["params"], result["gpus"], result["device_memory_bytes"]) == (70e9, 16, 80e9)
     assert [set(d) for d in result["decisions"]] == [{"question", "answer", "numbers"}] * 4

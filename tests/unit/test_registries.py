@@ -53,7 +53,7 @@ def test_the_config_accepts_a_registered_strategy_and_runs_its_rules(fake_strate
 def test_a_strategy_without_rules_refuses_nothing_and_an_unknown_one_is_one_line(monkeypatch):
     monkeypatch.setitem(table.STRATEGIES, "bare", table.StrategyRow("bare", f"{HERE}.FakeStrategy", "no rules"))
     assert config.load(None, ["dist.strategy=bare", "train.amp=fp16"]).dist.strategy == "bare"
-    with pytest.raises(ConfigError, match=r"'nope' is not allowed; expected one of ddp, fsdp, deepspeed, bare$"):
+    with pytest.raises(ConfigError, match=r"'nope' is not allowed; expected one of ddp, fsdp, deepspeed, horovod, bare$"):
         config.load(None, ["dist.strategy=nope"])
 
 
@@ -66,7 +66,7 @@ def test_the_builder_imports_the_registered_class(fake_strategy):
 
 def test_the_strategies_bench_and_lab_choose_name_it(fake_strategy):
     rows = strategies_bench.strategy_rows()
-    assert [label for label, *_ in rows] == ["DDP", "FSDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FAKE"]
+    assert [label for label, *_ in rows] == ["DDP", "FSDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "Horovod", "FAKE"]
     assert ("FAKE", "fake", 2, "DDP") in rows
     choice = choose.decide(choose.Request(params=125e6))
     assert choice.strategy == "ddp" and choice.lab_train == "lab train --config ddp --nproc-per-node 8"

@@ -98,7 +98,7 @@ def test_workshop_trains_compares_runs_the_strategies_and_reports(tmp_path):
 
 
 def _strategies_shard_memory_and_agree_on_the_loss(result):
-    """The workshop's `lab bench strategies` step: DDP, FSDP and ZeRO-1/2/3 on 2 ranks, one torchrun job each."""
+    """The workshop's `lab bench strategies` step: DDP, FSDP, ZeRO-1/2/3 and Horovod on 2 ranks, one job each."""
     rows = {r["label"]: r for r in result["rows"]}
     ddp, fsdp = rows["DDP"], rows["FSDP"]
     # Full sharding over 2 ranks halves parameters, gradients and optimizer state: exactly the estimate.
@@ -121,3 +121,9 @@ def _strategies_shard_memory_and_agree_on_the_loss(result):
     else:
         assert not os.environ.get("LAB_REQUIRE_DEEPSPEED"), {k: rows[k].get("error") for k in rows}
         assert all("not installed" in rows[k]["error"] for k in ("ZeRO-1", "ZeRO-2", "ZeRO-3"))
+    horovod = rows["Horovod"]
+    if "error" not in horovod:  # make test builds it (make horovod): a whole replica, DDP's curve bit for bit
+        assert (horovod["state_bytes"], horovod["loss_gap_from_ddp"]) == (ddp["state_bytes"], 0.0)
+        assert horovod["strategy"]["horovod_controller"] == "gloo"
+    else:
+        assert not os.environ.get("LAB_REQUIRE_HOROVOD") and "not installed" in horovod["error"], horovod

@@ -26,6 +26,10 @@ class Strategy(ABC):
         self.model = model            # the plain module: parameters, buffers, evaluation, state
         self.forward: Callable[..., torch.Tensor] = model  # what a training step calls
 
+    def observe(self, run_dir: Path | None) -> None:
+        """Called once, before attach, with the run's directory (None when the run records nothing): a strategy
+        may write its own records there (Horovod's timeline)."""
+
     def attach(self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         """Called once the trainer has built them from the config (DeepSpeed's engine takes both over)."""
 

@@ -57,16 +57,27 @@ class DDPStrategy(Strategy):
         return checkpoints / checkpoint.LAST
 
     def save(self, path: Path, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        if self.ctx.is_primary:  # every rank holds the same weights and optimizer state: one writer, one file
-            # the plain module's state dict: no "module." prefix, so it loads into a model without DDP
-            checkpoint.save(path, {**state, "model": self.model.state_dict(), "optimizer": optimizer.state_dict()})
+        save_replica(self.ctx, self.model, path, optimizer, state)
 
     def load(self, path: Path, optimizer: torch.optim.Optimizer,
              check: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-        # Rank 0 reads the file and sends it to the others: nodes need no shared file system. Every rank
-        # then loads the same state, so loading after the DDP wrap keeps the ranks in step.
-        state = dist.primary_then_broadcast(self.ctx, lambda: checkpoint.load(path, map_location="cpu"))
-        check(state)
-        self.model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        return state
+        return load_replica(self.ctx, self.model, path, optimizer, check)
+
+
+def save_replica(ctx: DistContext, model: nn.Module, path: Path, optimizer: torch.optim.Optimizer,
+                 state: dict[str, Any]) -> None:
+    """The checkpoint of a strategy whose every rank holds the same weights and optimizer state (DDP, Horovod):
+    one writer, one file. The plain module's state dict: no "module." prefix, so it loads into a model without DDP."""
+    if ctx.is_primary:
+        checkpoint.save(path, {**state, "model": model.state_dict(), "optimizer": optimizer.state_dict()})
+
+
+def load_replica(ctx: DistContext, model: nn.Module, path: Path, optimizer: torch.optim.Optimizer,
+                 check: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Rank 0 reads the file and sends it to the others: nodes need no shared file system. Every rank then loads
+    the same state, so loading after the wrap keeps the ranks in step."""
+    state = dist.primary_then_broadcast(ctx, lambda: checkpoint.load(path, map_location="cpu"))
+    check(state)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state
