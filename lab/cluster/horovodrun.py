@@ -3,12 +3,13 @@ torchrun's), and the one-line refusals of a Horovod run that cannot start. torch
 it imports torch.
 
 >>> " ".join(horovodrun_command(2, ["-m", "lab", "train"], python="python"))
-'python -m horovod.runner.launch -np 2 -H localhost:2 --gloo --gloo-timeout-seconds 600 python -m lab train'
+'python -m horovod.runner.launch -np 2 -H localhost:2 --gloo --gloo-timeout-seconds 600 --start-timeout 600 python -m lab train'
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 
 from lab.cluster import torchrun_env
@@ -49,7 +50,9 @@ def horovodrun_command(nproc_per_node: int, target: list[str], python: str | Non
 
     horovodrun as this Python's module (as torchrun is: the one beside it on PATH may be another Python's), gloo
     as the controller (the wheel is built without MPI), every process on this host. The gloo timeout is the
-    lab's collective timeout (dist.timeout_seconds), not Horovod's 30 s default."""
+    lab's collective timeout (dist.timeout_seconds), and so is the start timeout (every process reaching hvd.init):
+    Horovod's 30 s default for both is less than a loaded 2-core machine can take to import torch twice."""
     python = python or sys.executable
+    seconds = str(max(1, math.ceil(timeout_seconds)))  # horovodrun takes whole seconds
     return [python, "-m", "horovod.runner.launch", "-np", str(nproc_per_node), "-H", f"localhost:{nproc_per_node}",
-            "--gloo", "--gloo-timeout-seconds", f"{timeout_seconds:g}", python, *target]
+            "--gloo", "--gloo-timeout-seconds", seconds, "--start-timeout", seconds, python, *target]
