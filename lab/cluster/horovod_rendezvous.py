@@ -45,10 +45,7 @@ def rank0_address(hvd) -> str:
 
 def store(rank: int, world_size: int, timeout: datetime.timedelta) -> tdist.Store:
     hvd = import_horovod()
-    hvd.init()
-    if (hvd.rank(), hvd.size()) != (rank, world_size):
-        raise LaunchError(f"Horovod says rank {hvd.rank()} of {hvd.size()}, horovodrun's environment rank {rank} "
-                          f"of {world_size}; start the job with horovodrun alone (lab train --nproc-per-node N)")
+    hvd.init()  # the strategy checks Horovod's rank and size against the lab's (one place, for every launch)
     server = None
     if rank == 0:  # port 0: the server binds a free one; wait_for_workers=False: they learn of it only below
         server = tdist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)

@@ -43,7 +43,6 @@ from lab.training.strategies.base import Strategy
 from lab.training.strategies.ddp import load_replica, save_replica
 
 
-
 class HorovodStrategy(Strategy):
     name = "horovod"
 
