@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Passed to `lab workshop`, e.g. make lab LAB_ARGS="--set train.max_steps=60"
 LAB_ARGS ?=
 
-.PHONY: lab test test-fast test-tools setup clean gpu-check notebook horovod
+.PHONY: lab test test-fast test-tools setup clean gpu-check notebook horovod room room-proxy jupyter-settings
 
 setup: $(STAMP)
 
@@ -15,8 +15,8 @@ setup: $(STAMP)
 # the first step (no build isolation), without its C++ ops (DS_BUILD_OPS=0: they JIT-build when used); ~20 s here.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,notebook]'
-	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -c constraints.txt -e '.[test,notebook,deepspeed]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,notebook,room]'
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -c constraints.txt -e '.[test,notebook,room,deepspeed]'
 	@touch $(STAMP)
 
 lab: $(STAMP)
@@ -27,22 +27,49 @@ lab: $(STAMP)
 horovod: $(STAMP)
 	third_party/horovod/build.sh $(BIN)/python
 
+# What the lab ships to JupyterLab (jupyter/): the settings a learner starts with (no "official Jupyter news" prompt),
+# installed into .venv's JupyterLab as a settings override; and the server's (jupyter/config/, named by
+# JUPYTER_CONFIG_PATH): its file browser lists each lesson once (the .ipynb; the paired .py stays, hidden). The image
+# and the room's seats get the same (images/Dockerfile's jupyter stage, lab/room/seats.py).
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.d/lab.json
+$(LAB_SETTINGS): jupyter/lab-settings.json $(STAMP)
+	install -D -m 0644 $< $@
+jupyter-settings: $(LAB_SETTINGS)
+
 # The lessons in JupyterLab, from .venv (in Docker: `docker compose up jupyter`). It opens no browser: open the
 # http://127.0.0.1:8888/lab?token=... address it prints (a new random token each start). The .ipynb are made
 # from the paired notebooks/*.py (jupytext) and kept in step with them as you save.
 LAB_BIND_ADDRESS ?= 127.0.0.1
 NOTEBOOK_PORT    ?= 8888
-notebook: $(STAMP)
+notebook: $(STAMP) jupyter-settings
 	$(BIN)/jupytext --sync notebooks/[0-9]*.py
-	$(BIN)/jupyter lab --no-browser --ip=$(LAB_BIND_ADDRESS) --port=$(NOTEBOOK_PORT) --ServerApp.root_dir=. \
+	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/config $(BIN)/jupyter lab --no-browser --ip=$(LAB_BIND_ADDRESS) --port=$(NOTEBOOK_PORT) --ServerApp.root_dir=. \
 		$(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01_baseline_and_ddp.ipynb
+
+# A workshop room on this host (docs/workshop.md): JupyterHub with a seat per learner, each a system user of its own
+# with its own GPUs, cores, memory share, lessons and runs; the hub at http://127.0.0.1:8000 until Ctrl-C. Needs
+# root (useradd, and starting each seat as its user) and npm (the proxy). SEATS: how many (default: one per 2 GPUs,
+# or per 2 cores without GPUs); ROOM_ARGS: more of `lab room serve`'s options (--bind, --idle-timeout, --plan ...).
+SEATS     ?=
+ROOM_ARGS ?=
+room: $(STAMP) jupyter-settings room-proxy
+	$(BIN)/lab room serve $(if $(SEATS),--seats $(SEATS)) $(ROOM_ARGS)
+
+# JupyterHub's proxy, configurable-http-proxy, from npm at the version jupyter/proxy/package-lock.json pins (into
+# .venv/room-proxy, about 3 s). Without npm: a note, and the room's test skips (it fails where CI=true).
+ROOM_PROXY := $(VENV)/room-proxy/node_modules/.bin/configurable-http-proxy
+$(ROOM_PROXY): jupyter/proxy/package.json jupyter/proxy/package-lock.json $(STAMP)
+	@command -v npm >/dev/null || { echo "note: npm is not installed: no JupyterHub proxy for make room (Debian: apt-get install npm)"; exit 0; }
+	install -D -m 0644 -t $(VENV)/room-proxy jupyter/proxy/package.json jupyter/proxy/package-lock.json
+	npm ci --prefix $(VENV)/room-proxy --no-audit --no-fund --loglevel=error
+room-proxy: $(ROOM_PROXY)
 
 # LAB_REQUIRE_DEEPSPEED=1, LAB_REQUIRE_HOROVOD=1: the DeepSpeed and Horovod tests fail, not skip, when either is
 # missing from .venv (neither is after $(STAMP) and `make horovod`, whose build is about 4 of CI's minutes); the
 # lowest-torch venv has neither and skips them, saying why.
 # CI=true (.ci/run sets it): the container test's engine cache (~6 GB, nothing reuses it on a fresh machine) is
 # deleted before the second venv (~6 GB) is installed. With both, a CI machine's disk ran out (stop 21).
-test: $(STAMP) test-tools horovod
+test: $(STAMP) test-tools horovod jupyter-settings room-proxy
 	LAB_REQUIRE_DEEPSPEED=1 LAB_REQUIRE_HOROVOD=1 $(BIN)/python -m pytest
 	@if [ "$${CI:-}" = true ]; then scripts/container-base.sh clean || echo "make test: could not delete the container cache"; fi
 	$(MAKE) test-torch-lowest

@@ -12,6 +12,7 @@ torch is imported only by the handlers that need it, so bad input is refused fas
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -245,6 +246,83 @@ def _data_actions() -> tuple[Command, ...]:
                     handlers.data_synth))
 
 
+def _room_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=at_least(0, "{} GPUs"), metavar="N",
+                   help="GPUs to hand out, 0..N-1 (default: the host's, as NVML counts them)")
+    p.add_argument("--devices", metavar="ID[,ID]", help="the GPUs or MIG instances to hand out, as CUDA_VISIBLE_DEVICES "
+                                                       "names them (e.g. MIG-<uuid>,...; instead of --gpus)")
+    seats = os.environ.get("LAB_ROOM_SEATS") or None  # compose's hub service passes it this way
+    p.add_argument("--seats", type=at_least(1, "{} seats"), metavar="N", default=seats,
+                   help="seats (default: $LAB_ROOM_SEATS, else one per 2 GPUs; on a CPU host one per 2 cores)")
+    p.add_argument("--gpus-per-seat", type=at_least(1, "{} GPUs a seat"), metavar="G",
+                   help="GPUs each seat gets (default: the GPUs split evenly over the seats, else 2)")
+    p.add_argument("--cores", type=at_least(1, "{} cores"), metavar="N",
+                   help="CPU cores to hand out (default: this host's); --cores and --memory plan another host")
+    p.add_argument("--memory", type=float, metavar="GIB", help="the host's memory in GiB (default: this host's)")
+    p.add_argument("--prefix", default="seat", help="seat names: PREFIX1, PREFIX2, ... (default seat)")
+
+
+def _room_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--room-dir", default="runs/room", metavar="DIR",
+                   help="the room's folder: its plan, settings and the hub's state (default runs/room)")
+
+
+def _room_plan_command_args(p: argparse.ArgumentParser) -> None:
+    _room_plan_args(p)
+    p.add_argument("--json", default="runs/room/plan.json", metavar="PATH",
+                   help="where the plan goes, for lab room serve --plan (default runs/room/plan.json)")
+
+
+def _room_serve_args(p: argparse.ArgumentParser) -> None:
+    _room_plan_args(p)
+    _room_dir(p)
+    p.add_argument("--plan", metavar="PATH", help="a plan from lab room plan (instead of planning this host now)")
+    p.add_argument("--spawner", choices=("local", "docker", "slurm"), default="local",
+                   help="local: a process per seat's system user (root); docker: a container per seat "
+                        "(DockerSpawner); slurm: a Slurm job per seat (batchspawner) (default local)")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                   help="where learners' browsers reach the hub (default 127.0.0.1; see docs/workshop.md for TLS)")
+    p.add_argument("--port", type=at_least(1), default=8000, help="the hub's port for browsers (default 8000)")
+    p.add_argument("--hub-port", type=at_least(1), default=8081, help="the hub's API port, loopback (default 8081)")
+    p.add_argument("--proxy-api-port", type=at_least(1), default=8001,
+                   help="the proxy's API port, loopback (default 8001)")
+    p.add_argument("--proxy", metavar="PATH", help="configurable-http-proxy (default: make room-proxy's, or PATH's)")
+    p.add_argument("--idle-timeout", type=at_least(10, "{} s"), default=3600, metavar="SECONDS",
+                   help="stop a seat's server idle this long (default 3600)")
+    p.add_argument("--home-root", default="/home", metavar="DIR", help="where new seat users' homes go (default /home)")
+    p.add_argument("--pushgateway", metavar="HOST:PORT", help="a Pushgateway for the lessons' checks and seats' GPUs")
+    p.add_argument("--prometheus-url", metavar="URL", help="a Prometheus for the seats' lesson 6 (default: its own)")
+    p.add_argument("--image", default="lab-jupyter:0.1.0", help="docker: the seats' image (default lab-jupyter:0.1.0)")
+    p.add_argument("--network", default="lab-room", help="docker: the network of the hub and the seats (default lab-room)")
+    p.add_argument("--hub-bind", default="127.0.0.1", metavar="ADDR",
+                   help="the hub's API address (default 127.0.0.1; 0.0.0.0 where seats are containers)")
+    p.add_argument("--hub-connect-url", default="", metavar="URL",
+                   help="how seats reach the hub's API when not at --hub-bind (compose: http://hub:8081)")
+
+
+def _room_status_args(p: argparse.ArgumentParser) -> None:
+    _room_dir(p)
+    p.add_argument("--json", metavar="PATH", help="write every seat's lessons, checks, run and memory as JSON")
+
+
+def _room_seat_args(p: argparse.ArgumentParser) -> None:
+    _room_dir(p)
+    p.add_argument("seat", metavar="SEAT", help="a seat of the room's plan, e.g. seat1")
+
+
+def _room_actions() -> tuple[Command, ...]:
+    return (Command("plan", "seats with disjoint GPUs, cores and memory: the table to check before the room arrives",
+                    _room_plan_command_args, "lab.room.plan.run"),
+            Command("serve", "JupyterHub serving the room's seats, in the foreground (make room)", _room_serve_args,
+                    "lab.room.serve.run"),
+            Command("status", "every seat by lesson: passed, failed, running, not run; its newest run and memory",
+                    _room_status_args, "lab.room.status.run"),
+            Command("reset", "a seat afresh: its copy of the lessons and its runs deleted", _room_seat_args,
+                    "lab.room.seats.reset"),
+            Command("prepare-seat", "copy the lessons into a seat's folder where missing (a seat container's start)",
+                    lambda p: p.add_argument("home", metavar="DIR"), "lab.room.seats.prepare"))
+
+
 # ----------------------------------------------------------------------------- the table
 
 COMMANDS: tuple[Command, ...] = (
@@ -274,6 +352,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("report", "report.md with plots from run directories and benchmark results", _report_args,
             handlers.report),
     Command("data", "prepare real CIFAR-10 or write synthetic data", actions=_data_actions, metavar="ACTION"),
+    Command("room", "a workshop room: JupyterHub with a seat per learner, each with its own GPUs",
+            actions=_room_actions, metavar="ACTION"),
     Command("doctor", "preflight checks of this host, one line each; exit 1 when one fails", _doctor_args,
             handlers.doctor,
             description="Check python, torch, devices, NCCL/gloo, /dev/shm, ports, the run output directory and the "

@@ -14,7 +14,9 @@ from lab.errors import LabError
 
 # module -> its pip name (the one `pip install` takes)
 PIP_NAMES = {"matplotlib": "matplotlib", "prometheus_client": "prometheus_client", "tqdm": "tqdm",
-             "deepspeed": "deepspeed", "pynvml": "nvidia-ml-py"}
+             "deepspeed": "deepspeed", "pynvml": "nvidia-ml-py", "jupyterhub": "jupyterhub",
+             "nativeauthenticator": "jupyterhub-nativeauthenticator", "jupyterhub_idle_culler": "jupyterhub-idle-culler",
+             "dockerspawner": "dockerspawner", "batchspawner": "batchspawner"}
 
 
 class MissingPackage(LabError):

@@ -204,31 +204,34 @@ class Finished:
 
 def run(command: list[str], *, env: dict[str, str] | None = None, processes: int = 1, stdout: Any = None,
         stderr: Any = None, timeout_seconds: float | None = None, each_line: Callable[[str], None] | None = None,
-        echo: bool = True, stop_grace_seconds: float = STOP_GRACE_SECONDS) -> Finished:
+        echo: bool = True, stop_grace_seconds: float = STOP_GRACE_SECONDS, user: int | None = None,
+        group: int | None = None) -> Finished:
     """Run `command` to its end in a process group of its own; return its Finished.
 
     `processes`: how many processes it starts (a torchrun job: its workers), refused first if memory cannot
     hold them. stdout/stderr as subprocess takes them (None: the lab's own, DEVNULL, PIPE, STDOUT, a file); a
     PIPE is read line by line as it comes, each line given to `each_line` where there is one, else kept in
     Finished. `timeout_seconds`: stopped after that long (Finished.timed_out). `echo`: print `$ command` first.
+    `user`, `group`: run as that uid and gid, without root's supplementary groups (a workshop seat's check).
     """
     check_processes(processes)
     if echo:
         print(f"$ {shlex.join(command)}", flush=True)
+    as_user = {} if user is None else {"user": user, "group": group, "extra_groups": []}
     proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=True, bufsize=1,
-                            start_new_session=True)
+                            start_new_session=True, **as_user)
     kept: dict[str, list[str]] = {"stdout": [], "stderr": []}
     readers = [_reader(stream, each_line or kept[name].append)
                for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)) if stream is not None]
     timed_out = False
     try:
-        with _signals_to_group(proc):
+        with _signals_to_group(proc) as forwarded:
             try:
                 proc.wait(timeout=timeout_seconds)
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:  # whichever way the wait ended: nothing of the group outlives it
-                stop_group(proc, stop_grace_seconds)
+                stop_group(proc, stop_grace_seconds, terminated=signal.SIGTERM in forwarded)
     finally:
         for reader in readers:
             reader.join(timeout=KILL_GRACE_SECONDS)
@@ -245,11 +248,14 @@ def start(command: list[str], *, env: dict[str, str] | None = None, processes: i
     return proc
 
 
-def stop_group(proc: subprocess.Popen, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+def stop_group(proc: subprocess.Popen, grace_seconds: float = STOP_GRACE_SECONDS, terminated: bool = False) -> None:
     """SIGTERM to every process of `proc`'s group, SIGKILL to what is left after `grace_seconds`: within
-    grace + KILL_GRACE_SECONDS every process is gone. At once when the group is already empty."""
+    grace + KILL_GRACE_SECONDS every process is gone. At once when the group is already empty. `terminated`: the
+    group has had its SIGTERM already (passed on from the lab's own): not a second one, which a server such as
+    JupyterHub takes for a second shutdown racing the first."""
     if _group_alive(proc):  # asked first: a group that is gone may have left its number to another
-        _signal_group(proc.pid, signal.SIGTERM)
+        if not terminated:
+            _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
         while _group_alive(proc) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -298,21 +304,22 @@ def _reader(stream: IO[str], each_line: Callable[[str], None]) -> threading.Thre
 
 
 @contextmanager
-def _signals_to_group(proc: subprocess.Popen) -> Iterator[None]:
+def _signals_to_group(proc: subprocess.Popen) -> Iterator[list[int]]:
     """While the child runs: SIGINT/SIGTERM to the lab go to the child's group, then end the lab's command the
     way the previous handler would (Stopped where there was none). A second signal while the group is being
     stopped is passed on only. Signal handlers exist in the main thread only: elsewhere the caller's own."""
+    received: list[int] = []  # what was passed on, in order (yielded: stop_group need not send SIGTERM twice)
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
     previous: dict[int, Any] = {}
-    received: list[int] = []
 
     def forward(signum: int, frame: Any) -> None:
         _signal_group(proc.pid, signum)
-        if received:
-            return
+        first = not received
         received.append(signum)
+        if not first:
+            return
         handler = previous[signum]
         if callable(handler):
             handler(signum, frame)  # Ctrl-C's KeyboardInterrupt, or the caller's own (gpu-check's Terminated)
@@ -322,7 +329,7 @@ def _signals_to_group(proc: subprocess.Popen) -> Iterator[None]:
         if signal.getsignal(sig) not in (signal.SIG_IGN, None):  # ignored before: ignored still
             previous[sig] = signal.signal(sig, forward)
     try:
-        yield
+        yield received
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -2,7 +2,7 @@
 
 Names follow Prometheus conventions: the `lab_` prefix, base units (`_seconds`,
 `_bytes`, `_ratio`), `_total` on counters, `_info` for metadata. Labels are bounded:
-`run_id`, `rank` (global rank), `node` (host name) — never a step or a value. Each rank
+`run_id`, `rank` (global rank), `node` (host name), `seat` in a workshop room — never a step or a value. Each rank
 scrapes its own figures, so a sum over `rank` is the run's total:
 
     sum by (run_id) (lab_train_samples_per_second)       # images/s of the whole run
@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from lab import __version__, atomic, optional
-from lab.cluster import torchrun_env
+from lab.cluster import seat, torchrun_env
 from lab.cluster.addresses import is_loopback, is_wildcard
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
 
 LABELS = ("run_id", "rank", "node")
+ROOM_JOB = "lab-room"   # the Pushgateway job of a workshop room's groups (lessons' checks, seats' GPUs)
 GPU_LABELS = (*LABELS, "gpu")
 
 
@@ -327,7 +328,36 @@ def push_run_summary(cfg, run_id: str, summary: dict[str, Any], ranks: list[dict
     values += [("lab_run_device_memory_peak_bytes", "Peak memory of each rank (device, or process on CPU)",
                 {"rank": str(r["rank"]), "node": r["node"]}, r["device_memory_peak_bytes"]) for r in ranks]
     values = [v for v in values if v[3] is not None]
-    return push(cfg.pushgateway, cfg.job, {"run_id": run_id}, values, "the run summary")
+    # in a workshop room the seat is part of the group: twenty seats' `run.id=baseline` are twenty groups
+    return push(cfg.pushgateway, cfg.job, {"run_id": run_id, **seat.labels()}, values, "the run summary")
+
+
+def push_lesson_checks(gateway: str, lesson: str, passed: int, failed: int) -> bool:
+    """A lesson's "what you should see" checks so far, under (job lab-room, seat, lesson: its number, "01"),
+    replacing the lesson's last push: the instructor's room dashboard shows seats by lessons from these."""
+    values = [("lab_lesson_checks_passed", "Checks of the lesson's last run that held", {}, passed),
+              ("lab_lesson_checks_failed", "Checks (or commands) of the lesson's last run that failed", {}, failed),
+              ("lab_lesson_last_check_timestamp_seconds", "Unix time of the lesson's last check", {}, time.time())]
+    return push(gateway, ROOM_JOB, {"seat": seat.seat() or "none", "lesson": lesson}, values, "the lesson's checks")
+
+
+def push_room_lessons(gateway: str, lessons: list[tuple[str, int]]) -> bool:
+    """How many checks each lesson (its number, "01") makes, one group per lesson: a seat's lesson has passed when
+    lab_lesson_checks_passed reaches lab_lesson_checks_expected."""
+    return all(push(gateway, ROOM_JOB, {"lesson": number},
+                    [("lab_lesson_checks_expected", "The lesson's checks, all of which hold when it passes", {}, count)],
+                    f"lesson {number}'s check count") for number, count in lessons)
+
+
+def push_room_seats(gateway: str, seats: list[tuple[str, list[str]]]) -> bool:
+    """Which GPUs each seat of a room holds (seat, [gpu index, ...]), one group per seat: a dashboard joins the
+    GPUs' own series (dcgm-exporter's, labelled by `gpu`) to seats through lab_room_seat_gpu_info."""
+    done = True
+    for name, gpus in seats:
+        values = [("lab_room_seat_gpu_info", "A GPU of the seat (1 per GPU it holds)", {"gpu": gpu}, 1) for gpu in gpus]
+        values.append(("lab_room_seat_gpus", "GPUs the seat holds", {}, len(gpus)))
+        done &= push(gateway, ROOM_JOB, {"seat": name}, values, f"seat {name}'s GPUs")
+    return done
 
 
 def run_info(ctx, versions: dict[str, Any], data_source: str) -> dict[str, str]:

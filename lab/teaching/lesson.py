@@ -27,10 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.cluster import cores, runner
+from lab.teaching import lesson_checks
 
 # Where lessons write their runs: runs/lessons/ in the checkout (the repository with `make notebook`, /lab in
 # the image), or LAB_LESSON_RUNS.
 ROOT_ENV = "LAB_LESSON_RUNS"
+# The folder of the lesson this kernel runs (output_dir's, fresh): where expect() records its checks.
+_folder: Path | None = None
 
 
 class NotWhatYouShouldSee(AssertionError):
@@ -151,10 +154,14 @@ def devices() -> int:
 
 def output_dir(lesson: str, root: str | os.PathLike | None = None, fresh: bool = True) -> Path:
     """The lesson's own folder under runs/lessons/, emptied first (fresh) so a rerun shows its own results."""
+    global _folder
     folder = Path(root or os.environ.get(ROOT_ENV) or checkout() / "runs" / "lessons") / lesson
     if fresh and folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    if fresh:  # the lesson (re)starts here: its checks are recorded from now on (lesson_checks)
+        _folder = folder.resolve()
+        lesson_checks.begin(_folder, lesson)
     return folder.resolve()
 
 
@@ -185,6 +192,7 @@ def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Fi
                       each_line=show, echo=False)
     if check and done.returncode != 0:
         tail = "".join(lines[-15:])
+        _record(f"{' '.join(args)} exited {done.returncode}", False)
         raise NotWhatYouShouldSee(f"{' '.join(args)} exited {done.returncode}; its last lines:\n{tail}")
     return Finished(args, done.returncode, "".join(lines), None)
 
@@ -220,7 +228,15 @@ def table(rows: list[dict], columns: list[str]):
 
 
 def expect(condition: bool, what_you_should_see: str) -> None:
-    """The end of a lesson: the result the learner should see, checked; a failure stops the notebook loudly."""
+    """The end of a lesson: the result the learner should see, checked (and recorded in the lesson's
+    checks.json, which a workshop room's instructor reads); a failure stops the notebook loudly."""
+    _record(what_you_should_see, bool(condition))
     if not condition:
         raise NotWhatYouShouldSee(what_you_should_see)
     print(f"as expected: {what_you_should_see}")
+
+
+
+def _record(check: str, held: bool) -> None:
+    if _folder is not None:
+        lesson_checks.record(_folder, check, held)

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lab import data
-from lab.cluster import dist, provenance, slurm, torchrun_env
+from lab.cluster import dist, provenance, seat, slurm, torchrun_env
 from lab.config import Config, check_layout, to_dict
 from lab.errors import CheckpointError
 from lab.formatting import num, pct
@@ -77,7 +77,7 @@ class RunStart:
             "total_steps": trainer.total_steps, "amp": _amp_name(trainer),
             "versions": self.versions, "git_revision": git_revision(),
             "hosts": sorted({r["host"] for r in ranks}), "ranks": ranks, "environment": provenance.recorded_env(),
-            "starts": [start], "slurm": slurm.record(),
+            "starts": [start], "slurm": slurm.record(), "seat": seat.seat(),  # a workshop room's seat, else None
         }
 
     def summary(self, results: dict[str, Any], status: str, error: str | None = None) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def _exporter(r: RunStart) -> Iterator[metrics.NullExporter]:
     finally:
         exporter.close()
         if r.ctx.is_primary and r.cfg.metrics.targets_dir:
-            (Path(r.cfg.metrics.targets_dir) / f"{r.run_dir.run_id}.json").unlink(missing_ok=True)
+            _shared_targets(r).unlink(missing_ok=True)
 
 
 def _record_start(r: RunStart, exporter: metrics.NullExporter) -> None:
@@ -269,19 +269,25 @@ def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, s
 
 def _publish_targets(r: RunStart, targets: list) -> None:
     """file_sd target files listing every rank's endpoint, so Prometheus finds the run without a config edit.
-    Under Slurm each target also carries the job's id and cluster (slurm_job_id, slurm_cluster): Prometheus
-    attaches them to every series it scrapes there, so a dashboard selects one job's ranks."""
+    Under Slurm each target also carries the job's id and cluster (slurm_job_id, slurm_cluster), in a workshop
+    room its seat: Prometheus attaches them to every series it scrapes there, so a dashboard selects one job's
+    ranks, or one seat's."""
     job = slurm.record()
-    if job is not None:
-        targets = [{**t, "labels": {**t["labels"], "slurm_job_id": job["job_id"], "slurm_cluster": job["cluster"]}}
-                   if t else t for t in targets]
+    extra = {**({"slurm_job_id": job["job_id"], "slurm_cluster": job["cluster"]} if job else {}), **seat.labels()}
+    if extra:
+        targets = [{**t, "labels": {**t["labels"], **extra}} if t else t for t in targets]
     written = metrics.write_targets(r.run_dir.path / "prometheus-targets.json", targets)
     if written is None:
         return
     if r.cfg.metrics.targets_dir:
-        metrics.write_targets(Path(r.cfg.metrics.targets_dir) / f"{r.run_dir.run_id}.json", targets)
+        metrics.write_targets(_shared_targets(r), targets)
     endpoints = ", ".join(f"http://{t['targets'][0]}/metrics" for t in targets if t)
     r.console.say(f"metrics: {endpoints} (Prometheus file_sd targets: {written})")
+
+
+def _shared_targets(r: RunStart) -> Path:
+    """The run's file in metrics.targets_dir, a folder every run of the host (every seat of a room) writes to."""
+    return Path(r.cfg.metrics.targets_dir) / f"{seat.file_prefix()}{r.run_dir.run_id}.json"
 
 
 def _amp_name(trainer: Trainer) -> str:

@@ -185,7 +185,7 @@ def test_runs_and_data_are_mounted_and_made_writable_for_the_lab_user():
 def test_dockerfile_layers_dependencies_before_source():
     text = DOCKERFILE.read_text()
     stages = re.findall(r"^FROM \S+ AS (\S+)$", text, re.M)
-    assert stages == ["base", "deps", "wheel", "runtime", "data", "lab", "jupyter"], stages
+    assert stages == ["base", "deps", "wheel", "runtime", "data", "lab", "jupyter", "hub"], stages
     assert text.index("COPY pyproject.toml /tmp/lab/") < text.index("COPY lab ./lab")
     # NGC's entry point first, then lab (tests/infra/test_image_entrypoint.py runs it)
     assert re.search(r'^ENTRYPOINT \["/usr/local/bin/lab-entrypoint"\]$', text, re.M)
@@ -201,7 +201,8 @@ def test_dockerignore_keeps_the_context_small():
     assert ignore[0] == "**"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
     assert allowed == {"pyproject.toml", "README.md", "lab", "images/cifar", "images/entrypoint.sh",
-                       "third_party/horovod"}  # the Dockerfile builds Horovod from it (WITH_HOROVOD=1)
+                       "third_party/horovod",  # the Dockerfile builds Horovod from it (WITH_HOROVOD=1)
+                       "notebooks", "monitoring", "jupyter"}  # a room seat's lessons; JupyterLab's settings, the proxy
 
 
 def test_jupyter_serves_the_lessons_with_a_token_on_the_lab_image():
@@ -229,3 +230,31 @@ def test_jupyter_serves_the_lessons_with_a_token_on_the_lab_image():
         assert ("deploy" in jupyter) == (variant == "gpu") == ("deploy" in lab)
         for key in ("ipc", "ulimits", "init"):
             assert jupyter[key] == lab[key], key
+
+
+def test_the_room_hub_serves_seats_from_its_own_image_on_the_room_network():
+    """compose's hub (--profile room): lab room serve with DockerSpawner, the seats' image its own, the hub's API
+    reachable from the seats as http://hub:8081 on the lab-room network, where the Pushgateway and Prometheus
+    are too; published on loopback; the CPU file's command the GPU file's but for the image."""
+    def model(*files: str) -> dict:  # compose's own merge, with the room's profile on
+        args = [a for f in files for a in ("-f", str(ROOT / f))]
+        return json.loads(run([tool("docker-compose"), *args, "--profile", "room", "config", "--format", "json"],
+                              env={"LAB_BIND_ADDRESS": "", "LAB_ROOM_PORT": "", "LAB_HUB_IMAGE": ""}).stdout)
+
+    gpu, cpu = model("compose.yaml"), model("compose.yaml", "compose.cpu.yaml")
+    raw = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    hub = gpu["services"]["hub"]
+    assert hub["profiles"] == ["room"] and hub["build"]["target"] == "hub"
+    command = hub["command"]
+    assert command[:4] == ["room", "serve", "--spawner", "docker"]
+    option = dict(zip(command[4::2], command[5::2]))
+    assert option["--image"] == hub["image"] == "lab-hub:0.1.0"
+    assert option["--network"] == gpu["networks"]["room"]["name"] == "lab-room"
+    assert option["--hub-connect-url"] == "http://hub:8081" and option["--pushgateway"] == "pushgateway:9091"
+    assert all("room" in gpu["services"][s]["networks"] for s in ("hub", "prometheus", "pushgateway"))
+    assert raw["services"]["hub"]["ports"] == ["${LAB_BIND_ADDRESS:-127.0.0.1}:${LAB_ROOM_PORT:-8000}:8000"]
+    assert hub["ports"][0]["host_ip"] == "127.0.0.1" and hub["ports"][0]["published"] == "8000"
+    assert any(v["source"] == "/var/run/docker.sock" for v in hub["volumes"])
+    cpu_hub = cpu["services"]["hub"]
+    assert [c for c in cpu_hub["command"] if "lab-hub" not in c] == [c for c in command if "lab-hub" not in c]
+    assert cpu_hub["image"] == "lab-hub:0.1.0-cpu" in cpu_hub["command"] and "deploy" not in cpu_hub

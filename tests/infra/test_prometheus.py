@@ -197,6 +197,66 @@ def test_a_run_that_ends_again_replaces_its_group(stack):
     assert len(wait_for(prom, 'lab_run_device_memory_peak_bytes{run_id="r1"}', 2)) == 2  # ranks 2, 3 are gone
 
 
+def test_two_seats_runs_of_one_id_stay_apart_by_seat_and_the_room_dashboard_reads_their_lessons(stack, tmp_path):
+    """A workshop room: two seats train a run of the same id at once (their lessons give every seat the same
+    ids). Each seat's targets file, series and pushed summary carry its seat, so neither overwrites the other;
+    the lessons' pushed checks and the room's pushed check counts give the room dashboard's seats-by-lesson cell."""
+    port_base = free_ports(2)
+    procs = {}
+    for offset, name in enumerate(("seat1", "seat2")):
+        args = [PYTHON, "-m", "lab", "train", *TINY, "--set", f"run.output_dir={tmp_path}/{name}",
+                "--set", "run.id=baseline", "--set", "train.epochs=8", "--set", "train.log_every=1",
+                "--set", f"metrics.port_base={port_base + offset}", "--set", f"metrics.targets_dir={stack['targets']}",
+                "--set", f"metrics.pushgateway={stack['pushgateway']}"]
+        procs[name] = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       env={**os.environ, "LAB_SEAT": name, "OMP_NUM_THREADS": "1"})
+    prom = stack["prometheus"]
+    live = wait_for(prom, 'last_over_time(lab_train_steps_total{run_id="baseline"}[10m])', 2, seconds=120)
+    for name, proc in procs.items():
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-3000:]
+        assert not (stack["targets"] / f"{name}-baseline.json").exists()  # withdrawn at the end, by its seat's name
+        targets = json.loads((tmp_path / name / "baseline" / "prometheus-targets.json").read_text())
+        assert targets[0]["labels"]["seat"] == name
+    assert sorted(r["metric"]["seat"] for r in live) == ["seat1", "seat2"]
+    assert _groups(stack["pushgateway"], "baseline") == [{"job": "lab", "run_id": "baseline", "seat": "seat1"},
+                                                         {"job": "lab", "run_id": "baseline", "seat": "seat2"}]
+
+    # the lessons' checks (pushed as they are recorded) and each lesson's count (pushed by lab room serve)
+    from lab.observability import metrics
+    from lab.teaching import lesson_checks
+
+    assert metrics.push_room_lessons(stack["pushgateway"], [("01", 2), ("02", 1)])
+    assert metrics.push_room_seats(stack["pushgateway"], [("seat1", ["0", "1"]), ("seat2", ["2", "3"])])
+    for name, checks in (("seat1", [True, True]), ("seat2", [True]), ("seat3", [False])):
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("LAB_SEAT", name)
+            env.setenv(lesson_checks.PUSHGATEWAY_ENV, stack["pushgateway"])
+            folder = tmp_path / name / "01-baseline-and-ddp"
+            folder.mkdir(parents=True, exist_ok=True)
+            lesson_checks.begin(folder, "01-baseline-and-ddp")
+            for held in checks:
+                lesson_checks.record(folder, "a check", held)
+    dashboard = json.loads((MONITORING / "grafana" / "dashboards" / "room.json").read_text())
+    cell = dashboard["panels"][0]["targets"][0]["expr"]
+    shown = {r["metric"]["seat"]: float(r["value"][1]) for r in wait_for(prom, cell, 3)}
+    assert shown == {"seat1": 1.0, "seat2": 0.5, "seat3": -1.0}  # passed, running (1 of 2), failed
+    gpus = wait_for(prom, "lab_room_seat_gpu_info", 4)
+    assert sorted((r["metric"]["seat"], r["metric"]["gpu"]) for r in gpus) == [
+        ("seat1", "0"), ("seat1", "1"), ("seat2", "2"), ("seat2", "3")]
+
+
+def test_the_room_dashboard_uses_the_lab_metrics():
+    from lab.observability import metrics
+
+    dashboard = json.loads((MONITORING / "grafana" / "dashboards" / "room.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    source = Path(metrics.__file__).read_text()
+    for name in set(re.findall(r"\blab_[a-z_]+\b", exprs)):
+        assert f'"{name.removesuffix("_total")}"' in source, f"{name} is not defined in lab/observability/metrics.py"
+    assert "DCGM_FI_DEV_FB_USED" in exprs and "lab_room_seat_gpu_info" in exprs
+
+
 def test_an_unreachable_pushgateway_costs_one_warning_line(tmp_path):
     dead = free_ports()
     proc = lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={tmp_path}",

@@ -33,6 +33,8 @@ RUN_HERE = {
     ".venv/bin/lab memory --convention deepspeed --params 7e9 --world-size 8 --largest-layer 131e6 --device h100":
         "27.71 GiB (29,750,000,000 bytes)",
     "diff -u examples/single_device.py examples/ddp_torchrun.py": "+    sampler = DistributedSampler(",
+    ".venv/bin/lab room plan --gpus 8 --seats 4 --cores 112 --memory 2048": "| seat4 | 6,7 | 84-111 |",
+    ".venv/bin/lab room plan --seats 4": "| seat4 |",
 }
 
 # Tens of seconds each (real torchrun jobs of 2 gloo ranks, 176 MB of synthetic data): run here in order in one
@@ -59,7 +61,13 @@ SLURM_JOB = ("acts on a job id of the reader's Slurm cluster; tests/infra/test_s
              "own jobs on a real two-node Slurm")
 SLURM_DGX = "needs a Slurm cluster of GPU nodes; tests/infra/test_slurm.py submits the same script on a real two-node Slurm"
 
+ROOM = ("acts on a running room's seats (root, system users); tests/infra/test_room.py serves a real room and runs "
+        "it there")
+
 NOT_RUN_HERE = {
+    "docker compose --profile room up hub": REGISTRY,
+    ".venv/bin/lab room status": ROOM,
+    ".venv/bin/lab room reset seat2": ROOM,
     "LAB_CONFIG=ddp sbatch -N 4 --gpus-per-node=8 slurm/lab.sbatch": SLURM_DGX,
     "LAB_METRICS_PORT_BASE=9500 LAB_TARGETS_DIR=/shared/prometheus/targets sbatch -N 2 slurm/lab.sbatch": SLURM_DGX,
     "squeue -u $USER": SLURM_JOB,

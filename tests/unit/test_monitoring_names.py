@@ -65,7 +65,7 @@ class _Gateway(BaseHTTPRequestHandler):
 
 
 def pushed_by_the_lab() -> set[str]:
-    """The series of every push the lab makes: a run's summary, all-reduce's and scaling's results."""
+    """The series of every push the lab makes: a run's summary, all-reduce's and scaling's results, a room's."""
     from prometheus_client.parser import text_string_to_metric_families
 
     _Gateway.bodies = []
@@ -81,6 +81,10 @@ def pushed_by_the_lab() -> set[str]:
         assert metrics.push_allreduce(gateway, "b1", [{"size": 8, "oop_busbw": 1.0, "ip_busbw": 1.0}], "float", "sum")
         assert metrics.push_scaling(gateway, "s1", [{"world_size": 1, "samples_per_second": 1.0, "efficiency": 1.0}],
                                     "weak")
+        # a workshop room's: a lesson's checks, each lesson's count, each seat's GPUs
+        assert metrics.push_lesson_checks(gateway, "01", 1, 0)
+        assert metrics.push_room_lessons(gateway, [("01", 1)])
+        assert metrics.push_room_seats(gateway, [("seat1", ["0"])])
     finally:
         server.shutdown()
         server.server_close()

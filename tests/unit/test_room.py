@@ -1,0 +1,166 @@
+"""A workshop room's plan, its refusals, its hub configuration and its seats' container options, without starting
+anything (tests/infra/test_room.py runs the real hub, proxy and seats).
+
+DockerSpawner's options are checked against DockerSpawner's own traits and docker-py's own HostConfig, which
+build and validate them the way they would for a real engine; no container is started here. A real seat
+container would need the room's image (the jupyter stage with JupyterHub: a build of its own, minutes beyond the
+room tests' budget) on the container test's private engine, which has no NVIDIA runtime to take the device
+requests anyway: the GPU half of the options can only be exercised on a GPU server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lab.errors import LabError
+from lab.room import plan as room_plan
+from lab.room.settings import RoomSettings
+from tests.conftest import PYTHON, ROOT
+
+GIB = 2**30
+DGX = room_plan.Host(tuple("01234567"), tuple(range(112)), 2048 * GIB)
+
+
+def lab(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "lab", *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_eight_gpus_make_four_seats_of_two_each_with_its_own_gpus_and_cores():
+    room = room_plan.make_plan(DGX, seats=4)
+    assert [s.devices for s in room.seats] == [("0", "1"), ("2", "3"), ("4", "5"), ("6", "7")]
+    cores = [set(s.cpus) for s in room.seats]
+    assert all(len(c) == 28 for c in cores) and set().union(*cores) == set(range(112))
+    assert sum(s.memory_bytes for s in room.seats) <= DGX.memory_bytes - DGX.reserve_bytes
+    assert room_plan.make_plan(DGX).names == ["seat1", "seat2", "seat3", "seat4"]  # 2 GPUs a seat by default
+
+
+def test_a_seat_of_one_gpu_or_a_mig_instance_is_told_its_lessons_run_the_cpu_way():
+    one = room_plan.make_plan(DGX, seats=8)
+    assert all(len(s.devices) == 1 and "DDP needs a GPU per rank" in s.lessons() for s in one.seats)
+    mig = room_plan.make_plan(room_plan.Host(("MIG-a", "MIG-b", "MIG-c"), tuple(range(12)), 256 * GIB))
+    assert [s.devices for s in mig.seats] == [("MIG-a",), ("MIG-b",), ("MIG-c",)]  # one instance a seat
+    assert all("NCCL cannot run DDP across MIG instances" in s.lessons() for s in mig.seats)
+    assert "on its 2 GPUs (NCCL, GPU sizes)" in room_plan.make_plan(DGX, seats=4).seats[0].lessons()
+
+
+def test_cpu_seats_share_cores_when_there_are_fewer_cores_than_seats():
+    room = room_plan.make_plan(room_plan.Host((), (0, 1), 24 * GIB), seats=3)
+    assert all(s.cpus == () and s.threads == 1 for s in room.seats)
+    assert any("share 2 cores" in note for note in room.notes)
+    pinned = room_plan.make_plan(room_plan.Host((), tuple(range(8)), 64 * GIB), seats=2)
+    assert [s.cpus for s in pinned.seats] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--gpus", "8", "--seats", "16", "--cores", "112", "--memory", "2048"], "two seats would share a GPU"),
+    (["--gpus", "8", "--gpus-per-seat", "3", "--seats", "3", "--cores", "112", "--memory", "2048"],
+     "3 seats of 3 GPUs need 9; this host has 8"),
+    (["--gpus", "0", "--seats", "9", "--cores", "2", "--memory", "24"], "holds at most 7 seats of 3.0 GiB"),
+    (["--gpus", "8", "--seats", "4", "--cores", "112", "--memory", "40"], "holds at most 3 seats of 11.0 GiB"),
+    (["--gpus", "0", "--gpus-per-seat", "1", "--memory", "24"], "this host has no GPU"),
+    (["--gpus", "0", "--prefix", "Seat", "--memory", "24"], "a seat's name is a system user name"),
+])
+def test_a_plan_the_host_cannot_hold_is_refused_in_one_line(args, says, tmp_path):
+    done = lab("room", "plan", *args, "--json", str(tmp_path / "plan.json"))
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_the_plan_is_printed_and_written_for_serve(tmp_path):
+    out = tmp_path / "plan.json"
+    done = lab("room", "plan", "--gpus", "8", "--seats", "4", "--cores", "112", "--memory", "2048", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "| seat1 | 0,1 | 0-27 | 460.8 GiB | 1-7 on its 2 GPUs (NCCL, GPU sizes) |" in done.stdout
+    assert room_plan.load(out).names == ["seat1", "seat2", "seat3", "seat4"]
+
+
+def test_an_edited_plan_that_gives_two_seats_one_gpu_is_refused_before_anything_starts(tmp_path):
+    path = room_plan.save(room_plan.make_plan(DGX, seats=4), tmp_path / "plan.json")
+    edited = json.loads(path.read_text())
+    edited["seats"][1]["devices"] = ["1", "2"]  # seat2 now also holds seat1's GPU 1
+    path.write_text(json.dumps(edited))
+    with pytest.raises(LabError, match=r"plan.json: seats seat1 and seat2 both have GPU 1; each GPU belongs to one"):
+        room_plan.load(path)
+    done = lab("room", "serve", "--plan", str(path), "--room-dir", str(tmp_path / "room"))
+    assert done.returncode == 2 and "seats seat1 and seat2 both have GPU 1" in done.stderr
+    assert not (tmp_path / "room").exists()  # refused before the room's folder was made
+    path.write_text("{not json")
+    assert "not a room plan" in lab("room", "serve", "--plan", str(path)).stderr
+
+
+def _configure(tmp_path: Path, **settings) -> object:
+    from traitlets.config import Config
+
+    from lab.room import hub
+
+    room_plan.save(room_plan.make_plan(DGX, seats=4), tmp_path / "plan.json")
+    RoomSettings(**settings).save(tmp_path)
+    c = Config()
+    hub.configure(c, tmp_path)
+    return c
+
+
+def test_the_hub_listens_on_loopback_admits_only_the_seats_and_culls_idle_ones(tmp_path):
+    c = _configure(tmp_path, idle_timeout_seconds=1800)
+    assert c.JupyterHub.bind_url == "http://127.0.0.1:8000" and c.JupyterHub.hub_bind_url.startswith("http://127.0.0.1")
+    assert c.Authenticator.username_pattern == "^(instructor|seat1|seat2|seat3|seat4)$"
+    assert c.Authenticator.admin_users == {"instructor"}
+    assert c.NativeAuthenticator.open_signup is False  # a sign-up waits for the instructor
+    culler = c.JupyterHub.services[0]
+    assert culler["name"] == "idle-culler" and "--timeout=1800" in culler["command"]
+    assert set(c.JupyterHub.load_roles[0]["scopes"]) >= {"list:users", "read:users:activity", "delete:servers"}
+    assert c.JupyterHub.db_url == f"sqlite:///{tmp_path.resolve() / 'hub.sqlite'}"
+
+
+def test_seat_containers_get_their_gpus_cores_memory_and_volume_as_dockerspawner_and_docker_take_them(tmp_path):
+    docker = pytest.importorskip("docker")
+    from dockerspawner import DockerSpawner
+
+    from lab.room import hub
+
+    c = _configure(tmp_path, spawner="docker", image="lab-hub:0.1.0")
+    assert c.JupyterHub.spawner_class == "dockerspawner.DockerSpawner" and c.DockerSpawner.network_name == "lab-room"
+    room = room_plan.load(tmp_path / "plan.json")
+    options = hub.docker_options(room.seat("seat2"), RoomSettings(spawner="docker"))
+    # the hub's user, as far as DockerSpawner's names for the container and volume read it
+    spawner = DockerSpawner(user=SimpleNamespace(name="seat2", id=2, url="/user/seat2/"))
+    for trait, value in options.items():  # DockerSpawner's own traits, validated as it validates them
+        assert spawner.has_trait(trait), trait
+        setattr(spawner, trait, value)
+    assert spawner.mem_limit == room.seat("seat2").memory_bytes and spawner.cpu_limit == 28.0
+    assert spawner.volumes == {"lab-room-seat2": "/lab/seat"}
+    assert spawner.environment["LAB_SEAT"] == "seat2" and spawner.environment["CUDA_VISIBLE_DEVICES"] == "0,1"
+    # the host config as DockerSpawner hands it to docker-py, which turns it into the engine's API fields
+    client = docker.APIClient(base_url="unix:///nonexistent.sock", version="1.44")
+    made = client.create_host_config(mem_limit=spawner.mem_limit, **spawner.extra_host_config)
+    assert made["DeviceRequests"] == [{"Driver": "nvidia", "Count": 0, "DeviceIDs": ["2", "3"],
+                                       "Capabilities": [["gpu"]], "Options": {}}]
+    assert made["CpusetCpus"] == "28-55" and made["Memory"] == room.seat("seat2").memory_bytes
+    assert {u["Name"] for u in made["Ulimits"]} == {"memlock", "stack"}
+
+
+def test_a_slurm_room_asks_slurm_for_each_seats_gpus(tmp_path):
+    pytest.importorskip("batchspawner")
+    c = _configure(tmp_path, spawner="slurm", slurm_partition="gpu")
+    assert c.JupyterHub.spawner_class == "batchspawner.SlurmSpawner" and c.SlurmSpawner.req_partition == "gpu"
+
+
+def test_lesson_checks_are_recorded_with_the_seat(tmp_path, monkeypatch):
+    from lab.teaching import lesson
+
+    monkeypatch.setenv("LAB_SEAT", "seat7")
+    monkeypatch.delenv("LAB_PUSHGATEWAY", raising=False)
+    folder = lesson.output_dir("01-demo", root=tmp_path)
+    lesson.expect(True, "it held")
+    with pytest.raises(lesson.NotWhatYouShouldSee):
+        lesson.expect(False, "it did not")
+    record = json.loads((folder / "checks.json").read_text())
+    assert record["seat"] == "seat7" and (record["passed"], record["failed"]) == (1, 1)
+    assert [c["held"] for c in record["checks"]] == [True, False]
+    lesson.output_dir("01-demo", root=tmp_path)  # the lesson again: a fresh record
+    assert json.loads((folder / "checks.json").read_text())["checks"] == []
