@@ -109,8 +109,9 @@ def main() -> int:
         os.killpg(serve.pid, signal.SIGTERM)
         serve.wait(timeout=120)
         for name in names:
-            stop_user_processes(name)
-            room_seats.remove_user(name)
+            if room_seats.made_by_a_room(name):
+                stop_user_processes(name)
+                room_seats.remove_user(name)
     return 0
 
 

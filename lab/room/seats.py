@@ -62,14 +62,30 @@ def home_of(name: str) -> Path | None:
         return None
 
 
+# The comment (GECOS) of every system user a room makes: a seat may reuse a user made by an earlier room, never
+# an account of someone's (whose processes the room would stop when it stops).
+SEAT_COMMENT = "lab room seat"
+
+
+def made_by_a_room(name: str) -> bool:
+    try:
+        return pwd.getpwnam(name).pw_gecos == SEAT_COMMENT
+    except KeyError:
+        return False
+
+
 def ensure_user(name: str, home_root: Path) -> Path:
-    """The seat's system user, created when missing (home under `home_root`, mode 0700); its home."""
+    """The seat's system user, created when missing (home under `home_root`, mode 0700); its home. A user of that
+    name that a room did not make is refused: its processes and files are someone else's."""
     home = home_of(name)
+    if home is not None and not made_by_a_room(name):
+        raise LabError(f"seat {name}: a system user of that name exists and was not made by lab room; give the "
+                       f"seats other names (--prefix)")
     if home is None:
         home = home_root / name
         done = runner.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/bash",
-                           "--user-group", name], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          echo=False)
+                           "--comment", SEAT_COMMENT, "--user-group", name], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, echo=False)
         if done.returncode != 0:
             raise LabError(f"useradd {name}: {done.stderr.strip() or f'exited {done.returncode}'} (the room's "
                            f"seats are system users: run lab room serve as root)")
@@ -81,8 +97,8 @@ def ensure_user(name: str, home_root: Path) -> Path:
 
 
 def remove_user(name: str) -> None:
-    """Delete a seat's system user and its home (tests, and an instructor clearing a room)."""
-    if home_of(name) is not None:
+    """Delete a seat's system user and its home (tests, and an instructor clearing a room): only one a room made."""
+    if made_by_a_room(name):
         runner.run(["userdel", "--remove", name], stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, echo=False)
 

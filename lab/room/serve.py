@@ -20,10 +20,12 @@ from pathlib import Path
 
 from lab import optional
 from lab.cluster import runner
+from lab.observability import metrics
 from lab.errors import LabError
 from lab.room import plan as room_plan
 from lab.room import seats
 from lab.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
+from lab.room.status import lessons
 
 CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
 # `make room-proxy` installs configurable-http-proxy (npm, pinned by jupyter/proxy/package-lock.json) here
@@ -65,10 +67,6 @@ def run(args: argparse.Namespace) -> int:
     room_plan.save(plan, state / "plan.json")
     settings.save(state)
     if settings.pushgateway:
-        from lab.observability import metrics
-
-        from lab.room.status import lessons
-
         metrics.push_room_seats(settings.pushgateway, [(s.name, list(s.devices)) for s in plan.seats])
         metrics.push_room_lessons(settings.pushgateway, lessons())
     print(room_plan.table(plan), flush=True)
@@ -82,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if settings.spawner in ("local", "slurm"):
             for name in plan.names:
-                stop_user_processes(name)
+                if seats.made_by_a_room(name):  # never someone's own account's processes
+                    stop_user_processes(name)
     return 0 if done.returncode == 0 else 1
 
 

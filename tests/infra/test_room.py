@@ -71,8 +71,9 @@ def _remove_seats() -> None:
     from lab.room.serve import stop_user_processes
 
     for name in SEATS:
-        stop_user_processes(name)
-        seats.remove_user(name)
+        if seats.made_by_a_room(name):
+            stop_user_processes(name)
+            seats.remove_user(name)
 
 
 def _processes_of(names: list[str]) -> list[str]:
@@ -322,3 +323,21 @@ def test_stopping_the_room_stops_everything_it_started(room):
     assert _processes_of(SEATS) == []
     with pytest.raises(requests.ConnectionError):
         requests.get(f"{room['base']}/hub/api", timeout=5)
+
+
+def test_a_seat_name_that_is_someones_account_is_refused(tmp_path):
+    """A seat reuses a system user an earlier room made, never an account of someone's: the room would run a
+    learner as them, and stop their processes when it stops."""
+    if cannot_run():
+        _skip_or_fail(cannot_run())
+    name = "rtz1"
+    subprocess.run(["useradd", "--no-create-home", name], check=True)
+    try:
+        done = subprocess.run([sys.executable, "-m", "lab", "room", "serve", "--prefix", "rtz", "--seats", "1",
+                               "--room-dir", str(tmp_path / "room")], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT)
+        assert done.returncode == 2, done.stderr
+        assert "seat rtz1: a system user of that name exists and was not made by lab room" in done.stderr
+        assert not (tmp_path / "room").exists()
+    finally:
+        subprocess.run(["userdel", name], check=True)
