@@ -2,7 +2,8 @@
 
 Names follow Prometheus conventions: the `lab_` prefix, base units (`_seconds`,
 `_bytes`, `_ratio`), `_total` on counters, `_info` for metadata. Labels are bounded:
-`run_id`, `rank` (global rank), `node` (host name), `seat` in a workshop room — never a step or a value. Each rank
+`run_id`, `rank` (global rank), `node` (host name) — never a step or a value; in a workshop room each run's file_sd
+targets and pushed group add `seat` (lab.cluster.seat), so Prometheus labels all its series with it. Each rank
 scrapes its own figures, so a sum over `rank` is the run's total:
 
     sum by (run_id) (lab_train_samples_per_second)       # images/s of the whole run
