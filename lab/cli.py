@@ -298,6 +298,9 @@ def _room_serve_args(p: argparse.ArgumentParser) -> None:
                    help="the hub's API address (default 127.0.0.1; 0.0.0.0 where seats are containers)")
     p.add_argument("--hub-connect-url", default="", metavar="URL",
                    help="how seats reach the hub's API when not at --hub-bind (compose: http://hub:8081)")
+    p.add_argument("--memlock", type=at_least(-1), default=-1, metavar="BYTES",
+                   help="docker: the seats' locked-memory limit (default -1, unlimited, as NCCL wants; an engine "
+                        "that may not raise it refuses to start a seat: give the host's hard limit, ulimit -Hl x 1024)")
 
 
 def _room_status_args(p: argparse.ArgumentParser) -> None:

@@ -77,17 +77,10 @@ def main() -> int:
                              stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        import requests
-
-        while True:
-            try:
-                if requests.get(f"{base}/hub/api", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if serve.poll() is not None:
-                raise SystemExit(f"lab room serve exited {serve.returncode}: {state.parent / state.name}.log")
-            time.sleep(0.5)
+        try:
+            hub.wait_until_serving(base, serve, state.parent / f"{state.name}.log")
+        except AssertionError as exc:
+            raise SystemExit(str(exc)) from None
         admin, password = (state / "instructor-password").read_text().split()
         instructor = hub.log_in(base, admin, password)
         seats = []

@@ -153,7 +153,7 @@ def docker_options(seat: room_plan.Seat, settings: RoomSettings) -> dict:
     volume of its own, NCCL's runtime settings (shared memory, memlock, stack), and its environment."""
     from docker.types import DeviceRequest, Ulimit
 
-    host = {"shm_size": "8g", "ulimits": [Ulimit(name="memlock", soft=-1, hard=-1),
+    host = {"shm_size": "8g", "ulimits": [Ulimit(name="memlock", soft=settings.memlock, hard=settings.memlock),
                                           Ulimit(name="stack", soft=67108864, hard=67108864)]}
     if seat.devices:
         host["device_requests"] = [DeviceRequest(driver="nvidia", device_ids=list(seat.devices),
@@ -161,7 +161,8 @@ def docker_options(seat: room_plan.Seat, settings: RoomSettings) -> dict:
     if seat.cpus:
         host["cpuset_cpus"] = room_plan.core_list(seat.cpus)
     env = seats.environment(seat, Path(SEAT_HOME_IN_CONTAINER), settings.pushgateway, settings.prometheus_url)
-    env.pop("PATH")  # the image's own
+    for own in ("PATH", "JUPYTER_CONFIG_PATH"):  # the image's own (its ENV), not the hub's host's
+        env.pop(own, None)
     # inside the container the GPUs it was given are its 0..N-1: the device request already narrowed them
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(seat.devices)))
     return {"image": settings.image, "mem_limit": seat.memory_bytes, "cpu_limit": seat.cpu_share,

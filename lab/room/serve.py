@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
                             cull_every_seconds=min(300, max(5, args.idle_timeout // 2)),
                             home_root=args.home_root, pushgateway=args.pushgateway or "",
                             prometheus_url=args.prometheus_url or "", image=args.image, network=args.network,
-                            hub_bind=args.hub_bind, hub_connect_url=args.hub_connect_url)
+                            hub_bind=args.hub_bind, hub_connect_url=args.hub_connect_url,
+                            memlock=args.memlock)
     if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
         _make_seats(plan, Path(settings.home_root))
     state.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,7 @@ class RoomSettings:
     prometheus_url: str = ""             # a Prometheus the seats' lesson 6 uses instead of starting one
     image: str = "lab-jupyter:0.1.0"     # docker: the seats' image (images/Dockerfile, target jupyter)
     network: str = "lab-room"            # docker: the network the hub and the seats share
+    memlock: int = -1                    # docker: the seats' memlock limit in bytes (-1: unlimited, for NCCL)
     slurm_partition: str = ""            # slurm: the partition seats' jobs go to
     slurm_runtime: str = "8:00:00"       # slurm: a seat's job's time limit
 

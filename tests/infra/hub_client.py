@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import pwd
 import re
+import subprocess
 import threading
 import time
 import uuid
@@ -15,6 +16,22 @@ from pathlib import Path
 
 import requests
 import websocket
+
+
+def wait_until_serving(base: str, serve: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    """Until the hub at `base` answers its API; AssertionError, with the end of `log`, where `serve` (lab room
+    serve) exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if requests.get(f"{base}/hub/api", timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        if serve.poll() is not None or time.monotonic() > deadline:
+            what = f"exited {serve.returncode}" if serve.poll() is not None else f"not serving after {timeout:.0f} s"
+            raise AssertionError(f"lab room serve {what} ({log}):\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
 
 
 def _xsrf(session: requests.Session, url: str) -> str:

@@ -251,6 +251,7 @@ def test_the_room_hub_serves_seats_from_its_own_image_on_the_room_network():
     assert option["--image"] == hub["image"] == "lab-hub:0.1.0"
     assert option["--network"] == gpu["networks"]["room"]["name"] == "lab-room"
     assert option["--hub-connect-url"] == "http://hub:8081" and option["--pushgateway"] == "pushgateway:9091"
+    assert option["--memlock"] == "-1"  # NCCL's, unless LAB_ROOM_MEMLOCK names the engine's limit
     assert all("room" in gpu["services"][s]["networks"] for s in ("hub", "prometheus", "pushgateway"))
     assert raw["services"]["hub"]["ports"] == ["${LAB_BIND_ADDRESS:-127.0.0.1}:${LAB_ROOM_PORT:-8000}:8000"]
     assert hub["ports"][0]["host_ip"] == "127.0.0.1" and hub["ports"][0]["published"] == "8000"

@@ -7,10 +7,12 @@ its own torch). Everything after the base is the product's path: compose builds 
 BASE_IMAGE overridden (dependencies from PyPI, the lab as a wheel, the non-root user, the entry point),
 `compose up lab` runs it with compose.yaml + compose.cpu.yaml and a small override that only swaps the
 workshop for a smoke run and drops the monitoring services, which would need images from a registry.
-The Python `docker` SDK (the product's engine client) inspects the image and the container.
+The Python `docker` SDK (the product's engine client) inspects the image and the container. Then a workshop
+room's seat: compose builds the jupyter image, and `lab room serve --spawner docker` (the hub on this host, with
+the real proxy) has DockerSpawner start one seat as a container of it on this engine.
 
-Cold (CI: apt-get, debootstrap, docker import of ~5 GB of torch) about 3.5 minutes on 2 cores; with the data
-root of the engine cached in build/container/ 30-60 s. Skips, with the reason, only where the engine cannot run
+Cold (CI: apt-get, debootstrap, docker import of ~5 GB of torch) about 5 minutes on 2 cores, the jupyter image
+about 1 of them; with the data root of the engine cached in build/container/ 30-60 s. Skips, with the reason, only where the engine cannot run
 (not root, no apt-get): `make test-container` runs just this file.
 """
 
@@ -21,20 +23,24 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.conftest import ROOT, run
+from tests.infra import hub_client as hub
 
 docker = pytest.importorskip("docker", reason="the Python docker SDK is in the test extra: pip install -e '.[test]'")
 
 COMPOSE = str(Path(sys.executable).parent / "docker-compose")
 STATE = ROOT / "build" / "container"
 IMAGE = "local/lab:test"
+JUPYTER_IMAGE = "local/lab-jupyter:test"   # the seats' image: images/Dockerfile's jupyter stage
 LAB_UID = 1000
 SMOKE = ["train", "--config", "smoke", "--set", "model.width=8", "--set", "run.id=container-smoke",
          "--set", "metrics.port_base=9500", "--set", "metrics.bind_address=0.0.0.0",
@@ -51,6 +57,10 @@ MEMLOCK = -1 if _HARD_MEMLOCK == resource.RLIM_INFINITY else _HARD_MEMLOCK
 # engine has no default bridge; pip reaches PyPI through the host), and memlock where the machine caps it.
 OVERRIDE = f"""
 services:
+  jupyter:
+    image: {JUPYTER_IMAGE}
+    build:
+      network: host
   lab-init:
     image: {IMAGE}
   lab:
@@ -209,3 +219,104 @@ def test_manifest_and_targets_match_the_compose_wiring(smoke_run, revision):
     # No Pushgateway runs in this test: the run warns once and still completes.
     logs = smoke_run["container"].logs().decode()
     assert logs.count("could not push") == 1, logs[-3000:]
+
+
+# ------------------------------------------------------------------------------------------ a room's seat
+# `lab room serve --spawner docker` (what compose's hub service runs) here on the host, with the real proxy and
+# DockerSpawner talking to this engine: one seat, a container of the jupyter image. The hub's own image (the
+# jupyter image plus Node.js) is not built here: its apt and npm steps would cost this suite another minutes.
+SEAT = "ds1"
+SEAT_PASSWORD = "ds1-learner-passphrase"
+PROXY = Path(sys.prefix) / "room-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
+
+
+@pytest.fixture(scope="module")
+def docker_room(project, client, tmp_path_factory):
+    """The jupyter image built by compose (`compose build jupyter`), a bridge network for the hub and the seat
+    (the hub's API on its gateway, the host's side of it), and the room serving one seat planned on 2 cores and 8 GiB."""
+    from lab.teaching.lesson import free_ports
+
+    if not PROXY.exists():
+        reason = f"configurable-http-proxy is not installed ({PROXY}): `make room-proxy` (npm) installs it"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI=true: the room's seat must run)", pytrace=False)
+        pytest.skip(reason)
+    started = time.monotonic()
+    project["compose"]("build", "jupyter")
+    print(f"jupyter image built in {time.monotonic() - started:.0f} s")
+    for left in client.networks.list(names=["labtest-room"]):  # a run killed before its teardown
+        left.remove()
+    network = client.networks.create("labtest-room", driver="bridge")
+    network.reload()
+    gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
+    state = tmp_path_factory.mktemp("room")
+    port, hub_port, api_port = free_ports(), free_ports(), free_ports()
+    command = [str(Path(sys.executable).parent / "lab"), "room", "serve", "--spawner", "docker", "--image",
+               JUPYTER_IMAGE, "--network", network.name, "--gpus", "0", "--seats", "1", "--cores", "2",
+               "--memory", "8", "--prefix", SEAT[:-1], "--room-dir", str(state), "--port", str(port),
+               "--hub-port", str(hub_port), "--proxy-api-port", str(api_port), "--hub-bind", gateway,
+               "--memlock", str(MEMLOCK), "--idle-timeout", "600"]
+    log = state.parent / "room.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env={**os.environ, "DOCKER_HOST": project["env"]["DOCKER_HOST"]},
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        hub.wait_until_serving(base, proc, log)
+        yield {"base": base, "state": state, "proc": proc, "log": log}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=90)
+        for container in client.containers.list(all=True, filters={"name": f"jupyter-{SEAT}"}):
+            container.remove(force=True)
+        for volume in client.volumes.list(filters={"name": f"lab-room-{SEAT}"}):
+            volume.remove(force=True)
+        network.remove()
+
+
+def test_a_seat_is_a_container_of_the_jupyter_image_with_its_cores_memory_and_volume(docker_room, client):
+    """A learner signs up, the instructor authorizes, the seat's server starts: DockerSpawner made a container
+    of the lab's jupyter image with the plan's cores, memory and volume; through the proxy the seat lists each
+    lesson once, and its kernel runs as the image's user with the seat's name and no GPU. Stopping the room
+    removes the container and keeps the volume (the learner's work)."""
+    from lab.room import plan as room_plan
+
+    base = docker_room["base"]
+    seat_plan = room_plan.load(docker_room["state"] / "plan.json").seat(SEAT)
+    assert hub.sign_up(base, SEAT, SEAT_PASSWORD).status_code == 200
+    admin, password = (docker_room["state"] / "instructor-password").read_text().split()
+    instructor = hub.log_in(base, admin, password)
+    assert instructor.get(f"{base}/hub/authorize/{SEAT}", timeout=30).status_code == 200
+    session = hub.log_in(base, SEAT, SEAT_PASSWORD)
+    assert session is not None, docker_room["log"].read_text()[-3000:]
+    seat = hub.Seat(base, SEAT, hub.token_for(base, session, SEAT))
+    started = time.monotonic()
+    seat.start(timeout=180)
+    print(f"the seat's container served in {time.monotonic() - started:.1f} s")
+
+    container = client.containers.get(f"jupyter-{SEAT}")
+    assert container.image.tags == [JUPYTER_IMAGE]
+    host = container.attrs["HostConfig"]
+    assert host["CpusetCpus"] == room_plan.core_list(seat_plan.cpus) and host["Memory"] == seat_plan.memory_bytes
+    assert host["CpuQuota"] == int(seat_plan.cpu_share * host["CpuPeriod"])
+    assert {u["Name"]: u["Hard"] for u in host["Ulimits"]} == {"memlock": MEMLOCK, "stack": 67108864}
+    assert [(m["Name"], m["Destination"]) for m in container.attrs["Mounts"]] == [(f"lab-room-{SEAT}", "/lab/seat")]
+
+    # the seat's copy of the lessons, each listed once (the image's JupyterLab settings hide the .py pair)
+    listing = seat.server("GET", "/contents/notebooks").json()["content"]
+    names = sorted(item["name"] for item in listing)
+    assert names and all(n.endswith(".ipynb") for n in names) and "01_baseline_and_ddp.ipynb" in names, names
+    news = requests.get(f"{base}/user/{SEAT}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+                        headers=seat.headers, timeout=30).json()  # no "official Jupyter news" prompt
+    assert news["schema"]["properties"]["fetchNews"]["default"] == "false", news
+    probe = ("import json, os; print(json.dumps({'uid': os.getuid(), 'seat': os.environ.get('LAB_SEAT'), "
+             "'gpus': os.environ.get('CUDA_VISIBLE_DEVICES'), 'runs': os.environ.get('LAB_LESSON_RUNS')}))")
+    out = json.loads(seat.execute(probe)["stdout"])
+    assert out == {"uid": LAB_UID, "seat": SEAT, "gpus": "", "runs": "/lab/seat/runs/lessons"}, out
+
+    proc = docker_room["proc"]
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to the room's foreground group
+    proc.wait(timeout=90)
+    assert client.containers.list(all=True, filters={"name": f"jupyter-{SEAT}"}) == []
+    assert client.volumes.get(f"lab-room-{SEAT}").name == f"lab-room-{SEAT}"

@@ -124,15 +124,7 @@ def room(tmp_path_factory):
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if requests.get(f"{base}/hub/api", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(0.5)
+        hub.wait_until_serving(base, proc, log)
         admin, password = (state / "instructor-password").read_text().split()
         yield {"base": base, "state": state, "proc": proc, "log": log, "admin": admin, "password": password,
                "seats": {}}

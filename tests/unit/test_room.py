@@ -135,13 +135,17 @@ def test_seat_containers_get_their_gpus_cores_memory_and_volume_as_dockerspawner
     assert spawner.mem_limit == room.seat("seat2").memory_bytes and spawner.cpu_limit == 28.0
     assert spawner.volumes == {"lab-room-seat2": "/lab/seat"}
     assert spawner.environment["LAB_SEAT"] == "seat2" and spawner.environment["CUDA_VISIBLE_DEVICES"] == "0,1"
+    # paths of the hub's host are not the container's: the image's own PATH and JupyterLab settings stay
+    assert not {"PATH", "JUPYTER_CONFIG_PATH"} & set(spawner.environment), spawner.environment
     # the host config as DockerSpawner hands it to docker-py, which turns it into the engine's API fields
     client = docker.APIClient(base_url="unix:///nonexistent.sock", version="1.44")
     made = client.create_host_config(mem_limit=spawner.mem_limit, **spawner.extra_host_config)
     assert made["DeviceRequests"] == [{"Driver": "nvidia", "Count": 0, "DeviceIDs": ["2", "3"],
                                        "Capabilities": [["gpu"]], "Options": {}}]
     assert made["CpusetCpus"] == "28-55" and made["Memory"] == room.seat("seat2").memory_bytes
-    assert {u["Name"] for u in made["Ulimits"]} == {"memlock", "stack"}
+    assert {u["Name"]: u["Hard"] for u in made["Ulimits"]} == {"memlock": -1, "stack": 67108864}  # NCCL's
+    capped = hub.docker_options(room.seat("seat2"), RoomSettings(spawner="docker", memlock=8 * 2**20))
+    assert capped["extra_host_config"]["ulimits"][0] == {"Name": "memlock", "Soft": 8 * 2**20, "Hard": 8 * 2**20}
 
 
 def test_a_slurm_room_asks_slurm_for_each_seats_gpus(tmp_path):
