@@ -69,7 +69,8 @@ def main() -> int:
     most = max(counts)
     names = [f"bench{i + 1}" for i in range(most)]
     state = Path(tempfile.mkdtemp(prefix="room-bench-"))
-    port, hub_port, api_port = free_ports(), free_ports(), free_ports()
+    port = free_ports(3)  # the proxy's public port, the hub's, the proxy's API
+    hub_port, api_port = port + 1, port + 2
     serve = subprocess.Popen([sys.executable, "-m", "lab", "room", "serve", "--prefix", "bench", "--seats", str(most),
                               "--memory", str(4 * most + 4), "--room-dir", str(state), "--port", str(port),
                               "--hub-port", str(hub_port), "--proxy-api-port", str(api_port)],
@@ -79,16 +80,11 @@ def main() -> int:
     try:
         try:
             hub.wait_until_serving(base, serve, state.parent / f"{state.name}.log")
+            admin, password = (state / "instructor-password").read_text().split()
+            instructor = hub.log_in(base, admin, password)
+            seats = [hub.admit(base, instructor, name, f"{name}-bench-passphrase") for name in names]
         except AssertionError as exc:
             raise SystemExit(str(exc)) from None
-        admin, password = (state / "instructor-password").read_text().split()
-        instructor = hub.log_in(base, admin, password)
-        seats = []
-        for name in names:
-            hub.sign_up(base, name, f"{name}-bench-passphrase")
-            instructor.get(f"{base}/hub/authorize/{name}", timeout=30)
-            session = hub.log_in(base, name, f"{name}-bench-passphrase")
-            seats.append(hub.Seat(base, name, hub.token_for(base, session, name)))
         print(f"{os.cpu_count()} cores; lesson 1 in N seats at once (each its own kernel and runs)")
         print("| seats at once | wall s | vs 1 seat | seats whose checks held | peak PSS per seat (GiB) |")
         print("|---:|---:|---:|---:|---|")

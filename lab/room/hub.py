@@ -136,7 +136,7 @@ def before_spawn(spawner, plan: room_plan.RoomPlan, settings: RoomSettings) -> N
             setattr(spawner, trait, value)
         return
     home = seats.prepare_home(name)
-    spawner.environment = {**spawner.environment,
+    spawner.environment = {**spawner.environment, **seats.host_paths(),
                            **seats.environment(seat, home, settings.pushgateway, settings.prometheus_url)}
     if settings.spawner == "slurm":  # SlurmSpawner's batch script: --gres, --cpus-per-task, --mem
         spawner.req_gres = f"gpu:{len(seat.devices)}" if seat.devices else ""
@@ -160,9 +160,8 @@ def docker_options(seat: room_plan.Seat, settings: RoomSettings) -> dict:
                                                  capabilities=[["gpu"]])]
     if seat.cpus:
         host["cpuset_cpus"] = room_plan.core_list(seat.cpus)
+    # not seats.host_paths(): the image's PATH and JupyterLab settings are its own (its ENV)
     env = seats.environment(seat, Path(SEAT_HOME_IN_CONTAINER), settings.pushgateway, settings.prometheus_url)
-    for own in ("PATH", "JUPYTER_CONFIG_PATH"):  # the image's own (its ENV), not the hub's host's
-        env.pop(own, None)
     # inside the container the GPUs it was given are its 0..N-1: the device request already narrowed them
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(seat.devices)))
     return {"image": settings.image, "mem_limit": seat.memory_bytes, "cpu_limit": seat.cpu_share,

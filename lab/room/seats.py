@@ -184,20 +184,26 @@ def runs_dir(home: Path) -> Path:
 
 
 def environment(seat: Seat, home: Path, pushgateway: str = "", prometheus_url: str = "") -> dict[str, str]:
-    """What the seat's server (and every kernel, lesson command and run under it) starts with."""
+    """What the seat's server (and every kernel, lesson command and run under it) starts with, on any spawner."""
     env = {SEAT_ENV: seat.name, "CUDA_VISIBLE_DEVICES": seat.cuda_visible_devices,
-           LESSON_RUNS_ENV: str(runs_dir(home)),
-           # the lab's Python first: `lab`, `torchrun`, `jupytext` in a terminal are the room's
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])}
-    config = os.environ.get("JUPYTER_CONFIG_PATH") or (str(SERVER_CONFIG) if SERVER_CONFIG.is_dir() else "")
-    if config:
-        env["JUPYTER_CONFIG_PATH"] = config
+           LESSON_RUNS_ENV: str(runs_dir(home))}
     if not seat.cpus:  # shared cores: each process one thread's worth of the seat's share, at least 1
         env["OMP_NUM_THREADS"] = str(seat.threads)
     if pushgateway:
         env[PUSHGATEWAY_ENV] = pushgateway
     if prometheus_url:
         env["LAB_PROMETHEUS_URL"] = prometheus_url
+    return env
+
+
+def host_paths() -> dict[str, str]:
+    """The hub host's paths a seat needs where it runs on them (a system user here, a Slurm job on nodes that share
+    the checkout), not in a container, whose image has its own: the lab's Python first on PATH (`lab`, `torchrun`,
+    `jupytext` in a terminal are the room's) and the server's settings (each lesson listed once)."""
+    env = {"PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])}
+    config = os.environ.get("JUPYTER_CONFIG_PATH") or (str(SERVER_CONFIG) if SERVER_CONFIG.is_dir() else "")
+    if config:
+        env["JUPYTER_CONFIG_PATH"] = config
     return env
 
 

@@ -1,6 +1,7 @@
 """A learner's and an instructor's ways into a JupyterHub room, over HTTP as a browser would go (forms with their
 _xsrf fields, cookies) and then the hub's REST API with a token, and a notebook run cell by cell in a seat's own
-kernel over the Jupyter kernel protocol (the websocket JupyterLab itself uses). Used by tests/infra/test_room.py."""
+kernel over the Jupyter kernel protocol (the websocket JupyterLab itself uses). Used by tests/infra/test_room.py,
+tests/infra/test_container.py (a DockerSpawner seat) and scripts/room-bench.py."""
 
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ def wait_until_serving(base: str, serve: subprocess.Popen, log: Path, timeout: f
                 return
         except requests.ConnectionError:
             pass
-        if serve.poll() is not None or time.monotonic() > deadline:
-            what = f"exited {serve.returncode}" if serve.poll() is not None else f"not serving after {timeout:.0f} s"
+        code = serve.poll()
+        if code is not None or time.monotonic() > deadline:
+            what = f"exited {code}" if code is not None else f"not serving after {timeout:.0f} s"
             raise AssertionError(f"lab room serve {what} ({log}):\n{log.read_text()[-4000:]}")
         time.sleep(0.5)
 
@@ -69,6 +71,17 @@ def token_for(base: str, session: requests.Session, name: str) -> str:
                          headers={"X-XSRFToken": session.cookies.get("_xsrf", "")}, timeout=60)
     reply.raise_for_status()
     return reply.json()["token"]
+
+
+def admit(base: str, instructor: requests.Session, name: str, password: str) -> Seat:
+    """A learner signs up as seat `name`, the instructor authorizes it and it logs in: the seat, with its API token.
+    AssertionError naming the step the hub refused."""
+    assert sign_up(base, name, password).status_code == 200, f"{name}: the hub refused its sign-up"
+    authorized = instructor.get(f"{base}/hub/authorize/{name}", timeout=30)
+    assert authorized.status_code == 200, f"{name}: the instructor's authorization got {authorized.status_code}"
+    session = log_in(base, name, password)
+    assert session is not None, f"{name}: authorized, and still refused at the login form"
+    return Seat(base, name, token_for(base, session, name))
 
 
 @dataclass

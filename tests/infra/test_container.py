@@ -12,8 +12,8 @@ room's seat: compose builds the jupyter image, and `lab room serve --spawner doc
 the real proxy) has DockerSpawner start one seat as a container of it on this engine.
 
 Cold (CI: apt-get, debootstrap, docker import of ~5 GB of torch) about 5 minutes on 2 cores, the jupyter image
-about 1 of them; with the data root of the engine cached in build/container/ 30-60 s. Skips, with the reason, only where the engine cannot run
-(not root, no apt-get): `make test-container` runs just this file.
+about 1 of them; with the data root of the engine cached in build/container/ 30-60 s. Skips, with the reason,
+only where the engine cannot run (not root, no apt-get): `make test-container` runs just this file.
 """
 
 from __future__ import annotations
@@ -224,16 +224,16 @@ def test_manifest_and_targets_match_the_compose_wiring(smoke_run, revision):
 # ------------------------------------------------------------------------------------------ a room's seat
 # `lab room serve --spawner docker` (what compose's hub service runs) here on the host, with the real proxy and
 # DockerSpawner talking to this engine: one seat, a container of the jupyter image. The hub's own image (the
-# jupyter image plus Node.js) is not built here: its apt and npm steps would cost this suite another minutes.
+# jupyter image plus Node.js) is not built here: its apt and npm steps would cost this suite minutes more.
 SEAT = "ds1"
-SEAT_PASSWORD = "ds1-learner-passphrase"
 PROXY = Path(sys.prefix) / "room-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 
 
 @pytest.fixture(scope="module")
 def docker_room(project, client, tmp_path_factory):
     """The jupyter image built by compose (`compose build jupyter`), a bridge network for the hub and the seat
-    (the hub's API on its gateway, the host's side of it), and the room serving one seat planned on 2 cores and 8 GiB."""
+    (the hub's API on its gateway, the host's side of it), and the room serving one seat planned on 2 cores and
+    8 GiB."""
     from lab.teaching.lesson import free_ports
 
     if not PROXY.exists():
@@ -250,7 +250,8 @@ def docker_room(project, client, tmp_path_factory):
     network.reload()
     gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
     state = tmp_path_factory.mktemp("room")
-    port, hub_port, api_port = free_ports(), free_ports(), free_ports()
+    port = free_ports(3)  # the proxy's public port, the hub's, the proxy's API
+    hub_port, api_port = port + 1, port + 2
     command = [str(Path(sys.executable).parent / "lab"), "room", "serve", "--spawner", "docker", "--image",
                JUPYTER_IMAGE, "--network", network.name, "--gpus", "0", "--seats", "1", "--cores", "2",
                "--memory", "8", "--prefix", SEAT[:-1], "--room-dir", str(state), "--port", str(port),
@@ -284,13 +285,8 @@ def test_a_seat_is_a_container_of_the_jupyter_image_with_its_cores_memory_and_vo
 
     base = docker_room["base"]
     seat_plan = room_plan.load(docker_room["state"] / "plan.json").seat(SEAT)
-    assert hub.sign_up(base, SEAT, SEAT_PASSWORD).status_code == 200
     admin, password = (docker_room["state"] / "instructor-password").read_text().split()
-    instructor = hub.log_in(base, admin, password)
-    assert instructor.get(f"{base}/hub/authorize/{SEAT}", timeout=30).status_code == 200
-    session = hub.log_in(base, SEAT, SEAT_PASSWORD)
-    assert session is not None, docker_room["log"].read_text()[-3000:]
-    seat = hub.Seat(base, SEAT, hub.token_for(base, session, SEAT))
+    seat = hub.admit(base, hub.log_in(base, admin, password), SEAT, "ds1-learner-passphrase")
     started = time.monotonic()
     seat.start(timeout=180)
     print(f"the seat's container served in {time.monotonic() - started:.1f} s")

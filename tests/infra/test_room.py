@@ -114,7 +114,8 @@ def room(tmp_path_factory):
     _remove_seats()  # a test run killed before its teardown leaves its users behind
     state = tmp_path_factory.mktemp("room")
     log = state.parent / "room.log"
-    port, hub_port, api_port = free_ports(), free_ports(), free_ports()
+    port = free_ports(3)  # the proxy's public port, the hub's, the proxy's API
+    hub_port, api_port = port + 1, port + 2
     changed = _open_for_search([Path(sys.executable), ROOT / "lab"])
     args = (f"--prefix {PREFIX} --gpus 6 --memory 48 --room-dir {state} --port {port} --hub-port {hub_port} "
             f"--proxy-api-port {api_port} --idle-timeout {IDLE_SECONDS}")
