@@ -83,6 +83,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--help-config", action="store_true", help="list every config key with its default")
     p.add_argument("--profile", action="store_true",
                    help="write a torch.profiler trace of 5 steps after warm-up (same as --set train.profile_steps=5)")
+    # A worker's side of --nproc-per-node and `lab launch`: the run's config.json, which the parent checked.
+    p.add_argument("--resolved", metavar="PATH", help=argparse.SUPPRESS)
 
 
 def _rerun_args(p: argparse.ArgumentParser) -> None:
@@ -362,7 +364,7 @@ COMMANDS: tuple[Command, ...] = (
             description="Check python, torch, devices, NCCL/gloo, /dev/shm, ports, the run output directory and the "
                         "interfaces NCCL/GLOO_SOCKET_IFNAME name."),
     Command("validate", "the fabric check's verdict from its facts and all-reduce results: validate.json",
-            _validate_args, "lab.bench.fabric.run",
+            _validate_args, "lab.health.validate.run",
             description="Pick each node's platform from its facts (scripts/node-facts.sh), judge its all-reduce "
                         "results (node-NAME.json, nodes.json) at the sizes >= 1 GiB and its facts (PCIe, "
                         "InfiniBand, GPUDirect RDMA, DCGM, XIDs, row remaps, the fabric manager) and write "

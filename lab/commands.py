@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import tempfile
+from pathlib import Path
 
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 
@@ -22,6 +24,10 @@ def train(args: argparse.Namespace) -> int:
     if args.help_config:
         print(config.describe())
         return EXIT_OK
+    if args.resolved:  # a worker of `lab train --nproc-per-node` or `lab launch`: its parent loaded and checked
+        from lab.training import runs
+
+        return _train_here(*runs.read_resolved(args.resolved))
     _refuse_foreign_launch()
     if args.profile:
         args.overrides = ["train.profile_steps=5", *args.overrides]
@@ -33,11 +39,17 @@ def train(args: argparse.Namespace) -> int:
         horovodrun.check_worker()
     if args.nproc_per_node is not None:
         return _launch_train(args, cfg)
+    return _train_here(cfg, None)
+
+
+def _train_here(cfg, checked_world_size: int | None) -> int:
+    """This process's rank of the run (the whole baseline when alone)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from lab.training import lifecycle as training
 
-    record(training.run)(cfg)  # record: torchrun reports a failed rank's traceback, not just its exit code
+    # record: torchrun reports a failed rank's traceback, not just its exit code
+    record(training.run)(cfg, checked_world_size=checked_world_size)
     return EXIT_OK
 
 
@@ -49,15 +61,15 @@ def workshop(args: argparse.Namespace) -> int:
 
 
 def _launch_train(args: argparse.Namespace, cfg) -> int:
+    """torchrun (or horovodrun) with N workers of this run: the config checked here, once, for N ranks, the run
+    id decided here (so a restarted worker group finds its checkpoint), both handed to the workers in the run's
+    config.json (lab.training.runs.write_resolved): no worker parses or checks the command line again."""
     from lab.cluster import launch
     from lab.training import runs
 
     launch.check_not_nested()
     check_training(cfg, args.nproc_per_node)
-    overrides = list(args.overrides)
-    if not cfg.run.id:  # one id, chosen here, so a restarted worker group finds its checkpoint
-        overrides.append(f"run.id={runs.new_run_id(cfg.run.name)}")
-    target = launch.lab_target("train", args.config, overrides)
+    target = runs.resolved_target(cfg, args.nproc_per_node)
     if cfg.dist.strategy == "horovod":
         from lab.cluster.horovodrun import horovodrun_command
 
@@ -85,6 +97,7 @@ def check_training(cfg, world_size: int | None) -> None:
 
 def launch(args: argparse.Namespace) -> int:
     from lab.cluster import launch as launching
+    from lab.training import runs
 
     target = args.target[1:] if args.target[:1] == ["--"] else args.target
     if not target:
@@ -99,13 +112,19 @@ def launch(args: argparse.Namespace) -> int:
     if rdzv.endpoint is None:  # one node: a Slurm step of several tasks would start several independent jobs
         _refuse_foreign_launch()
     fixed_nodes = rdzv.nnodes.isdigit()  # an elastic job's world size is known only at the rendezvous
-    _check_lab_train_target(target, args.nproc_per_node * int(rdzv.nnodes) if fixed_nodes else None,
-                            args.parser)
-    command = launching.torchrun_command(args.nproc_per_node, target, rdzv)
+    world_size = args.nproc_per_node * int(rdzv.nnodes) if fixed_nodes else None
+    cfg = _check_lab_train_target(target, world_size, args.parser)
     if args.dry_run:
-        print(shlex.join(command))
+        print(shlex.join(launching.torchrun_command(args.nproc_per_node, target, rdzv)))
         return EXIT_OK
-    return EXIT_OK if launching.run(command, args.nproc_per_node, rdzv) == 0 else EXIT_FAILED
+    with tempfile.TemporaryDirectory(prefix="lab-launch-") as folder:
+        # One node, or every node told the job's rendezvous id: the run id is known here, and the workers get the
+        # checked config in a file of this launch's (gone when they end). Nodes without a shared id leave the id
+        # to their rank 0, and their workers check the config again.
+        if cfg is not None and (rdzv.endpoint is None or rdzv.run_id or cfg.run.id):
+            target = runs.resolved_target(cfg, world_size, rdzv.run_id, Path(folder))
+        command = launching.torchrun_command(args.nproc_per_node, target, rdzv)
+        return EXIT_OK if launching.run(command, args.nproc_per_node, rdzv) == 0 else EXIT_FAILED
 
 
 def _place_from_slurm(args: argparse.Namespace) -> None:
@@ -135,16 +154,26 @@ def _refuse_foreign_launch() -> None:
         raise LabError(reason)
 
 
-def _check_lab_train_target(target: list[str], world_size: int | None, parser: argparse.ArgumentParser) -> None:
-    """When the workers will run `-m lab train ...`, load its config now (a bad --set is exit 2 here); `parser` is
-    the command line's own (lab.cli passes it in the Namespace: this module never imports lab.cli)."""
+def _check_lab_train_target(target: list[str], world_size: int | None, parser: argparse.ArgumentParser):
+    """When the workers will run `-m lab train ...`, load its config now (a bad --set is exit 2 here) and return
+    it, checked for `world_size` ranks; None for any other target. `parser` is the command line's own (lab.cli
+    passes it in the Namespace: this module never imports lab.cli)."""
     if target[:3] != ["-m", "lab", "train"]:
-        return
+        return None
     from lab import config
 
     args = parser.parse_args(target[2:])
-    if not args.help_config:
-        check_training(config.load(args.config, args.overrides), world_size)
+    if args.help_config or args.resolved or args.nproc_per_node is not None:
+        return None  # the workers print the keys, read a parent's file, or refuse to nest torchrun themselves
+    if args.profile:
+        args.overrides = ["train.profile_steps=5", *args.overrides]
+    cfg = config.load(args.config, args.overrides)
+    if cfg.dist.strategy == "horovod":  # lab launch starts torchrun, whose workers would each be a world of one
+        from lab.cluster.horovodrun import NOT_UNDER_TORCHRUN
+
+        raise LabError(NOT_UNDER_TORCHRUN)
+    check_training(cfg, world_size)
+    return cfg
 
 
 # ----------------------------------------------------------------------------- data, report, doctor
@@ -174,7 +203,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def doctor(args: argparse.Namespace) -> int:
-    from lab.cluster import doctor as checks
+    from lab.health import doctor as checks
 
     return checks.run(args.port, args.output_dir, args.expect_gpus, args.min_shm, args.json)
 

@@ -1,4 +1,5 @@
-"""Figures for benchmarks and reports (matplotlib, no display needed).
+"""The figures a command draws itself (`lab bench scaling|levers|strategies --plot`, `lab memory --plot`), and
+the matplotlib plumbing every figure shares (lab.teaching.figures holds the report's own). No display needed.
 
 Every figure says what was measured, in which units, on what: the caller passes a
 `context` line (data source, device, world size) that goes under the title.
@@ -40,12 +41,12 @@ class _Pyplot:
 plt = _Pyplot()
 
 
-def _wrap(context: str) -> str:
+def wrap(context: str) -> str:
     return "\n".join(textwrap.wrap(context, 90))
 
 
-def _finish(fig, ax, title: str, context: str, path: Path) -> Path:
-    ax.set_title(f"{title}\n{_wrap(context)}", fontsize=10)
+def finish(fig, ax, title: str, context: str, path: Path) -> Path:
+    ax.set_title(f"{title}\n{wrap(context)}", fontsize=10)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -53,53 +54,8 @@ def _finish(fig, ax, title: str, context: str, path: Path) -> Path:
     return path
 
 
-def loss_curves(series: dict[str, list[tuple[int, float]]], context: str, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, points in series.items():
-        ax.plot([s for s, _ in points], [v for _, v in points], marker=".", label=label)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss (cross-entropy, mean per sample)")
-    ax.legend()
-    return _finish(fig, ax, "Training loss at matching steps", context, path)
 
 
-def throughput_bars(values: dict[str, float], context: str, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bars = ax.bar(list(values), list(values.values()), color="tab:blue")
-    ax.bar_label(bars, fmt="%.0f")
-    ax.set_ylabel("training throughput (images/s)")
-    return _finish(fig, ax, "Training throughput per run (after warm-up)", context, path)
-
-
-def bus_bandwidth(rows: list[dict[str, Any]], link_gbps: float | None, link: str | None, context: str,
-                  path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    sizes = [r["size"] for r in rows]
-    ax.plot(sizes, [r["oop_busbw"] for r in rows], marker="o", label="out-of-place busbw")
-    ax.plot(sizes, [r["ip_busbw"] for r in rows], marker="s", label="in-place busbw")
-    if link_gbps:
-        ax.axhline(link_gbps, color="gray", linestyle="--", label=f"{link}: {link_gbps:g} GB/s")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("bus bandwidth (GB/s, 1e9 bytes)")
-    ax.legend()
-    return _finish(fig, ax, "All-reduce bus bandwidth against message size", context, path)
-
-
-def collectives_bus_bandwidth(results: list[dict[str, Any]], context: str, path: Path) -> Path:
-    """Bus bandwidth against size, a line per `lab bench collective` result: out-of-place solid, in-place
-    dotted in the same colour."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, r in enumerate(results):
-        color, rows = f"C{i % 10}", r["rows"]
-        sizes = [row["size"] for row in rows]
-        ax.plot(sizes, [row["oop_busbw"] for row in rows], marker="o", color=color, label=r["collective"])
-        ax.plot(sizes, [row["ip_busbw"] for row in rows], linestyle=":", color=color)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("size (bytes, as nccl-tests counts it per collective)")
-    ax.set_ylabel("bus bandwidth (GB/s, 1e9 bytes)")
-    ax.legend(fontsize=8, title="solid: out-of-place, dotted: in-place", title_fontsize=8)
-    return _finish(fig, ax, "Collectives: bus bandwidth against size", context, path)
 
 
 def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path,
@@ -150,31 +106,12 @@ def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path,
     ax2.legend(fontsize=8)
     ax2.grid(True, alpha=0.3)
     ax2.set_title("Speedup and the scaling laws", fontsize=10)
-    fig.suptitle(f"{mode.capitalize()} scaling of the training step\n{_wrap(context)}", fontsize=10)
+    fig.suptitle(f"{mode.capitalize()} scaling of the training step\n{wrap(context)}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
-
-def step_breakdown(rows: list[dict[str, Any]], context: str, path: Path) -> Path:
-    """Where a step's time goes at each world size: compute (forward + backward), the rest of a step
-    without communication (optimizer, zeroing, batch slicing), and the communication not hidden."""
-    parts = (("compute_seconds", "forward + backward", "tab:blue"),
-             ("other_seconds", "optimizer and the rest", "tab:green"),
-             ("exposed_communication_seconds", "exposed communication", "tab:red"))
-    shown = [r for r in rows if r.get("breakdown")]
-    labels = [f"N = {r['world_size']}" for r in shown]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bottom = [0.0] * len(shown)
-    for key, label, color in parts:
-        values = [r["breakdown"][key] * 1e3 for r in shown]
-        ax.bar(labels, values, bottom=bottom, label=label, color=color)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.set_ylabel("milliseconds per training step")
-    ax.set_ylim(0, max(bottom, default=1.0) * 1.35)  # room for the legend above the bars
-    ax.legend(fontsize=8)
-    return _finish(fig, ax, "Where a training step's time goes", context, path)
 
 
 def memory_bars(rows: list[dict[str, Any]], device_gb: float | None, context: str, path: Path) -> Path:
@@ -191,7 +128,7 @@ def memory_bars(rows: list[dict[str, Any]], device_gb: float | None, context: st
         ax.axhline(device_gb, color="red", linestyle="--", label=f"device memory {device_gb:g} GB")
     ax.set_ylabel("memory per device (GB, 1e9 bytes)")
     ax.legend()
-    return _finish(fig, ax, "Estimated memory per device by strategy", context, path)
+    return finish(fig, ax, "Estimated memory per device by strategy", context, path)
 
 
 def strategies(rows: list[dict[str, Any]], context: str, path: Path) -> Path:
@@ -217,7 +154,7 @@ def strategies(rows: list[dict[str, Any]], context: str, path: Path) -> Path:
     curves.set_title("Loss curves (each strategy, the same steps)", fontsize=10)
     for ax in (bars, curves):
         ax.grid(True, alpha=0.3)
-    fig.suptitle(_wrap(context), fontsize=9)
+    fig.suptitle(wrap(context), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -267,7 +204,7 @@ def levers(result: dict[str, Any], path: Path) -> Path:
         axes[2].set_title("NCCL settings (all-reduce)", fontsize=10)
         axes[2].tick_params(axis="x", rotation=30, labelsize=8)
         axes[2].grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"The levers of a training step, as ratios to the plain step\n{_wrap(result['context'])}",
+    fig.suptitle(f"The levers of a training step, as ratios to the plain step\n{wrap(result['context'])}",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -33,7 +33,7 @@
 
 # %%
 from lab.teaching import lesson
-from lab.bench.collective import COLLECTIVES, NAMES
+from lab.bench.comm.collective import COLLECTIVES, NAMES
 
 folder = lesson.output_dir("03-collectives")
 plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: a collective of one rank moves nothing

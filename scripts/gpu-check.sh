@@ -69,11 +69,11 @@ if [ -n "$missing" ]; then
     exit 2
 fi
 mkdir -p "$out"
-# Wheels of what this Python lacks (chosen by lab.bench.gpu_wheels, which names unmet requirements), installed
+# Wheels of what this Python lacks (chosen by lab.devicecheck.wheels, which names unmet requirements), installed
 # beside the results: nothing on the host changes, and the next run chooses them again.
 wheels="${GPU_CHECK_WHEELS:-wheels}"
 if [ -d "$wheels" ]; then
-    mapfile -t chosen < <("$python" -m lab.bench.gpu_wheels "$wheels")
+    mapfile -t chosen < <("$python" -m lab.devicecheck.wheels "$wheels")
     if [ "${#chosen[@]}" -gt 0 ]; then
         names=$(printf '%s\n' "${chosen[@]##*/}" | sed 's/-.*//' | paste -sd' ' -)
         site="$out/site-packages"

@@ -1,24 +1,23 @@
-"""The benchmarks, one row each: the table `lab bench`'s parser, `lab report` and the workshop read.
+"""The benchmarks, one row each: the table `lab bench`'s parser reads.
 
 A row holds a benchmark's name (`lab bench NAME`, and the "benchmark" field of its result JSON), its help, how its
-arguments are added to the command line, what runs it (a "module.function" taking the parsed arguments, imported
-when called: torch comes with it), and its section of `lab report` (a "module.function" that draws its figure with
-lab.plots and returns the Markdown, given its results and the report's folder). Adding a benchmark is its module
-and a row here. No torch at import: the CLI builds its parser from this table.
+arguments are added to the command line and what runs it (a "module.function" taking the parsed arguments,
+imported when called: torch comes with it). Adding a benchmark is its module and a row here. How a result is
+shown, in `lab report` or as a part of `lab workshop`, is the teaching layer's (lab.teaching.sections,
+lab.teaching.parts): a benchmark never knows it is part of a lesson. No torch at import: the CLI builds its parser
+from this table.
 
->>> [b.name for b in BENCHMARKS.values() if b.section][:3], result_key({"benchmark": "scaling", "mode": "strong"})
-(['allreduce', 'collective', 'scaling'], 'scaling-strong')
+>>> [b.name for b in BENCHMARKS.values()][:3]
+['allreduce', 'collective', 'scaling']
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from lab.config.arguments import PROCESSES, at_least, config_args
 
@@ -27,67 +26,15 @@ from lab.config.arguments import PROCESSES, at_least, config_args
 class Benchmark:
     name: str
     help: str
-    arguments: Callable[[argparse.ArgumentParser], None] | None  # None: not a `lab bench` command (lab memory)
-    run: str | None                     # "module.function" called with the parsed arguments
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: str                            # "module.function" called with the parsed arguments
     description: str | None = None      # --help's text, when more than `help`
-    section: str | None = None          # "module.function": (results, out folder) -> its Markdown in lab report
-    part: Callable[[dict[str, Any]], str] | None = None  # a result that is one of several: which (scaling's mode)
-    workshop: str | None = None         # "module.function": (a WorkshopHost) -> its [WorkshopStep] in lab workshop
-
-
-@dataclass(frozen=True)
-class WorkshopHost:
-    """What a benchmark's part of `lab workshop` is sized from: the host, the config, where results go."""
-    gpus: int                           # 0 on a CPU host
-    ranks: int                          # the benchmarks' process count on this host
-    config_name: str
-    set_args: list[str]                 # the workshop's overrides as --set pairs
-    folder: Path                        # the workshop's results folder: each part writes its JSON there
-
-    @property
-    def lab(self) -> list[str]:
-        return [sys.executable, "-m", "lab"]
-
-
-class WorkshopStep(NamedTuple):
-    title: str
-    processes: int                      # on this host, for the threads each gets
-    command: list[str]
-
-
-def memory_workshop_steps(host: WorkshopHost) -> list[WorkshopStep]:
-    """lab workshop's memory part (lab memory is a command of its own, below the benchmarks: lab.sizing): a 7B
-    model over 8 of this host's GPUs (an H100 unless it has H200s), and ResNet-18 measured."""
-    device = "h200" if host.gpus and "H200" in _device_name() else "h100"
-    return [WorkshopStep("memory: a 7B model under DDP vs ZeRO/FSDP, and ResNet-18 measured", 1, [
-        *host.lab, "memory", "--params", "7e9", "--world-size", "8", "--device", device, "--measure",
-        "--json", str(host.folder / "memory.json")])]
-
-
-def _device_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0)
-
-
-def workshop_parts() -> list[Benchmark]:
-    """The benchmarks that are parts of `lab workshop`, in the course's order."""
-    return [b for b in BENCHMARKS.values() if b.workshop]
 
 
 def call(path: str, *args: Any) -> Any:
     """Import "module.function" now and call it."""
     module, _, function = path.rpartition(".")
     return getattr(importlib.import_module(module), function)(*args)
-
-
-def result_key(doc: dict[str, Any]) -> str | None:
-    """The key a benchmark's result files under in the report (one per file the report keeps), None when no row
-    with a section made it."""
-    row = BENCHMARKS.get(doc.get("benchmark"))  # type: ignore[arg-type]
-    if row is None or row.section is None:
-        return None
-    return f"{row.name}-{row.part(doc)}" if row.part else row.name
 
 
 # ----------------------------------------------------------------------------- each benchmark's arguments
@@ -179,7 +126,7 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
 def _hostdevice_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="256M", help="bytes per copy, K/M/G binary as in nccl-tests (default 256M)")
     p.add_argument("--iters", type=at_least(1), default=20, help="timed copies per figure (default 20)")
-    p.add_argument("--json", metavar="PATH", help="write the figures as JSON (the schema: lab/bench/hostdevice.py)")
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON (the schema: lab/bench/comm/hostdevice.py)")
 
 
 def _gpu_check_args(p: argparse.ArgumentParser) -> None:
@@ -220,49 +167,42 @@ def _lightning_args(p: argparse.ArgumentParser) -> None:
 
 # ----------------------------------------------------------------------------- the table
 
-# In the course's order: the report's sections and the workshop's parts follow it. allreduce and collective run
-# through lab.bench.relaunch, which starts torchrun for --nproc-per-node before a rank's own run.
+# `lab bench`'s subcommands in the course's order. allreduce and collective run through lab.bench.comm.relaunch,
+# which starts torchrun for --nproc-per-node before a rank's own run. gpu-check is the device check (lab.devicecheck,
+# a harness above the benchmarks), kept here as `lab bench gpu-check`, the name `make gpu-check` and the docs use.
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("allreduce", "all-reduce bus bandwidth with nccl-tests' columns", _allreduce_args,
-              "lab.bench.relaunch.allreduce", section="lab.bench.sections.allreduce",
-              workshop="lab.bench.allreduce.workshop_steps"),
+              "lab.bench.comm.relaunch.allreduce"),
     Benchmark("collective", "bus bandwidth of all_reduce, all_gather, reduce_scatter, broadcast, alltoall or "
-                            "sendrecv with nccl-tests' columns", _collective_args, "lab.bench.relaunch.collective",
+                            "sendrecv with nccl-tests' columns", _collective_args, "lab.bench.comm.relaunch.collective",
               description="nccl-tests' table for one collective, a comma list or all of them, in one torchrun job: "
                           "size as nccl-tests defines it per op, algbw = size / time, busbw = algbw x 2(n-1)/n "
                           "(all_reduce), (n-1)/n (all_gather, reduce_scatter, alltoall) or 1 (broadcast, sendrecv). "
                           "With several ops, --json PATH writes PATH-OP.json per op. gloo has no reduce-scatter of "
-                          "its own: there it runs as NCCL's ring over send/recv, and the table and JSON say so.",
-              section="lab.bench.sections.collectives", part=lambda doc: str(doc.get("collective"))),
+                          "its own: there it runs as NCCL's ring over send/recv, and the table and JSON say so."),
     Benchmark("scaling", "strong/weak scaling of the training step over 1..N processes", _scaling_args,
-              "lab.bench.scaling.run", section="lab.bench.sections.scaling", workshop="lab.bench.scaling.workshop_steps",
-              part=lambda doc: str(doc.get("mode", "weak"))),
+              "lab.bench.train.scaling.run"),
     Benchmark("levers", "AMP, gradient accumulation, DDP buckets and NCCL settings as ratios to the plain step",
-              _levers_args, "lab.bench.levers.run",
+              _levers_args, "lab.bench.train.levers.run",
               description="One torchrun job times the plain DDP step and each lever (bf16/fp16 autocast, "
                           "accumulation, bucket size, gradients as bucket views) in interleaved blocks, each against "
                           "its no_sync twin for the communication share; checks accumulation is exact in float64; on "
-                          "GPUs also sweeps NCCL_ALGO, NCCL_PROTO and NCCL_P2P_DISABLE with lab bench allreduce.",
-              section="lab.bench.sections.levers", workshop="lab.bench.levers.workshop_steps"),
-    # `lab memory` is a command of its own (lab.cli); its result is a section of the report like a benchmark's.
-    Benchmark("memory", "memory per device: DDP vs ZeRO-1/2/3 and FSDP", None, None,
-              section="lab.bench.sections.memory", workshop="lab.bench.registry.memory_workshop_steps"),
+                          "GPUs also sweeps NCCL_ALGO, NCCL_PROTO and NCCL_P2P_DISABLE with lab bench allreduce."),
     Benchmark("strategies", "DDP, FSDP, DeepSpeed ZeRO-1/2/3 and Horovod side by side: memory per rank, images/s, "
-                            "loss curves", _strategies_args, "lab.bench.strategies.run",
-              section="lab.bench.sections.strategies", workshop="lab.bench.strategies.workshop_steps"),
+                            "loss curves", _strategies_args, "lab.bench.train.strategies.run"),
     Benchmark("pipeline", "the lab's data path vs a torchvision DataLoader path", _pipeline_args,
-              "lab.bench.pipeline.run"),
+              "lab.bench.train.pipeline.run"),
     Benchmark("hostdevice", "pinned host<->device copy bandwidth per GPU and the GPU-to-GPU copy matrix",
-              _hostdevice_args, "lab.bench.hostdevice.run",
+              _hostdevice_args, "lab.bench.comm.hostdevice.run",
               description="Per visible GPU, pinned host memory to the GPU and back; for every pair of GPUs a copy "
                           "from one to the other (the diagonal: within one GPU), GB/s = 1e9 B/s, torch copies timed "
                           "after warm-ups. Without CUDA the CPU stands in (host memory copies, \"device\": \"cpu\")."),
     Benchmark("gpu-check", "every GPU path of the lab on this host, a table last (make gpu-check)", _gpu_check_args,
-              "lab.bench.gpu_check.run"),
+              "lab.devicecheck.command.run"),
     Benchmark("metrics-overhead", "training step time with the exporter on vs off", _metrics_overhead_args,
-              "lab.bench.metrics_overhead.run"),
+              "lab.bench.train.metrics_overhead.run"),
     Benchmark("lightning", "the lab's images/s as a ratio to PyTorch Lightning's Trainer on the same model and data",
-              _lightning_args, "lab.bench.lightning_peer.run",
+              _lightning_args, "lab.bench.train.lightning_peer.run",
               description="`lab train` and Lightning's Trainer, one after the other under torchrun, train the "
                           "config's ResNet-18 on the same synthetic data, global batch, optimizer and precision; "
                           "prints lab / Lightning images/s over the steps after the warm-up. Needs pip install "

@@ -36,12 +36,15 @@ def check_installed() -> None:
                        f"imports them); pip install {' '.join(missing)}, or {INSTALL}")
 
 
+NOT_UNDER_TORCHRUN = ("dist.strategy: horovod runs under horovodrun, not torchrun: `lab train --nproc-per-node N "
+                      "--set dist.strategy=horovod` starts it, or `horovodrun -np N -H localhost:N python -m lab "
+                      "train ...`")
+
+
 def check_worker() -> None:
     """A Horovod run started by torchrun would train world-size-1 copies under Horovod: refuse it."""
     if torchrun_env.launched_by_torchrun():
-        raise LabError("dist.strategy: horovod runs under horovodrun, not torchrun: `lab train --nproc-per-node N "
-                       "--set dist.strategy=horovod` starts it, or `horovodrun -np N -H localhost:N python -m lab "
-                       "train ...`")
+        raise LabError(NOT_UNDER_TORCHRUN)
 
 
 def horovodrun_command(nproc_per_node: int, target: list[str], python: str | None = None,

@@ -35,8 +35,8 @@ from lab.config import rules, strategies
 from lab.config.rules import batch_size_per_rank, check_layout
 from lab.errors import ConfigError
 
-__all__ = ["Config", "batch_size_per_rank", "check_layout", "describe", "host_sync_warning", "load", "to_dict",
-           "with_overrides"]
+__all__ = ["Config", "batch_size_per_rank", "check_layout", "describe", "from_dict", "host_sync_warning", "load",
+           "to_dict", "with_overrides"]
 
 _SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
@@ -362,6 +362,17 @@ def host_sync_warning(cfg: Config, device) -> str | None:
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
     return {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+
+
+def from_dict(values: dict[str, dict[str, Any]], origin: str) -> Config:
+    """A config that `load` already checked, back from `to_dict`'s form (a run's resolved file, which its parent
+    wrote after every check): nothing is checked again.
+
+    >>> cfg = load("smoke")
+    >>> from_dict(to_dict(cfg), cfg.origin) == cfg
+    True
+    """
+    return Config(**{name: cls(**values[name]) for name, cls in SECTIONS.items()}, origin=origin)
 
 
 def describe() -> str:

@@ -121,9 +121,12 @@ def check_layout(cfg: Config, world_size: int) -> None:
 
 
 def batch_size_per_rank(cfg: Config, world_size: int) -> int:
-    """Samples in one micro-batch on one rank."""
-    check_layout(cfg, world_size)
-    return cfg.train.global_batch_size // (world_size * cfg.train.grad_accum_steps)
+    """Samples in one micro-batch on one rank: arithmetic on a layout `check_layout` passed (where it did not, the
+    same one-line refusal rather than a wrong batch)."""
+    batch, rest = divmod(cfg.train.global_batch_size, world_size * cfg.train.grad_accum_steps)
+    if rest:
+        _indivisible(cfg, world_size)
+    return batch
 
 
 def _indivisible(cfg: Config, world_size: int) -> None:

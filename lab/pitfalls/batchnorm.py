@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from lab.cluster import jobs
 from lab.pitfalls import module_name, workers
 
 PITFALL = "batchnorm"
@@ -132,8 +133,8 @@ def summarize(per_rank: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]
 def worker(argv: list[str]) -> None:
     from lab.cluster import dist
 
-    args = workers.parse_worker_args(argv)
-    with workers.process_group(args.device) as ctx:
+    job = jobs.this_job(argv)
+    with workers.process_group(job.params["device"]) as ctx:
         variants = {}
         for side, norm, broadcast_buffers, sync in VARIANTS:
             if sync and ctx.device.type != "cuda":
@@ -141,7 +142,7 @@ def worker(argv: list[str]) -> None:
                 continue
             variants[side] = dist.all_gather_object(ctx, train_and_evaluate(ctx, norm, broadcast_buffers, sync))
         if ctx.is_primary:
-            workers.report(args.out, ctx.global_rank, {"device": workers.device_name(ctx), "variants": variants})
+            job.report(ctx.global_rank, {"device": workers.device_name(ctx), "variants": variants})
 
 
 def train_and_evaluate(ctx, norm: str, broadcast_buffers: bool, sync: bool) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lab.cluster import jobs
 from lab.pitfalls import module_name, workers
 
 PITFALL = "checkpoint-every-rank"
@@ -106,18 +107,17 @@ def worker(argv: list[str]) -> None:
 
     from lab.cluster import dist
 
-    args = workers.parse_worker_args(argv)
-    with workers.process_group(args.device) as ctx:
+    job = jobs.this_job(argv)
+    with workers.process_group(job.params["device"]) as ctx:
         torch.manual_seed(0)  # the same weights on every rank, as after a DDP step
         model = torch.nn.Sequential(torch.nn.Linear(STATE_FEATURES, STATE_FEATURES),
                                     torch.nn.Linear(STATE_FEATURES, STATE_FEATURES))
         state = {"model": model.state_dict(), "step": 100}
-        sides = {side: save_rounds(ctx, Path(args.out) / f"{side}.pt", state, every_rank=(side == "broken"))
+        sides = {side: save_rounds(ctx, job.folder / f"{side}.pt", state, every_rank=(side == "broken"))
                  for side in ("broken", "fixed")}
         prefix = module_prefix(ctx)
         if ctx.is_primary:
-            workers.report(args.out, ctx.global_rank, {"device": workers.device_name(ctx), **sides,
-                                                       "module_prefix": prefix})
+            job.report(ctx.global_rank, {"device": workers.device_name(ctx), **sides, "module_prefix": prefix})
         dist.barrier(ctx)
 
 

@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Any
 
-from lab.cluster import cores
+from lab.cluster import cores, jobs
 from lab.pitfalls import module_name, workers
 
 PITFALL = "cuda-visible-devices"
@@ -43,7 +43,7 @@ def measure(world_size: int) -> dict[str, Any]:
     if gpus < 2:
         return skipped(world_size, gpus)
     n = min(world_size, gpus)
-    sides = {side: workers.run_job(module_name(PITFALL), n, "cuda", ["--mode", mode])
+    sides = {side: workers.run_job(module_name(PITFALL), n, "cuda", {"mode": mode})
              for side, mode in MODES.items()}
     broken, fixed = (summarize(sides[side]) for side in ("broken", "fixed"))
     demonstrated = (all(c == n for c in broken["device_count_per_rank"]) and broken["distinct_gpus"] == 1
@@ -99,16 +99,11 @@ def summarize(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def worker(argv: list[str]) -> None:
-    import argparse
-
     from lab.cluster import torchrun_env
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=sorted(MODES.values()), required=True)
-    args, rest = parser.parse_known_args(argv)
-    out = workers.parse_worker_args(rest).out
+    job = jobs.this_job(argv)
     layout = torchrun_env.layout()
-    if args.mode == "one":  # before the first CUDA call: CUDA reads the variable once, when it starts
+    if job.params["mode"] == "one":  # before the first CUDA call: CUDA reads the variable once, when it starts
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_for(layout.local_rank, os.environ.get("CUDA_VISIBLE_DEVICES"))
     import torch
 
@@ -119,7 +114,7 @@ def worker(argv: list[str]) -> None:
         torch.empty(1, device=torch.device("cuda", layout.local_rank))
     except (RuntimeError, AssertionError) as exc:
         error = str(exc).strip().splitlines()[0][:200]
-    workers.report(out, layout.global_rank, {
+    job.report(layout.global_rank, {
         "device_count": count, "current_device": current,
         "names": [torch.cuda.get_device_name(i) for i in range(count)],
         "uuid": str(torch.cuda.get_device_properties(current).uuid), "own_index_valid": error is None,

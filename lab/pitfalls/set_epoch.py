@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from lab.cluster import jobs
 from lab.pitfalls import module_name, workers
 
 PITFALL = "set-epoch"
@@ -40,8 +41,7 @@ def repeat_share(orders: list[list[int]]) -> float:
 
 def measure(world_size: int) -> dict[str, Any]:
     device = workers.choose_device(world_size)
-    rank0 = workers.run_job(module_name(PITFALL), world_size, device, ["--epochs", str(EPOCHS)],
-                            reports_expected=1)[0]
+    rank0 = workers.run_job(module_name(PITFALL), world_size, device, {"epochs": EPOCHS}, reports_expected=1)[0]
     sides = {side: summarize(rank0["orders"][side], rank0["training"][side]) for side in ("broken", "fixed")}
     broken, fixed = sides["broken"], sides["fixed"]
     demonstrated = broken["repeat_share"] == 1.0 and fixed["repeat_share"] == 0.0
@@ -98,22 +98,22 @@ def worker(argv: list[str]) -> None:
 
     from lab.cluster import dist
 
-    args = workers.parse_worker_args(argv, {"--epochs": int})
-    with workers.process_group(args.device) as ctx:
+    job = jobs.this_job(argv)
+    epochs = job.params["epochs"]
+    with workers.process_group(job.params["device"]) as ctx:
         orders, training = {}, {}
         for side, calls_set_epoch in (("broken", False), ("fixed", True)):
             sampler = DistributedSampler(range(SAMPLES), num_replicas=ctx.world_size, rank=ctx.global_rank,
                                          shuffle=True, seed=0)
             mine = []
-            for epoch in range(args.epochs):
+            for epoch in range(epochs):
                 if calls_set_epoch:
                     sampler.set_epoch(epoch)
                 mine.append(list(sampler))  # the order this rank's DataLoader would see this epoch
             orders[side] = dist.all_gather_object(ctx, mine)
-            training[side] = train(ctx, args.epochs, calls_set_epoch)
+            training[side] = train(ctx, epochs, calls_set_epoch)
         if ctx.is_primary:
-            workers.report(args.out, ctx.global_rank, {"device": workers.device_name(ctx), "orders": orders,
-                                                       "training": training})
+            job.report(ctx.global_rank, {"device": workers.device_name(ctx), "orders": orders, "training": training})
 
 
 def train(ctx, epochs: int, calls_set_epoch: bool) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Any
 
+from lab.cluster import jobs
 from lab.pitfalls import module_name, workers
 
 PITFALL = "uneven-batches"
@@ -157,7 +158,7 @@ def fixed_side(reports: list[dict[str, Any]], fix: str) -> dict[str, Any]:
 def worker(argv: list[str]) -> None:
     from lab.cluster import dist
 
-    args = workers.parse_worker_args(argv)
+    job = jobs.this_job(argv)
     with workers.process_group("cpu") as ctx:
         result = {"rank": ctx.global_rank, "samples": shard_bounds(ctx.world_size)[-1][1], "broken": plain_loop(ctx)}
         # The ranks that ran out wait here, on the default group, while rank 0 waits in the lesson's group: a
@@ -165,7 +166,7 @@ def worker(argv: list[str]) -> None:
         dist.barrier(ctx)
         for fix in FIXES:
             result[fix] = fixed_loop(ctx, fix)
-        workers.report(args.out, ctx.global_rank, result)
+        job.report(ctx.global_rank, result)
 
 
 def _group(seconds: float = TIMEOUT_SECONDS):

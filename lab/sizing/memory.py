@@ -21,10 +21,7 @@ rank's partition and FSDP2 does not, so "ZeRO-3" and "FSDP full shard" are two r
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +168,8 @@ def run(args) -> int:
         rows, title, per_param = _deepspeed(args, activations, largest_layer)
     else:
         if largest_layer is not None:
-            raise LabError(f"--largest-layer: only --convention deepspeed uses it (its ZeRO-3 formula); "
-                           f"drop it or add --convention deepspeed")
+            raise LabError("--largest-layer: only --convention deepspeed uses it (its ZeRO-3 formula); "
+                           "drop it or add --convention deepspeed")
         rows = estimate(args.params, args.world_size, args.optimizer, args.precision, args.convention,
                         args.node_size, activations, bucket_mib * 2**20)
         per_param = sum(bytes_per_parameter(args.optimizer, args.precision, args.convention))
@@ -232,23 +229,17 @@ def _deepspeed(args, activations: float, largest_layer: float | None) -> tuple[l
 
 def measure(width: int) -> dict[str, Any]:
     """ResNet-18 trained a few steps: one process, then 2 ranks with DDP and with FSDP (fully_shard)."""
-    from lab.cluster import launch, runner
+    from lab.cluster import jobs, runner
 
     runner.check_processes(2, "lab memory --measure")  # its 2-rank job: refused before the first process starts
-    with tempfile.TemporaryDirectory() as tmp:
-        single = Path(tmp) / "single.json"
-        done = runner.run([sys.executable, "-m", "lab.sizing.memory", "--worker", str(single), str(width)],
-                          echo=False)
-        if done.returncode != 0:  # its traceback is above
-            raise RuntimeError(f"lab memory --measure: the 1-process measurement exited {done.returncode}")
-        result = {"single": json.loads(single.read_text())}
-        sharded = Path(tmp) / "sharded.json"
-        command = launch.torchrun_command(2, ["-m", "lab.sizing.memory", "--worker", str(sharded), str(width)])
-        if runner.run(command, env=launch.worker_env(2), processes=2, stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL, echo=False).returncode == 0:
-            result["two_ranks"] = json.loads(sharded.read_text())
-        else:
-            result["two_ranks"] = {"error": "the 2-rank DDP/FSDP measurement failed to run here"}
+    try:  # one process alone (no process group), as the baseline trains
+        result = {"single": jobs.run(jobs.Job("lab.sizing.memory", 1, {"width": width}, launcher="none"))[0]}
+    except jobs.JobFailed as exc:
+        raise RuntimeError(f"lab memory --measure: the 1-process measurement failed: {exc}") from None
+    try:
+        result["two_ranks"] = jobs.run(jobs.Job("lab.sizing.memory", 2, {"width": width}, reports=1))[0]
+    except jobs.JobFailed as exc:
+        result["two_ranks"] = {"error": f"the 2-rank DDP/FSDP measurement failed to run here ({exc})"}
     params = result["single"]["parameter_count"]
     result["estimate"] = {r["strategy"]: r for r in estimate(params, 2, *MEASURED_RECIPE)}
     # The key FSDP's estimate had before fp32's ZeRO-3 and FSDP rows were two (notebooks/05 reads it)
@@ -307,21 +298,22 @@ def _train_and_count(model, ctx, steps: int = 3) -> dict[str, Any]:
     return counts
 
 
-def worker(out: str, width: int) -> None:
+def worker(argv: list[str]) -> None:
     import torch
 
-    from lab.cluster import dist
-
-    from lab.training import model, runs
+    from lab.cluster import dist, jobs
     from lab.config import DistConfig, ModelConfig
+    from lab.training import model
 
+    job = jobs.this_job(argv)
+    width = job.params["width"]
     with dist.initialized(DistConfig()) as ctx:
         torch.manual_seed(0)
         build = lambda: model.build(ModelConfig(width=width)).to(ctx.device)  # noqa: E731
         if not ctx.distributed:
             counts = _train_and_count(build(), ctx)
             counts.update(parameter_count=sum(p.numel() for p in build().parameters()), device=ctx.device.type)
-            runs.write_json(out, counts)
+            job.report(0, counts)
             return
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -339,8 +331,8 @@ def worker(out: str, width: int) -> None:
             result["fsdp_error"] = f"FSDP cannot run here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
         # Every rank holds its own shard; rank 0's figures stand for all (shards are equal up to padding).
         if ctx.is_primary:
-            runs.write_json(out, result)
+            job.report(0, result)
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    worker(sys.argv[2], int(sys.argv[3]))
+if __name__ == "__main__":
+    worker(sys.argv[1:])

@@ -1,10 +1,10 @@
 """`lab report DIR...`: report.md and PNG plots from run directories and benchmark results.
 
 A DIR is a run directory (it has manifest.json), a folder of them (a workshop), or
-a benchmark result JSON (any row of lab.bench.registry with a report section: `lab bench allreduce --json`,
+a benchmark result JSON (any benchmark with a section in lab.teaching.sections: `lab bench allreduce --json`,
 `lab bench collective --json` (one file per op; all of them drawn in one plot), `lab bench scaling --json` in
 either mode, `lab memory --json`, `lab bench strategies --json`, `lab bench levers --json`); folders are searched
-one level down for both. Each benchmark's section is lab.bench.sections'. Every figure says what was measured,
+one level down for both. Each benchmark's section is lab.teaching.sections'. Every figure says what was measured,
 its units, and on what: data source, device, world size. The Markdown is what GitHub and JupyterLab render: a blank line ends every table, and the
 report's title is its only top-level heading (tests/unit/test_report_markdown.py parses it).
 """
@@ -15,11 +15,12 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from lab import __version__, plots
-from lab.bench import registry
+from lab import __version__
 from lab.errors import LabError
 from lab.formatting import num, pct
 from lab.observability import horovod_timeline
+from lab.teaching import figures
+from lab.teaching.sections import SECTIONS, belongs, result_key as benchmark_key
 from lab.training import runs
 
 
@@ -31,7 +32,7 @@ def result_key(doc: dict[str, Any]) -> str | None:
     >>> result_key({"benchmark": "collective", "collective": "all_gather"})
     'collective-all_gather'
     """
-    if key := registry.result_key(doc):  # a benchmark's (lab.bench.registry's rows say which files are whose)
+    if key := benchmark_key(doc):  # a benchmark's (lab.teaching.sections' rows say which files are whose)
         return key
     if "pitfall" in doc:
         return f"pitfall-{doc['pitfall']}"
@@ -97,10 +98,10 @@ def build(paths: list[str], out_dir: str | None = None) -> Path:
     pitfalls = [benchmarks[k] for k in benchmarks if k.startswith("pitfall-")]
     if pitfalls:
         sections.append(_pitfalls(pitfalls, out))
-    for row in registry.BENCHMARKS.values():  # in the table's order, each benchmark's files in key order
-        results = [benchmarks[key] for key in sorted(benchmarks) if _belongs(key, row)]
-        if row.section and results:
-            sections.append(registry.call(row.section, results, out))
+    for name, section in SECTIONS.items():  # in the table's order, each benchmark's files in key order
+        results = [benchmarks[key] for key in sorted(benchmarks) if belongs(key, name)]
+        if results:
+            sections.append(section.draw(results, out))
     report = out / "report.md"
     runs_text = "\n".join(sections)
     report.write_text(runs_text)
@@ -171,7 +172,7 @@ def _training(run_dirs: list[Path], out: Path) -> str:
     context = f"data: {'; '.join(data_sources)} | device: {', '.join(devices)}"
     series = {f"{d.name} ({m['world_size']} rank{'s' if m['world_size'] > 1 else ''})":
               [(r["step"], r["loss"]) for r in runs.read_metrics(d)] for d, m, _ in info}
-    plots.loss_curves(series, context, out / "loss.png")
+    figures.loss_curves(series, context, out / "loss.png")
     throughput = {f"{d.name}\n({m['world_size']} x {m['ranks'][0]['device_name']})": s["samples_per_second"]
                   for d, m, s in info if s.get("samples_per_second")}
     lines += ["", f"Data: {'; '.join(data_sources)}.", "", "![Training loss](loss.png)", ""]
@@ -187,7 +188,7 @@ def _training(run_dirs: list[Path], out: Path) -> str:
             steps = min(m["config"]["dist"].get("horovod_timeline_steps", 0), s["steps"])
             lines += horovod_timeline.render(horovod_timeline.summarise(d / horovod_timeline.FILE, steps), d.name)
     if throughput:
-        plots.throughput_bars(throughput, context, out / "throughput.png")
+        figures.throughput_bars(throughput, context, out / "throughput.png")
         lines += ["![Training throughput](throughput.png)", ""]
     return "\n".join(lines)
 
@@ -222,10 +223,6 @@ def _pitfalls(results: list[dict[str, Any]], out: Path) -> str:
         lines += [f"- {note}" for note in r.get("notes", [])]
         lines += ["", f"Why: {r['why']}", ""]
     return "\n".join(lines)
-
-
-def _belongs(key: str, row: registry.Benchmark) -> bool:
-    return key == row.name or (row.part is not None and key.startswith(f"{row.name}-"))
 
 
 def _relative(path: Path, start: Path) -> str:

@@ -33,15 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab import config
-from lab.bench import registry
 from lab.cluster import cores, launch, runner
 from lab.config import Config
 from lab.errors import LabError
-from lab.teaching import comparison
+from lab.teaching import comparison, parts as benchmark_parts
 from lab.training import runs
 
 
-OWN_PARTS = ("training", "pitfalls")  # then every benchmark that has a part (lab.bench.registry: its `workshop`)
+OWN_PARTS = ("training", "pitfalls")  # then the benchmarks' parts (lab.teaching.parts)
 LECTURE_PITFALLS = ("set-epoch", "checkpoint-every-rank", "batchnorm", "uneven-batches")
 
 
@@ -78,7 +77,7 @@ def parts(only: str | None) -> list[str]:
     >>> parts("scaling,pitfalls")
     ['pitfalls', 'scaling']
     """
-    every = [*OWN_PARTS, *(b.name for b in registry.workshop_parts())]
+    every = [*OWN_PARTS, *benchmark_parts.PARTS]
     if not only:
         return every
     asked = [p.strip() for p in only.split(",") if p.strip()]
@@ -166,9 +165,9 @@ def plan(cfg: Config, config_name: str, overrides: list[str], sizes: list[int], 
     steps += [Step("pitfalls", f"pitfall: {name}, broken then fixed", ranks,
                    [*lab, "pitfall", name, "--nproc-per-node", str(ranks), "--json", str(folder / f"pitfall-{name}.json")])
               for name in pitfalls]
-    host = registry.WorkshopHost(gpus, ranks, config_name, set_args, folder)
-    for bench in registry.workshop_parts():  # the benchmarks' parts, each sized by its own module
-        steps += [Step(bench.name, *step) for step in registry.call(bench.workshop, host)]
+    host = benchmark_parts.WorkshopHost(gpus, ranks, config_name, set_args, folder)
+    for name, part in benchmark_parts.PARTS.items():  # the benchmarks' parts, each sized for this host
+        steps += [Step(name, *step) for step in part(host)]
     return steps
 
 

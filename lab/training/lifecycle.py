@@ -32,7 +32,7 @@ from lab.formatting import num, pct
 from lab.observability import device_memory, metrics
 from lab.training import checkpoint
 from lab.training.console import Console, SilentConsole
-from lab.training.runs import RunDir, git_revision, new_run_id, rendezvous_run_id
+from lab.training.runs import RunDir, git_revision, run_id_for
 from lab.training.trainer import Hook, Trainer, set_determinism
 
 
@@ -103,11 +103,13 @@ class RunStart:
             self.console.say(f"resuming from {self.resume_path} at step {trainer.step}")
 
 
-def run(cfg: Config, hooks: Iterable[Hook] = ()) -> dict[str, Any]:
-    """`lab train` in this process: one rank of a torchrun job, or the whole baseline."""
+def run(cfg: Config, hooks: Iterable[Hook] = (), checked_world_size: int | None = None) -> dict[str, Any]:
+    """`lab train` in this process: one rank of a torchrun job, or the whole baseline. `checked_world_size`: the
+    world size the launching parent checked this config for (its resolved file), so no rank checks it again."""
     wall_start = time.time()
     with dist.initialized(cfg.dist) as ctx:
-        check_layout(cfg, ctx.world_size)
+        if checked_world_size != ctx.world_size:  # torchrun typed by hand, or an elastic job: known only now
+            check_layout(cfg, ctx.world_size)
         set_determinism(cfg.run.deterministic)
         r = _open(cfg, ctx, hooks, wall_start)
         with _exporter(r) as exporter:
@@ -203,14 +205,12 @@ def _record_end(r: RunStart, summary: dict[str, Any]) -> None:
 
 
 def resolve_run_id(cfg: Config, ctx: dist.DistContext) -> str:
-    """run.id when given; under torchrun, the name and the rendezvous id (stable across restarts, so a
-    restarted group resumes its own checkpoint); else a new time-stamped id made on rank 0."""
-    if cfg.run.id:
-        return cfg.run.id
+    """This run's id by lab.training.runs.run_id_for: a launching parent has set run.id already; under a torchrun
+    typed by hand every rank derives it from the rendezvous id; else rank 0 decides and tells the others."""
     rendezvous = torchrun_env.rendezvous_id()
-    if rendezvous:
-        return rendezvous_run_id(cfg.run.name, rendezvous)
-    return dist.broadcast_object(ctx, new_run_id(cfg.run.name) if ctx.is_primary else None)
+    if cfg.run.id or rendezvous:
+        return run_id_for(cfg.run.name, cfg.run.id, rendezvous)
+    return dist.broadcast_object(ctx, run_id_for(cfg.run.name, "", None) if ctx.is_primary else None)
 
 
 def find_checkpoint(cfg: Config, own: Path) -> str | None:

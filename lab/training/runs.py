@@ -1,11 +1,14 @@
 """Run records: the run id, the run directory and what is written into it.
 
+    runs/<run_id>/config.json      the checked config and run id `lab train --nproc-per-node` hands its workers
     runs/<run_id>/manifest.json    what ran: resolved config, versions, hosts, environment
     runs/<run_id>/metrics.jsonl    one row per log interval (and per evaluation)
     runs/<run_id>/summary.json     how it ended: final loss, accuracy, throughput, wall time, status
     runs/<run_id>/checkpoints/     last.pt, written by global rank 0
 
-Only global rank 0 writes here. JSON files are replaced atomically, so a reader
+Only global rank 0 writes here, and `lab train --nproc-per-node` before its workers start: it checks the config
+once, decides the run id and writes config.json, which the workers read. (`lab launch` hands its workers the same
+file from a folder of its own, removed when they end: another node keeps no run directory of its own.) JSON files are replaced atomically, so a reader
 never sees half a file; metrics.jsonl is appended one flushed line at a time.
 """
 
@@ -22,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from lab import atomic
+from lab.config import Config, from_dict, to_dict
 from lab.errors import ConfigError, LabError
 
+RESOLVED = "config.json"
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -47,6 +52,51 @@ def rendezvous_run_id(name: str, rendezvous_id: str) -> str:
     """
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{name}-{rendezvous_id}").strip("-.")
     return slug[:128]
+
+
+def run_id_for(name: str, given: str, rendezvous_id: str | None) -> str:
+    """The one rule for a run's id: run.id when given; else, for a torchrun job, the name and its rendezvous id
+    (stable across restarts and the same on every node, so a restarted group resumes its own checkpoint); else a
+    new time-stamped id. The process that decides it is the launching parent, or rank 0 where torchrun was typed.
+
+    >>> run_id_for("ddp", "mine", "job/42"), run_id_for("ddp", "", "job/42")
+    ('mine', 'ddp-job-42')
+    """
+    if given:
+        return given
+    if rendezvous_id:
+        return rendezvous_run_id(name, rendezvous_id)
+    return new_run_id(name)
+
+
+def write_resolved(cfg: Config, world_size: int | None, folder: Path | None = None) -> Path:
+    """config.json in `folder`, else in the run directory (created here, and proven writable): the config as
+    checked for `world_size` ranks (None: not known before the rendezvous), with its run id. The workers read it
+    (`lab train --resolved PATH`) instead of parsing and checking the command line again."""
+    path = (folder or RunDir(cfg.run.output_dir, cfg.run.id).create().path) / RESOLVED
+    write_json(path, {"run_id": cfg.run.id, "origin": cfg.origin, "world_size": world_size, "config": to_dict(cfg)})
+    return path
+
+
+def resolved_target(cfg: Config, world_size: int | None, rendezvous_id: str | None = None,
+                    folder: Path | None = None) -> list[str]:
+    """What each worker of a launched run runs: `-m lab train --resolved PATH`, PATH the checked config with its
+    run id (`run_id_for`), written by `write_resolved` into the run directory or `folder`."""
+    from lab.config import with_overrides
+
+    run_id = run_id_for(cfg.run.name, cfg.run.id, rendezvous_id)
+    path = write_resolved(with_overrides(cfg, run={"id": run_id}), world_size, folder)
+    return ["-m", "lab", "train", "--resolved", str(path)]
+
+
+def read_resolved(path: str | Path) -> tuple[Config, int | None]:
+    """The config a launching parent checked, and the world size it checked it for."""
+    try:
+        doc = read_json(path)
+        return from_dict(doc["config"], doc["origin"]), doc["world_size"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LabError(f"{path}: not a resolved config `lab train --nproc-per-node` or `lab launch` wrote "
+                       f"({type(exc).__name__}: {exc}); give the run's config with --config instead") from None
 
 
 def check_run_id(run_id: str) -> str:

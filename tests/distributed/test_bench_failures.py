@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from lab.cluster import launch
-from lab.bench.strategies import failed_row
+from lab.bench.train.strategies import failed_row
 
 
 def test_a_failed_strategy_row_names_the_workers_exception_not_torchruns_banner(tmp_path):

@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 from lab import plots
-from lab.bench import levers, nccl_sweep
+from lab.bench.train import levers
+from lab.bench.comm import nccl_sweep
 from tests.conftest import TINY, lab
 
 

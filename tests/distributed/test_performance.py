@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lab.bench import gpu_check
+from lab.devicecheck import command as gpu_check
 from tests.conftest import ROOT, TINY, lab, run
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.bench.allreduce import busbw
-from lab.bench.collective_perf import Row, algbw, average_busbw, parse_size, size_steps
+from lab.bench.comm.allreduce import busbw
+from lab.bench.comm.collective_perf import Row, algbw, average_busbw, parse_size, size_steps
 from lab.errors import LabError
 
 

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from lab.bench import collective_perf
-from lab.bench.collective import COLLECTIVES, NAMES, parse_names
-from lab.bench.collective_perf import Row, algbw, average_busbw, format_row, json_paths
+from lab.bench.comm import collective_perf
+from lab.bench.comm.collective import COLLECTIVES, NAMES, parse_names
+from lab.bench.comm.collective_perf import Row, algbw, average_busbw, format_row, json_paths
 from lab.errors import LabError
 
 # nccl-tests' src/*.cu GetBw: busbw / algbw for n ranks

@@ -7,7 +7,7 @@ import socket
 
 import torch
 
-from lab.cluster import doctor
+from lab.health import doctor
 from tests.conftest import lab
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.cluster import doctor, fabric_manager, nvml
+from lab.health import doctor, fabric_manager
+from lab.cluster import nvml
 
 ERROR_802 = "CUDA error 802: system not yet initialized"
 NOT_INSTALLED = (127, "systemctl: command not found")

@@ -15,8 +15,9 @@ import sys
 
 import pytest
 
-from lab.cluster import doctor, doctor_slurm, slurm
-from lab.cluster.check import Check
+from lab.health import doctor, doctor_slurm
+from lab.cluster import slurm
+from lab.health.check import Check
 from tests.conftest import ROOT
 
 EIGHT = ",".join(map(str, range(8)))

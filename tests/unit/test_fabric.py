@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab import cli
-from lab.bench import fabric, platforms
+from lab.health import validate as fabric, platforms
 from lab.errors import LabError
 from lab.teaching import report
 from tests.markdown import problems
@@ -42,7 +42,7 @@ def _allreduce(world_size: int = 2, busbw: float = 0.2, gpus: bool = False, wron
 
 
 def _hostdevice(h2d: float = 53.0, gpus: int = 8) -> dict:
-    """`lab bench hostdevice --json` as lab/bench/hostdevice.py's docstring lays it out."""
+    """`lab bench hostdevice --json` as lab/bench/comm/hostdevice.py's docstring lays it out."""
     return {"benchmark": "hostdevice", "method": "torch", "device": "cuda", "size_bytes": 256 << 20, "iters": 20,
             "warmup_iters": 2, "pinned": True,
             "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}", "h2d_gbps": h2d,
@@ -240,8 +240,9 @@ def test_health_facts_each_fail_by_name(tmp_path):
         "journal_xid": xid, "modules": (FIXTURES / "h100/modules.txt").read_text(),
         "kernel": "5.4.0-150-generic\n"}}), ["dgx01", "dgx02"], "v1")
     assert _only(doc) == [
-        "dgx02: fabric-manager: nvidia-fabricmanager is inactive on an NVSwitch system (systemctl start "
-        "nvidia-fabricmanager; its version must match the driver's)",
+        "dgx02: fabric-manager: nvidia-fabricmanager is inactive on an NVSwitch system; sudo systemctl start "
+        "nvidia-fabricmanager (its package must be the driver's version, 550.54.15; B200 and later also need NVLSM), "
+        "then check that `nvidia-smi -q | grep -A 2 Fabric` says State: Completed",
         "dgx02: fabric-state: GPU fabric not completed (00000000:5D:00.0: State In Progress, Status Success): is "
         "nvidia-fabricmanager running?",
         "dgx02: gpudirect-support: nvidia_peermem is not loaded and DMA-BUF is not possible: kernel "

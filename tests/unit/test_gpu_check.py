@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lab.cluster import nvml
-from lab.bench import gpu_check, gpu_steps
+from lab.devicecheck import command as gpu_check, steps as gpu_steps
 
 
 def test_a_gpu_that_torch_cannot_use_is_named_not_skipped(monkeypatch):
@@ -135,7 +135,7 @@ def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(
 
 
 def test_host_syncs_fail_on_bf16_and_show_syncbatchnorms_own(tmp_path, monkeypatch):
-    # No GPU here: the child that measures on CUDA (lab.bench.gpu_measure host-syncs) is replaced by its JSON
+    # No GPU here: the child that measures on CUDA (lab.devicecheck.measure host-syncs) is replaced by its JSON
     # (say so); what is checked is how the step reads it.
     check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=1)
     commands = []
@@ -161,7 +161,7 @@ def test_syncbatchnorm_takes_its_sync_path_at_one_rank():
     import torch
     from torch import nn
 
-    from lab.bench import gpu_measure
+    from lab.devicecheck import measure as gpu_measure
 
     calls = []
 
@@ -198,7 +198,7 @@ def _wheel(folder, name, version, requires=()):
 
 
 def test_the_wheels_chosen_are_those_this_python_lacks(tmp_path):
-    from lab.bench import gpu_wheels
+    from lab.devicecheck import wheels as gpu_wheels
 
     _wheel(tmp_path, "numpy", "1.0")  # installed here: never shadowed
     fake = _wheel(tmp_path, "labfakewheel", "0.1", ["numpy", "labfakedep>=1", "sphinx; extra == 'docs'"])

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from lab import config
-from lab.bench import strategies as bench
+from lab.bench.train import strategies as bench
 from lab.cluster import horovodrun, torchrun_env
 from lab.errors import ConfigError, LabError
 from lab.observability import horovod_timeline

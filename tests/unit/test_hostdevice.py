@@ -17,7 +17,8 @@ import shlex
 
 import pytest
 
-from lab.bench import gpu_check, gpu_steps, hostdevice
+from lab.devicecheck import command as gpu_check, steps as gpu_steps
+from lab.bench.comm import hostdevice
 from tests.conftest import PYTHON, lab, run
 
 DOCUMENTED = ".venv/bin/lab bench hostdevice --size 64M --iters 5 --json hostdevice.json"  # docs/benchmarks.md

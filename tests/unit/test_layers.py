@@ -19,11 +19,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("lab.cli",),
     ("lab.commands",),
     ("lab.room",),
-    ("lab.teaching",),
+    ("lab.teaching", "lab.devicecheck"),
     ("lab.bench", "lab.pitfalls"),
     ("lab.sizing",),
     ("lab.training",),
-    ("lab.data", "lab.observability"),
+    ("lab.data", "lab.observability", "lab.health"),
     ("lab.cluster",),
     ("lab.config",),
     ("lab",),
@@ -129,8 +129,8 @@ def test_no_module_imports_itself_round_a_circle():
 
 def test_ls_lab_shows_the_architecture():
     packages = sorted(p.name for p in LAB.iterdir() if (p / "__init__.py").exists())
-    assert packages == ["bench", "cluster", "config", "data", "observability", "pitfalls", "room", "sizing",
-                        "teaching", "training"]
+    assert packages == ["bench", "cluster", "config", "data", "devicecheck", "health", "observability", "pitfalls",
+                        "room", "sizing", "teaching", "training"]
     known = {name for names in LAYERS for name in names}
     for package in packages:
         assert f"lab.{package}" in known, f"lab/{package}/ has no layer in LAYERS"

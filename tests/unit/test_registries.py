@@ -1,6 +1,6 @@
 """A strategy and a benchmark added through the registries alone: one table line each (plus their code, here), and
-the config, the rules, the strategy builder, the CLI, the report, `lab bench strategies` and `lab choose` all see
-them. In-process and small: the point is the wiring, not training (tests/distributed trains the real ones).
+the config, the rules, the strategy builder, the CLI, `lab bench strategies` and `lab choose` all see them; the
+teaching layer's own tables (a report section, a workshop part) show the benchmark without it knowing. In-process and small: the point is the wiring, not training (tests/distributed trains the real ones).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from lab import cli, config
-from lab.bench import registry, strategies as strategies_bench
+from lab.bench import registry
+from lab.bench.train import strategies as strategies_bench
 from lab.cluster.dist import DistContext
 from lab.config import strategies as table
-from lab.errors import ConfigError
+from lab.errors import ConfigError, LabError
 from lab.sizing import choose
-from lab.teaching import report, workshop
+from lab.teaching import parts, report, sections, workshop
 from lab.training import model as models, strategies
 from lab.training.strategies.ddp import DDPStrategy
 from tests.markdown import problems
@@ -91,16 +92,27 @@ def fake_section(results, out) -> str:
     return "\n".join(["## Fake benchmark", "", *[f"Measured {r['value']}." for r in results], ""])
 
 
-def fake_workshop_steps(host: registry.WorkshopHost) -> list[registry.WorkshopStep]:
-    return [registry.WorkshopStep(f"fake over {host.ranks} ranks", host.ranks,
-                                  [*host.lab, "bench", "fake", "--value", "1", "--json", str(host.folder / "fake.json")])]
+def fake_workshop_steps(host: parts.WorkshopHost) -> list[parts.WorkshopStep]:
+    return [parts.WorkshopStep(f"fake over {host.ranks} ranks", host.ranks,
+                               [*host.lab, "bench", "fake", "--value", "1", "--json", str(host.folder / "fake.json")])]
 
 
 @pytest.fixture
 def fake_benchmark(monkeypatch):
     monkeypatch.setitem(registry.BENCHMARKS, "fake", registry.Benchmark(
-        "fake", "a benchmark registered by a test", fake_arguments, f"{HERE}.fake_run",
-        section=f"{HERE}.fake_section", workshop=f"{HERE}.fake_workshop_steps"))
+        "fake", "a benchmark registered by a test", fake_arguments, f"{HERE}.fake_run"))
+    monkeypatch.setitem(sections.SECTIONS, "fake", sections.Section(fake_section))
+    monkeypatch.setitem(parts.PARTS, "fake", fake_workshop_steps)
+
+
+def test_a_benchmark_without_a_section_or_part_runs_and_the_report_and_workshop_leave_it_out(monkeypatch, tmp_path):
+    monkeypatch.setitem(registry.BENCHMARKS, "fake", registry.Benchmark(
+        "fake", "a benchmark registered by a test", fake_arguments, f"{HERE}.fake_run"))
+    result = tmp_path / "fake.json"
+    assert cli.main(["bench", "fake", "--value", "3", "--json", str(result)]) == 0
+    with pytest.raises(LabError, match="no run directories or benchmark results found"):  # not a result it shows
+        report.build([str(tmp_path)])
+    assert "fake" not in workshop.parts(None)
 
 
 def test_the_cli_parses_and_runs_a_registered_benchmark_and_the_report_renders_it(fake_benchmark, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from lab.teaching import report
-from lab.bench import scaling
+from lab.bench.train import scaling
 from tests.conftest import lab
 from tests.markdown import problems
 

@@ -14,7 +14,7 @@ in-place: the reduction runs on the input buffer itself.
 
 This is `lab bench collective all_reduce` with its own JSON ("benchmark": "allreduce", no "collective"
 key), test hook (LAB_ALLREDUCE_CORRUPT_RANK) and --pushgateway series: the table, timing and check are
-lab.bench.collective_perf's, the all-reduce itself lab.bench.collective's.
+lab.bench.comm.collective_perf's, the all-reduce itself lab.bench.comm.collective's.
 
 >>> round(busbw(algbw(1e9, 0.1), 8), 6)    # 1 GB in 100 ms over 8 ranks
 17.5
@@ -22,13 +22,11 @@ lab.bench.collective_perf's, the all-reduce itself lab.bench.collective's.
 
 from __future__ import annotations
 
-from lab.bench import collective_perf
-from lab.bench.collective import COLLECTIVES
-from lab.bench.collective_perf import LINKS, algbw
-from lab.bench.registry import WorkshopHost, WorkshopStep
-from lab.cluster import launch
+from lab.bench.comm import collective_perf
+from lab.bench.comm.collective import COLLECTIVES
+from lab.bench.comm.collective_perf import LINKS, algbw
 
-__all__ = ["LINKS", "algbw", "busbw", "run"]  # LINKS: the validate role's floors cite lab.bench.allreduce.LINKS
+__all__ = ["LINKS", "algbw", "busbw", "run"]  # LINKS: the validate role's floors cite lab.bench.comm.allreduce.LINKS
 
 
 def busbw(algbw_gbps: float, world_size: int) -> float:
@@ -38,12 +36,3 @@ def busbw(algbw_gbps: float, world_size: int) -> float:
 def run(args) -> int:
     """One rank of `lab bench allreduce`; returns the exit code (3 when --min-busbw is missed)."""
     return collective_perf.run(args, "allreduce")
-
-
-def workshop_steps(host: WorkshopHost) -> list[WorkshopStep]:
-    """lab workshop's part: the all-reduce table over the benchmarks' ranks, to 1 GiB on GPUs, 64 MiB on a CPU."""
-    on_gpu = host.gpus > 0
-    return [WorkshopStep(f"all-reduce bus bandwidth over {host.ranks} ranks", host.ranks, launch.torchrun_command(
-        host.ranks, ["-m", "lab", "bench", "allreduce", "-b", "8", "-e", "1G" if on_gpu else "64M",
-                     "-n", "20" if on_gpu else "10", "-w", "5" if on_gpu else "2",
-                     "--json", str(host.folder / "allreduce.json")]))]

@@ -1,5 +1,5 @@
 """nccl-tests' table over torch.distributed: sizes, timing, columns, the check and the JSON that `lab bench
-allreduce` and `lab bench collective` share (each op's size, factor, buffers and result: lab.bench.collective).
+allreduce` and `lab bench collective` share (each op's size, factor, buffers and result: lab.bench.comm.collective).
 
     lab bench collective all_gather -b 8 -e 256M -f 2 --nproc-per-node 8     # one op, one node
     lab bench collective all -b 1K -e 4M --nproc-per-node 2                   # the six, one torchrun job
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.bench.collective import COLLECTIVES, Collective, Setup, parse_names
+from lab.bench.comm.collective import COLLECTIVES, Collective, Setup, parse_names
 from lab.errors import LabError
 
 SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}  # nccl-tests' parsesize: binary multiples

@@ -13,14 +13,14 @@ import json
 import os
 import tempfile
 
-from lab.bench import collective_perf
+from lab.bench.comm import collective_perf
 from lab.errors import EXIT_FAILED, EXIT_GATE_MISSED, EXIT_OK
 
 
 def allreduce(args: argparse.Namespace) -> int:
     if args.nproc_per_node is not None:
         return _relaunch_collectives(args, "allreduce")
-    from lab.bench import allreduce as bench
+    from lab.bench.comm import allreduce as bench
 
     return bench.run(args)
 

@@ -24,16 +24,12 @@ and projects both to 8, 64 and 512 workers.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from lab import scaling_laws
-from lab.bench.registry import WorkshopHost, WorkshopStep
 from lab.cluster import cores
 from lab.errors import LabError
 
@@ -138,7 +134,7 @@ def describe_fit(fitted: dict[str, Any]) -> str:
 
 def run(args) -> int:
     from lab import config, plots
-    from lab.cluster import launch, runner
+    from lab.cluster import jobs, runner
     from lab.training import runs
 
     if args.plot:
@@ -155,21 +151,18 @@ def run(args) -> int:
     for n in sizes:
         config.check_layout(config.with_overrides(cfg, train={"global_batch_size": _global_batch(args, n)}), n)
     threads = cores.threads_per_process(sizes[-1])
+    # The same threads per process at every N: each rank has the compute of `threads` cores, as each GPU rank has
+    # one GPU; more processes do not get more cores each.
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in sizes:
-            out = Path(tmp) / f"n{n}.json"
-            target = ["-m", "lab.bench.scaling", "--config", args.config, "--out", str(out),
-                      "--steps", str(args.steps), "--warmup", str(args.warmup), "--global-batch",
-                      str(_global_batch(args, n)), *[x for o in base_overrides for x in ("--set", o)]]
-            # The same threads per process at every N: each rank has the compute of `threads` cores,
-            # as each GPU rank has one GPU; more processes do not get more cores each.
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-            if runner.run(launch.torchrun_command(n, target), env=env, processes=n,
-                          stdout=subprocess.DEVNULL).returncode != 0:
-                print(f"scaling: world size {n} failed", file=sys.stderr)
-                return 1
-            results.append(json.loads(out.read_text()))
+    for n in sizes:
+        params = {"steps": args.steps, "warmup": args.warmup, "global_batch": _global_batch(args, n)}
+        try:
+            results += jobs.run(jobs.Job("lab.bench.train.scaling", n, params, cfg, env=env, reports=1))
+        except jobs.JobFailed as exc:
+            print(exc.tail(), file=sys.stderr)
+            print(f"scaling: world size {n} failed: {exc}", file=sys.stderr)
+            return 1
     available = cores.available()
     rows = [{**r, "oversubscribed": r["device"] == "cpu" and r["world_size"] * threads > available}
             for r in derive(results)]
@@ -227,28 +220,15 @@ def _global_batch(args, n: int) -> int:
 
 
 def worker(argv: list[str]) -> None:
-    import argparse
-
     import torch
 
-    from lab import config
+    from lab.bench.train import harness
+    from lab.cluster import dist, jobs, provenance
 
-    from lab.cluster import dist, provenance
-
-    from lab.training import runs
-    from lab.bench import harness
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--config")
-    p.add_argument("--set", dest="overrides", action="append", default=[])
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--warmup", type=int, required=True)
-    p.add_argument("--global-batch", type=int, required=True)
-    args = p.parse_args(argv)
+    job = jobs.this_job(argv)
+    steps, warmup, global_batch = job.params["steps"], job.params["warmup"], job.params["global_batch"]
     # Synthetic data sized for the steps, so no epoch boundary interrupts a block.
-    cfg = harness.synthetic_config(config.load(args.config, args.overrides), args.global_batch,
-                                   batches=2 * args.steps + args.warmup + 1)
+    cfg = harness.synthetic_config(job.config, global_batch, batches=2 * steps + warmup + 1)
     with harness.trainer_session(cfg) as (ctx, trainer, dataset):
         batches = trainer.train_loader.forever()
 
@@ -265,12 +245,12 @@ def worker(argv: list[str]) -> None:
             trainer.optimizer.zero_grad(set_to_none=True)  # the compute blocks leave gradients summed up
             return seconds
 
-        block("step", args.warmup)
-        quarter = max(1, args.steps // 4)
+        block("step", warmup)
+        quarter = max(1, steps // 4)
         # Mirror order (A B C C B A): a drift of the machine over the blocks falls on every kind alike.
         # At world size 1 there is no all-reduce to leave out, so no no_sync blocks.
         order = [("step", quarter), ("no_sync", quarter), ("compute", quarter)] if ctx.distributed else \
-                [("step", max(1, args.steps // 2)), ("compute", quarter)]
+                [("step", max(1, steps // 2)), ("compute", quarter)]
         seconds: dict[str, float] = {}
         counted: dict[str, int] = {}
         for kind, steps in [*order, *reversed(order)]:
@@ -280,11 +260,11 @@ def worker(argv: list[str]) -> None:
         per_step = {kind: max(dist.all_gather_object(ctx, seconds[kind] / counted[kind])) for kind in seconds}
         step_seconds, no_sync_seconds = per_step["step"], per_step.get("no_sync")
         if ctx.is_primary:
-            runs.write_json(args.out, {
-                "world_size": ctx.world_size, "global_batch_size": args.global_batch,
+            job.report(ctx.global_rank, {
+                "world_size": ctx.world_size, "global_batch_size": global_batch,
                 "batch_size_per_rank": trainer.batch_size, "step_seconds": step_seconds,
                 "no_sync_step_seconds": no_sync_seconds, "compute_step_seconds": per_step["compute"],
-                "samples_per_second": args.global_batch / step_seconds,
+                "samples_per_second": global_batch / step_seconds,
                 "communication_share": max(0.0, 1 - no_sync_seconds / step_seconds) if no_sync_seconds else None,
                 "device": provenance.describe(ctx)["device_name"], "data": dataset.description.split(" (")[0],
                 "threads": torch.get_num_threads(), "timed_steps": counted["step"]})
@@ -292,17 +272,3 @@ def worker(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     worker(sys.argv[1:])
-
-
-def workshop_steps(host: WorkshopHost) -> list[WorkshopStep]:
-    """lab workshop's part: strong then weak scaling over 1, 2, 4 processes on a CPU (4 is past 2 cores: the table
-    says so and the fit leaves it out) and over every GPU on a GPU server; each process gets the threads of the
-    largest run at every size."""
-    on_gpu = host.gpus > 0
-    largest = host.gpus if on_gpu else max(4, host.ranks)
-    return [WorkshopStep(f"{title} over 1..{largest} processes", largest, [
-        *host.lab, "bench", "scaling", "--config", host.config_name, *host.set_args, "--mode", mode,
-        "--max-world-size", str(largest), "--steps", "40" if on_gpu else "4", "--warmup", "10" if on_gpu else "1",
-        "--json", str(host.folder / f"scaling-{mode}.json")])
-        for mode, title in (("strong", "strong scaling (one global batch) with Amdahl's law"),
-                            ("weak", "weak scaling (one batch per process) with Gustafson's law"))]

@@ -1,13 +1,14 @@
 """`lab doctor` inside a Slurm job: the `slurm` line (the allocation as this task sees it) and the `gpu-share`
 line (fails when this task must see a GPU that another task of its step on this node sees too). Pure functions
-of the facts, so a test can give them any node; lab.cluster.doctor gathers the facts and prints the lines."""
+of the facts, so a test can give them any node; lab.health.doctor gathers the facts and prints the lines."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from lab.cluster import nvml, slurm
-from lab.cluster.check import Check
+from lab.health.check import Check
+from lab.health.status import FAIL, OK, WARN
 
 
 def count_devices(spec: str | None) -> int | None:
@@ -67,7 +68,7 @@ def check_slurm(job: slurm.Allocation, visible: str | None, node_gpus: int | Non
     sees = (f"CUDA_VISIBLE_DEVICES={visible} ({seen} GPU(s))" if visible is not None else
             f"CUDA_VISIBLE_DEVICES unset: all {seen} GPU(s) of the node" if seen else
             "no GPU (CUDA_VISIBLE_DEVICES unset, none found on the node)")
-    return Check("slurm", "ok", f"{job.describe()} ({given}); this task sees {sees}")
+    return Check("slurm", OK, f"{job.describe()} ({given}); this task sees {sees}")
 
 
 def check_gpu_share(job: slurm.Allocation, visible: str | None, node_gpus: int | None) -> Check:
@@ -86,25 +87,25 @@ def check_gpu_share(job: slurm.Allocation, visible: str | None, node_gpus: int |
     tasks, seen = job.tasks_on_this_node, seen_gpus(visible, node_gpus)
     shown = f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "CUDA_VISIBLE_DEVICES unset: the whole node"
     if not job.in_step:
-        return Check("gpu-share", "ok", "does not apply: this is the batch script, one process (no srun step)")
+        return Check("gpu-share", OK, "does not apply: this is the batch script, one process (no srun step)")
     if tasks <= 1:
-        return Check("gpu-share", "ok", f"does not apply: one task of the step on {job.node_name}, no sibling "
+        return Check("gpu-share", OK, f"does not apply: one task of the step on {job.node_name}, no sibling "
                                         f"to share a GPU with")
     if seen == 0:
-        return Check("gpu-share", "ok", f"does not apply: this task sees no GPU ({shown})")
+        return Check("gpu-share", OK, f"does not apply: this task sees no GPU ({shown})")
     pool = step_gpu_pool(job, node_gpus)
     if not pool:
-        return Check("gpu-share", "warn", f"cannot tell whether {tasks} tasks on {job.node_name} share GPUs: "
+        return Check("gpu-share", WARN, f"cannot tell whether {tasks} tasks on {job.node_name} share GPUs: "
                      f"each sees {seen} ({shown}), but the node's GPU count is unknown",
                      "request GPUs through Slurm (--gpus-per-node, --gres=gpu:N) so SLURM_GPUS_ON_NODE is set, "
                      "or install nvidia-ml-py")
     if tasks * seen > pool:
-        return Check("gpu-share", "fail",
+        return Check("gpu-share", FAIL,
                      f"{tasks} tasks of this step on {job.node_name} each see {seen} GPU(s) ({shown}) out of "
                      f"{pool}: {tasks} x {seen} > {pool}, so some GPU is seen by more than one task",
                      "give each task its own GPU with `srun --gpus-per-task=1`, or run one task per node that "
                      "gives each rank its own GPU: `srun --ntasks-per-node=1 lab launch --slurm ...`")
-    return Check("gpu-share", "ok", f"{tasks} tasks on {job.node_name} each see {seen} GPU(s) ({shown}) out of "
+    return Check("gpu-share", OK, f"{tasks} tasks on {job.node_name} each see {seen} GPU(s) ({shown}) out of "
                                     f"{pool}: {tasks} x {seen} <= {pool}, no GPU need be seen twice")
 
 

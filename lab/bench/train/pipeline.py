@@ -57,7 +57,7 @@ def run(args) -> int:
     from lab import config
 
     from lab.training import runs
-    from lab.bench import harness
+    from lab.bench.train import harness
 
     cfg = harness.synthetic_config(config.load(args.config or "workshop-cpu", args.overrides), args.batch_size,
                                    batches=(args.batches + 1) * 2)

@@ -10,7 +10,9 @@ Manager user guide), and from B200 on it needs NVLSM too.
 Evidence of NVSwitches, cheapest first: the switches' device files (/dev/nvidia-nvswitch*, absent inside most
 containers), then a fabric state other than N/A in `nvidia-smi -q`. The manager's state is
 `systemctl is-active nvidia-fabricmanager`'s word, or None where systemd cannot be asked (a container).
-`read()` takes the command runner, so tests give it canned outputs.
+`read()` takes the command runner, so tests give it canned outputs. `lab doctor` asks the host now; `lab validate`
+reads the same command's output recorded by scripts/node-facts.sh: both read it with `manager_state` and advise
+with `start_advice`, so the two say one thing.
 """
 
 from __future__ import annotations
@@ -77,6 +79,23 @@ def driver_version(smi_q: str) -> str | None:
     return found.group(1) if found else None
 
 
+def manager_state(said: str) -> str | None:
+    """`systemctl is-active`'s word in its output, or None where the output is not one (no systemd here).
+
+    >>> manager_state("inactive\\n"), manager_state("System has not been booted with systemd as init system")
+    ('inactive', None)
+    """
+    word = said.strip().splitlines()[0].strip() if said.strip() else ""
+    return word if word in UNIT_STATES else None
+
+
+def start_advice(driver: str | None) -> str:
+    """What to do when the manager is not active."""
+    shown = driver or "nvidia-smi shows it"
+    return (f"sudo systemctl start {SERVICE} (its package must be the driver's version, {shown}; B200 and later "
+            f"also need NVLSM), then check that `nvidia-smi -q | grep -A 2 Fabric` says State: Completed")
+
+
 def read(run: Runner = run_command, dev: Path = Path("/dev")) -> Fabric:
     """This host's switches and fabric manager, from its device files, `nvidia-smi -q` and systemctl."""
     switches = sorted(p.name for p in dev.glob("nvidia-nvswitch[0-9]*"))
@@ -87,6 +106,5 @@ def read(run: Runner = run_command, dev: Path = Path("/dev")) -> Fabric:
     nvswitch = (f"{dev}/{switches[0]} exists" if switches else
                 f"nvidia-smi -q: fabric state {in_fabric[0]}" if in_fabric else None)
     _, said = run(["systemctl", "is-active", SERVICE])
-    word = said.strip().splitlines()[0].strip() if said.strip() else ""
-    manager = word if word in UNIT_STATES else None
+    manager = manager_state(said)
     return Fabric(nvswitch, manager, "" if manager else said.strip()[:120], driver_version(smi_q), states)

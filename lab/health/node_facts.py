@@ -1,6 +1,6 @@
 """What scripts/node-facts.sh wrote for one node, parsed: its GPUs and their PCIe links, NVLink topology, GPU fabric
 state, row remaps, ECC, InfiniBand ports, kernel modules, the fabric manager, DCGM's diagnostic and the XIDs of the
-kernel journal. Parsing only: lab.bench.fabric_checks judges.
+kernel journal. Parsing only: lab.health.fabric_checks judges.
 
 Every fact is read from FOLDER/NAME.txt and FOLDER/NAME.rc. A fact is "not present" when its tool is not installed
 (rc 127) or the folder has no such file, "unreadable" when the tool ran and failed, so a judge never takes a missing
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-NOT_PRESENT, UNREADABLE, OK = "not present", "unreadable", "ok"
+from lab.health.status import NOT_PRESENT, OK, UNREADABLE
+
 FACT_TAIL_BYTES = 1 << 20  # a DCGM level-3 log or a long journal is not read whole
 
 

@@ -1,10 +1,10 @@
-"""The checks `lab validate` makes of one node's facts (scripts/node-facts.sh, parsed by lab.bench.node_facts), each a
+"""The checks `lab validate` makes of one node's facts (scripts/node-facts.sh, parsed by lab.health.node_facts), each a
 record {name, status, detail} and, when it fails, a problem naming the node and the reason. A check whose tool is not
 installed says "not present", one whose output cannot be read "unreadable": on a GPU node either is a problem, never
 a pass (an operator who knowingly lacks the journal or DCGM says so with --expect journal=skip / dcgm=skip).
 
-Statuses: ok, failed, not present, unreadable, not run (the check was not asked for), not applicable (a CPU node),
-note (reported, not judged: e.g. a GPU's PCIe generation lowered while idle).
+Statuses are lab.health.status's, the doctor's too: ok, fail, not present, unreadable, not run (the check was not
+asked for), not applicable (a CPU node), note (reported, not judged: e.g. a GPU's PCIe generation lowered while idle).
 
 GPUDirect RDMA is asserted from NCCL's own log (NCCL_DEBUG=INFO): a channel to another node over InfiniBand reads
 "via NET/IB/<n>/GDRDMA" when the NIC reads and writes GPU memory directly, "via NET/IB/<n>" when it bounces through
@@ -22,9 +22,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from lab.bench import node_facts as nf
-from lab.bench.node_facts import Fact
-from lab.bench.platforms import Platform
+from lab.health import node_facts as nf
+from lab.health.check import Check
+from lab.health.fabric_manager import SERVICE, manager_state, start_advice
+from lab.health.node_facts import Fact
+from lab.health.status import FAIL, NOT_APPLICABLE, NOT_PRESENT, NOT_RUN, NOTE, OK, UNREADABLE
 
 DMABUF_DRIVER = (515,)
 DMABUF_KERNEL = (5, 12)
@@ -44,7 +46,8 @@ EXPECT_KEYS = {
 
 
 def check(name: str, status: str, detail: str) -> dict[str, str]:
-    return {"name": name, "status": status, "detail": detail}
+    """A check's record in validate.json (lab.health.check's, as the doctor's lines)."""
+    return Check(name, status, detail).record()
 
 
 def _missing(name: str, fact: Fact, waiver: str = "") -> tuple[dict[str, str], list[str]]:
@@ -73,11 +76,11 @@ def pcie(gpus: list[dict[str, Any]], expected: tuple[int, int] | None) -> tuple[
         elif expected and (gen or 0) < expected[0]:
             notes.append(f"{where}: below Gen{expected[0]} now (idle GPUs lower it; judged by the copy bandwidth)")
     if problems:
-        return check("pcie", "failed", "; ".join(problems)), [f"pcie: {problem}" for problem in problems]
+        return check("pcie", FAIL, "; ".join(problems)), [f"pcie: {problem}" for problem in problems]
     if notes:
-        return check("pcie", "note", "; ".join(notes)), []
+        return check("pcie", NOTE, "; ".join(notes)), []
     link = f"Gen{expected[0]} x{expected[1]}" if expected else "its maximum"
-    return check("pcie", "ok", f"{len(gpus)} GPU(s) at {link}"), []
+    return check("pcie", OK, f"{len(gpus)} GPU(s) at {link}"), []
 
 
 def fabric_state(fact: Fact) -> tuple[dict[str, str], list[str]]:
@@ -88,24 +91,28 @@ def fabric_state(fact: Fact) -> tuple[dict[str, str], list[str]]:
     bad = [f"{gpu['bus_id']}: State {gpu['state']}, Status {gpu['status']}" for gpu in gpus
            if gpu["state"] != "Completed" or gpu["status"] != "Success"]
     if not gpus:
-        return check("fabric-state", "unreadable", "nvidia-smi -q lists no GPU"), \
+        return check("fabric-state", UNREADABLE, "nvidia-smi -q lists no GPU"), \
             ["fabric-state: nvidia-smi -q lists no GPU"]
     if bad:
-        return check("fabric-state", "failed", "; ".join(bad)), \
+        return check("fabric-state", FAIL, "; ".join(bad)), \
             [f"fabric-state: GPU fabric not completed ({'; '.join(bad)}): is nvidia-fabricmanager running?"]
-    return check("fabric-state", "ok", f"{len(gpus)} GPU(s): State Completed, Status Success"), []
+    return check("fabric-state", OK, f"{len(gpus)} GPU(s): State Completed, Status Success"), []
 
 
-def fabric_manager(fact: Fact) -> tuple[dict[str, str], list[str]]:
-    """systemctl is-active nvidia-fabricmanager: "active", or the NVSwitch board's GPUs cannot use NVLink."""
-    state = fact.text.strip().splitlines()[0] if fact.text.strip() else ""
-    if fact.status == nf.NOT_PRESENT:
+def fabric_manager(fact: Fact, driver: str | None = None) -> tuple[dict[str, str], list[str]]:
+    """`systemctl is-active nvidia-fabricmanager` as node-facts.sh recorded it (read as `lab doctor` reads it live,
+    lab.health.fabric_manager): "active", or the NVSwitch board's GPUs cannot use NVLink."""
+    if fact.status == NOT_PRESENT:
         return _missing("fabric-manager", fact)
+    state = manager_state(fact.text)
+    if state is None:
+        return check("fabric-manager", UNREADABLE, f"systemctl: {fact.text.strip()[:120] or 'no answer'}"), \
+            [f"fabric-manager: its state cannot be read from the node's record (systemctl: "
+             f"{fact.text.strip()[:120] or 'no answer'}); run scripts/node-facts.sh on the host, not in a container"]
     if state != "active":
-        return check("fabric-manager", "failed", f"nvidia-fabricmanager is {state or 'not active'}"), \
-            [f"fabric-manager: nvidia-fabricmanager is {state or 'not active'} on an NVSwitch system "
-             f"(systemctl start nvidia-fabricmanager; its version must match the driver's)"]
-    return check("fabric-manager", "ok", "nvidia-fabricmanager is active"), []
+        return check("fabric-manager", FAIL, f"{SERVICE} is {state}"), \
+            [f"fabric-manager: {SERVICE} is {state} on an NVSwitch system; {start_advice(driver)}"]
+    return check("fabric-manager", OK, f"{SERVICE} is active"), []
 
 
 def infiniband(ibstat: Fact, ib_width: Fact, want: tuple[int, float, str | None] | None
@@ -119,9 +126,9 @@ def infiniband(ibstat: Fact, ib_width: Fact, want: tuple[int, float, str | None]
             fact = ib_width if ib_width.status != nf.NOT_PRESENT else ibstat
             return check("infiniband", fact.status, f"{ibstat.why()}; {ib_width.why()}"), \
                 [f"infiniband: {ibstat.why()}; {ib_width.why()}; {want[0]} port(s) expected"], []
-        return check("infiniband", "not present", "no ibstat and no /sys/class/infiniband"), [], []
+        return check("infiniband", NOT_PRESENT, "no ibstat and no /sys/class/infiniband"), [], []
     if not want:
-        return check("infiniband", "ok" if active else "not applicable",
+        return check("infiniband", OK if active else NOT_APPLICABLE,
                      f"{len(active)} Active InfiniBand port(s) ({source}); none expected by the platform"), [], active
     count, rate, width = want
 
@@ -144,17 +151,17 @@ def infiniband(ibstat: Fact, ib_width: Fact, want: tuple[int, float, str | None]
              f" ({source})"
     if len(good) < count or (problems and len(good) < len(ports)):
         if len(good) >= count:  # more ports than expected, some below: a storage rail is IB here; name, do not fail
-            return check("infiniband", "note", f"{detail}; beyond them: {'; '.join(problems)}"), [], active
-        return check("infiniband", "failed", f"{detail}; {'; '.join(problems) or 'no port'}"), \
+            return check("infiniband", NOTE, f"{detail}; beyond them: {'; '.join(problems)}"), [], active
+        return check("infiniband", FAIL, f"{detail}; {'; '.join(problems) or 'no port'}"), \
             [f"infiniband: {detail}: {'; '.join(problems) or 'no InfiniBand port found'}"], active
-    return check("infiniband", "ok", detail), [], active
+    return check("infiniband", OK, detail), [], active
 
 
 def gpudirect_support(modules: Fact, kernel: Fact, driver: Fact, query: Fact) -> tuple[dict[str, str], list[str]]:
     """nvidia_peermem loaded, or DMA-BUF possible (kernel >= 5.12, driver >= 515, the open kernel module where
     /proc/driver/nvidia/version says which)."""
     if modules.ok and "nvidia_peermem" in nf.module_names(modules.text):
-        return check("gpudirect-support", "ok", "nvidia_peermem is loaded"), []
+        return check("gpudirect-support", OK, "nvidia_peermem is loaded"), []
     kernel_version = nf.version_tuple(kernel.text) if kernel.ok else ()
     module = nf.driver_module(driver.text) if driver.ok else {"version": None, "open": None}
     version = module["version"] or (nf.query_fabric(query.text)["driver_version"] if query.ok else None)
@@ -168,29 +175,29 @@ def gpudirect_support(modules: Fact, kernel: Fact, driver: Fact, query: Fact) ->
         reasons.append("the proprietary kernel module (DMA-BUF needs the open GPU kernel modules)")
     peermem = "nvidia_peermem is not loaded" if modules.ok else f"lsmod: {modules.status}"
     if reasons:
-        return check("gpudirect-support", "failed", f"{peermem}; DMA-BUF not possible: {'; '.join(reasons)}"), \
+        return check("gpudirect-support", FAIL, f"{peermem}; DMA-BUF not possible: {'; '.join(reasons)}"), \
             [f"gpudirect-support: {peermem} and DMA-BUF is not possible: {'; '.join(reasons)}"]
     said = "" if module["open"] else " (open kernel module not confirmed: /proc/driver/nvidia/version unread)"
-    return check("gpudirect-support", "ok",
+    return check("gpudirect-support", OK,
                  f"DMA-BUF: kernel {kernel.text.strip()}, driver {version}{said}; {peermem}"), []
 
 
 def dcgm(fact: Fact, level: int | None, waived: bool) -> tuple[dict[str, str], list[str], str]:
     """(check, problems, the report's one-word reading) of dcgmi diag -r LEVEL."""
     if not level:
-        return check("dcgm-diag", "not run", "no level asked (node-facts.sh OUTDIR 2)"), [], "not run"
+        return check("dcgm-diag", NOT_RUN, "no level asked (node-facts.sh OUTDIR 2)"), [], NOT_RUN
     name = f"dcgmi diag -r {level}"
     if not fact.ok and fact.status == nf.NOT_PRESENT:
         if waived:
-            return check("dcgm-diag", "not present", f"{fact.why()} (waived: --expect dcgm=skip)"), [], "not present"
+            return check("dcgm-diag", NOT_PRESENT, f"{fact.why()} (waived: --expect dcgm=skip)"), [], NOT_PRESENT
         chk, problems = _missing(name, fact, "dcgm")
-        return chk, problems, "not present"
+        return chk, problems, NOT_PRESENT
     parsed = nf.dcgm_diag(fact.text)
     if parsed["failed"] or fact.rc != 0:
         why = "; ".join(parsed["failed"]) or fact.why()
-        return check("dcgm-diag", "failed", why), [f"{name}: {why}"], f"fail: {why}"
+        return check("dcgm-diag", FAIL, why), [f"{name}: {why}"], f"fail: {why}"
     detail = f"{parsed['passed']} passed" + (f"; warnings: {'; '.join(parsed['warned'])}" if parsed["warned"] else "")
-    return check("dcgm-diag", "ok", detail), [], "pass"
+    return check("dcgm-diag", OK, detail), [], "pass"
 
 
 def xid(journal: Fact, kernel_lines: Fact, xid_max: int, waived: bool) -> tuple[dict[str, str], list[str], Any]:
@@ -206,9 +213,9 @@ def xid(journal: Fact, kernel_lines: Fact, xid_max: int, waived: bool) -> tuple[
     events = nf.xids(journal.text)
     if len(events) > xid_max:
         codes = ", ".join(sorted({f"Xid {event['code']} on {event['pci']}" for event in events}))
-        return check("xid", "failed", f"{len(events)} XID(s) since boot: {codes}"), \
+        return check("xid", FAIL, f"{len(events)} XID(s) since boot: {codes}"), \
             [f"xid: {len(events)} XID(s) since boot (threshold {xid_max}): {codes}"], len(events)
-    return check("xid", "ok", f"{len(events)} XID(s) since boot (threshold {xid_max})"), [], len(events)
+    return check("xid", OK, f"{len(events)} XID(s) since boot (threshold {xid_max})"), [], len(events)
 
 
 def row_remap(fact: Fact) -> tuple[dict[str, str], list[str]]:
@@ -220,9 +227,9 @@ def row_remap(fact: Fact) -> tuple[dict[str, str], list[str]]:
                                                                    ("pending", row["pending"])) if flag)
            for row in rows if row["failure"] or row["pending"]]
     if bad:
-        return check("row-remap", "failed", "; ".join(bad)), \
+        return check("row-remap", FAIL, "; ".join(bad)), \
             [f"row-remap: {'; '.join(bad)} (pending: reset the GPU; failure: the GPU needs service)"]
-    return check("row-remap", "ok", f"{len(rows)} GPU(s): no remap failure or pending"), []
+    return check("row-remap", OK, f"{len(rows)} GPU(s): no remap failure or pending"), []
 
 
 # ----------------------------------------------------------------------------- NCCL's log
@@ -253,17 +260,17 @@ def gdrdma(channels: dict[str, dict[str, Any]], names: set[str], log_name: str) 
     GDRDMA passes; any without, or over sockets, fails."""
     mine = [seen for host, seen in channels.items() if host in names or host.split(".")[0] in names]
     if not channels:
-        return check("gdrdma", "unreadable", f"{log_name} has no NCCL INFO channel line (run it with "
+        return check("gdrdma", UNREADABLE, f"{log_name} has no NCCL INFO channel line (run it with "
                                              f"NCCL_DEBUG=INFO)"), \
             [f"gdrdma: {log_name} has no NCCL INFO channel line: GPUDirect RDMA not shown (NCCL_DEBUG=INFO)"]
     if not mine:
-        return check("gdrdma", "not run", f"{log_name} holds no line of this node (only the head's output)"), []
+        return check("gdrdma", NOT_RUN, f"{log_name} holds no line of this node (only the head's output)"), []
     total = {key: sum(seen[key] for seen in mine) for key in ("gdrdma", "ib", "socket")}
     how = " (DMA-BUF)" if any(seen["dmabuf"] for seen in mine) else ""
     if total["socket"] or total["ib"] or not total["gdrdma"]:
         said = (f"{total['socket']} channel(s) over sockets (NET/Socket)" if total["socket"] else
                 f"{total['ib']} InfiniBand channel(s) without GDRDMA" if total["ib"] else "no network channel")
-        return check("gdrdma", "failed", f"{said}; {total['gdrdma']} with GDRDMA{how}"), \
+        return check("gdrdma", FAIL, f"{said}; {total['gdrdma']} with GDRDMA{how}"), \
             [f"gdrdma: GPUDirect RDMA not used: {log_name} shows {said} (nvidia_peermem or DMA-BUF, "
              f"NCCL_NET_GDR_LEVEL)"]
-    return check("gdrdma", "ok", f"{total['gdrdma']} InfiniBand channel(s), all via GDRDMA{how}"), []
+    return check("gdrdma", OK, f"{total['gdrdma']} InfiniBand channel(s), all via GDRDMA{how}"), []

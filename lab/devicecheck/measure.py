@@ -1,11 +1,11 @@
 """What the GPU check measures on the CUDA device rather than through a `lab` command: whether the training
 step syncs with the host, and how many bytes the model state holds.
 
-    python -m lab.bench.gpu_measure host-syncs --config NAME [--set k=v ...] --steps 12 \\
+    python -m lab.devicecheck.measure host-syncs --config NAME [--set k=v ...] --steps 12 \\
         --variant bf16:train.amp=bf16 --variant fp16:train.amp=fp16 --json PATH
-    python -m lab.bench.gpu_measure model-state --width 64 --json PATH
+    python -m lab.devicecheck.measure model-state --width 64 --json PATH
 
-`lab.bench.gpu_check` runs these as child processes, like its other steps, so its deadline can stop them
+`lab.devicecheck.command` runs these as child processes, like its other steps, so its deadline can stop them
 (a process group is killed; a function call in the check's own process could not be) and a CUDA error in
 one leaves the check itself standing. Both need a CUDA device (set_sync_debug_mode and the allocator's
 counters exist only there); the check decides whether to run them and what their numbers mean.
@@ -151,7 +151,7 @@ def _model_state(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.bench.gpu_measure", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m lab.devicecheck.measure", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="what", required=True)
     syncs = commands.add_parser("host-syncs", help="the first host sync in training steps, per variant")
     syncs.add_argument("--config", required=True)

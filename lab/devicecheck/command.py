@@ -15,7 +15,7 @@ slowest thing here and measures only itself):
   DDP, 1 rank     `lab train` with a 1-rank NCCL process group (dist.single_process_group):
                   init_process_group(device_id=...), DDP on CUDA, no_sync with accumulation
   host syncs      training steps under torch.cuda.set_sync_debug_mode("error"), bf16 and fp16 (none allowed),
-                  then SyncBatchNorm, whose host sync is expected and shown (lab.bench.gpu_measure)
+                  then SyncBatchNorm, whose host sync is expected and shown (lab.devicecheck.measure)
   host<->device   `lab bench hostdevice`: pinned copies to and from each GPU, the GPU-to-GPU matrix
   training        `lab train` for a few epochs of synthetic data: wall time, images/s
   data path       `lab bench pipeline`: the lab's device-resident data path against a
@@ -63,7 +63,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.bench.gpu_steps import (  # the steps, named here by the table below (and the tests)
+from lab.devicecheck.steps import (  # the steps, named here by the table below (and the tests)
     Check, DeadlineCut, HOW_TO_GET, MIN_START_SECONDS, Outcome, STEP_LIMIT, STOP_SECONDS, StepFailed,
     Terminated, all_reduce, bf16_training, data_path, deterministic_and_resume, doctor, fsdp, host_device, host_syncs,
     levers, lightning_peer, memory, metrics_overhead, one_rank_ddp, strategies, training,
@@ -112,7 +112,7 @@ STEPS: tuple[Step, ...] = (
     Step("all-reduce", 40, 20, all_reduce, gpus=2, limit=240,
          no_gpu="no GPU: the CPU tests time all-reduce over gloo"),
     Step("metrics", 20, 12, metrics_overhead, needs=("prometheus_client",), limit=150),
-    Step("Lightning peer", 30, 20, lightning_peer, needs=("lightning", "lab.bench.lightning_peer"), limit=180),
+    Step("Lightning peer", 30, 20, lightning_peer, needs=("lightning", "lab.bench.train.lightning_peer"), limit=180),
     Step("DDP + compile", 60, 45, lambda c: one_rank_ddp(c, compiled=True), gpus=1, limit=240,
          no_gpu="torch.compile on a CPU takes minutes at any size; the GPU check runs it"),
 )

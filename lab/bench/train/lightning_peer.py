@@ -120,7 +120,7 @@ def _check_devices(cfg, nproc: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from lab.training import runs
-    from lab.bench import harness
+    from lab.bench.train import harness
 
     require_lightning()
     peer = prepare(args)
@@ -150,13 +150,14 @@ def _torchrun(peer: Peer, target: list[str]) -> int:
 
 def _run_lab(peer: Peer, folder: Path) -> dict[str, Any] | None:
     """`lab train` as a user starts it with --nproc-per-node; its log rows give the steady-state images/s."""
-    from lab.cluster import launch
+    from lab import config
     from lab.training import runs
 
     run_id = runs.new_run_id("lightning-peer")
     overrides = [*peer.overrides, *bench_overrides(peer.steps, peer.warmup, peer.global_batch, str(folder)),
                  f"run.id={run_id}"]
-    if _torchrun(peer, launch.lab_target("train", peer.config, overrides)) != 0:
+    # as `lab train --nproc-per-node` starts it: the config checked here, the workers handed the resolved file
+    if _torchrun(peer, runs.resolved_target(config.load(peer.config, overrides), peer.nproc)) != 0:
         return None
     run_path = folder / run_id
     return {**lab_steady_state(runs.read_metrics(run_path), peer.warmup, peer.global_batch),
@@ -187,17 +188,19 @@ def lab_steady_state(rows: list[dict[str, Any]], warmup: int, global_batch: int)
 
 
 def _run_lightning(peer: Peer, folder: Path) -> dict[str, Any] | None:
-    """This module as a torchrun worker: Lightning's Trainer on the same settings; rank 0 writes the result."""
-    from lab.training import runs
+    """This module as a job of N ranks: Lightning's Trainer on the same settings; rank 0 reports the result."""
+    from lab import config
+    from lab.cluster import jobs
 
-    out = folder / "lightning.json"
     overrides = [*peer.overrides, *bench_overrides(peer.steps, peer.warmup, peer.global_batch, str(folder))]
-    target = ["-m", "lab.bench.lightning_peer", "--config", peer.config, "--out", str(out), "--steps",
-              str(peer.steps), "--warmup", str(peer.warmup), "--lightning-ddp", peer.lightning_ddp,
-              *[x for item in overrides for x in ("--set", item)]]
-    if _torchrun(peer, target) != 0 or not out.exists():
+    job = jobs.Job("lab.bench.train.lightning_peer", peer.nproc, config=config.load(peer.config, overrides),
+                   params={"steps": peer.steps, "warmup": peer.warmup, "lightning_ddp": peer.lightning_ddp},
+                   reports=1)
+    try:
+        return jobs.run(job)[0]
+    except jobs.JobFailed as exc:
+        print(exc.tail(), file=sys.stderr, flush=True)
         return None
-    return runs.read_json(out)
 
 
 def summarize(peer: Peer, lab: list[dict[str, Any]], lightning: list[dict[str, Any]]) -> dict[str, Any]:
@@ -243,22 +246,13 @@ def render(r: dict[str, Any]) -> str:
 
 
 def worker(argv: list[str]) -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--config")
-    p.add_argument("--set", dest="overrides", action="append", default=[])
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--warmup", type=int, required=True)
-    p.add_argument("--lightning-ddp", default="lab", choices=["lab", "default"])
-    args = p.parse_args(argv)
-    from lab import config
+    from lab.cluster import jobs
 
-    result = train_with_lightning(config.load(args.config, args.overrides), args.steps, args.warmup,
-                                  args.lightning_ddp, Path(args.out).parent)
+    job = jobs.this_job(argv)
+    result = train_with_lightning(job.config, job.params["steps"], job.params["warmup"], job.params["lightning_ddp"],
+                                  job.folder)
     if result is not None:
-        from lab.training import runs
-
-        runs.write_json(args.out, result)
+        job.report(0, result)
 
 
 def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: Path) -> dict[str, Any] | None:

@@ -1,30 +1,38 @@
-"""Each benchmark's section of `lab report`: its figure (drawn with lab.plots) and its Markdown, from its result files.
+"""Each benchmark's section of `lab report`: its figure and its Markdown, from its result files.
 
-lab.bench.registry names one function here per benchmark row (`section`); each takes the row's results (every
-file the report kept for it, in key order: scaling's strong before weak) and the report's folder, where the PNGs
-go. The Markdown follows the report's rules: `## ` headings under its one title, a blank line after every table.
+SECTIONS, in the course's order, names a benchmark's section by the "benchmark" field of its result JSON; each takes
+that benchmark's results (every file the report kept for it, in key order: scaling's strong before weak) and the
+report's folder, where the PNGs go. The Markdown follows the report's rules: `## ` headings under its one title, a
+blank line after every table. A benchmark without a row here is not in the report: showing a result is the
+teaching layer's decision, not the benchmark's.
+
+>>> result_key({"benchmark": "scaling", "mode": "strong"}), result_key({"benchmark": "pipeline"})
+('scaling-strong', None)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lab import plots
+from lab.teaching import figures
 
 
 def _allreduce(result: dict[str, Any], out: Path) -> str:
     devices = ", ".join(sorted(set(result.get("devices", [])))) or "unknown"
     context = (f"{result['world_size']} ranks, {result['backend']}, {result['dtype']} {result['op']}, "
                f"devices: {devices}")
-    plots.bus_bandwidth(result["rows"], result.get("link_gbps"), result.get("link"), context, out / "allreduce.png")
+    figures.bus_bandwidth(result["rows"], result.get("link_gbps"), result.get("link"), context, out / "allreduce.png")
     best = max(result["rows"], key=lambda r: r["ip_busbw"])
     lines = ["## All-reduce bus bandwidth", "",
              f"{context}. Average bus bandwidth {result['avg_busbw']:.3g} GB/s over {len(result['rows'])} sizes "
              f"(nccl-tests' definition: busbw = algbw x 2(n-1)/n); best in-place {best['ip_busbw']:.3g} GB/s "
              f"at {best['size']} B."]
     if result.get("link_gbps"):
-        from lab.bench.collective_perf import link_share
+        from lab.bench.comm.collective_perf import link_share
 
         lines.append(f"Reference link {result['link']}: {result['link_gbps']:g} GB/s; the best size reaches "
                      f"{link_share(best['ip_busbw'], result['link_gbps'])}.")
@@ -35,13 +43,13 @@ def _allreduce(result: dict[str, Any], out: Path) -> str:
 def collectives(results: list[dict[str, Any]], out: Path) -> str:
     """`lab bench collective` results: a table of each op's average and best busbw, one plot of busbw against
     size with a line per op."""
-    from lab.bench.collective import COLLECTIVES, NAMES
+    from lab.bench.comm.collective import COLLECTIVES, NAMES
 
     results = sorted(results, key=lambda r: NAMES.index(r["collective"]) if r["collective"] in NAMES else 99)
     setups = sorted({(r["world_size"], r["backend"], ", ".join(sorted(set(r.get("devices", [])))) or "unknown")
                      for r in results})
     context = "; ".join(f"{n} ranks, {backend}, devices: {devices}" for n, backend, devices in setups)
-    plots.collectives_bus_bandwidth(results, context, out / "collectives.png")
+    figures.collectives_bus_bandwidth(results, context, out / "collectives.png")
     lines = ["## Collectives: bus bandwidth by operation", "",
              f"{context}. nccl-tests' definitions: algbw = size / time, busbw = algbw x the op's factor; the "
              f"average covers every size, out-of-place and in-place; #wrong counts elements that differ from "
@@ -63,7 +71,7 @@ def collectives(results: list[dict[str, Any]], out: Path) -> str:
 
 
 def _scaling(result: dict[str, Any], out: Path) -> str:
-    from lab.bench import scaling
+    from lab.bench.train import scaling
 
     mode = result["mode"]
     fitted = result.get("amdahl") or result.get("gustafson")
@@ -72,13 +80,13 @@ def _scaling(result: dict[str, Any], out: Path) -> str:
              scaling.render(result["rows"], mode, result["context"], fitted, result.get("note")), "",
              f"![{mode.capitalize()} scaling](scaling-{mode}.png)", ""]
     if any(r.get("breakdown") for r in result["rows"][1:]):
-        plots.step_breakdown(result["rows"], f"{mode} scaling, {result['context']}", out / f"step-time-{mode}.png")
+        figures.step_breakdown(result["rows"], f"{mode} scaling, {result['context']}", out / f"step-time-{mode}.png")
         lines += [f"![Where a step's time goes, {mode} scaling](step-time-{mode}.png)", ""]
     return "\n".join(lines)
 
 
 def _levers(result: dict[str, Any], out: Path) -> str:
-    from lab.bench import levers
+    from lab.bench.train import levers
 
     plots.levers(result, out / "levers.png")
     return "\n".join(["## Levers: precision, accumulation, DDP buckets, NCCL", "", levers.render(result), "",
@@ -101,7 +109,7 @@ def _memory(result: dict[str, Any], out: Path) -> str:
 
 
 def _strategies(result: dict[str, Any], out: Path) -> str:
-    from lab.bench import strategies
+    from lab.bench.train import strategies
 
     plots.strategies(result["rows"], result["context"], out / "strategies.png")
     return "\n".join(["## Strategies side by side", "", strategies.render(result), "",
@@ -113,4 +121,33 @@ def _each(render):
     return lambda results, out: "\n".join(render(result, out) for result in results)
 
 
-allreduce, scaling, levers, memory, strategies = map(_each, (_allreduce, _scaling, _levers, _memory, _strategies))
+@dataclass(frozen=True)
+class Section:
+    draw: Callable[[list[dict[str, Any]], Path], str]   # (the benchmark's results, the report's folder) -> Markdown
+    part: Callable[[dict[str, Any]], str] | None = None  # a result that is one of several: which (scaling's mode)
+
+
+# In the course's order; `lab memory`'s result is a section like a benchmark's.
+SECTIONS: dict[str, Section] = {
+    "allreduce": Section(_each(_allreduce)),
+    "collective": Section(collectives, part=lambda doc: str(doc.get("collective"))),
+    "scaling": Section(_each(_scaling), part=lambda doc: str(doc.get("mode", "weak"))),
+    "levers": Section(_each(_levers)),
+    "memory": Section(_each(_memory)),
+    "strategies": Section(_each(_strategies)),
+}
+
+
+def result_key(doc: dict[str, Any]) -> str | None:
+    """The key a benchmark's result files under in the report (one per file the report keeps), None when no
+    section shows it."""
+    name = doc.get("benchmark")
+    section = SECTIONS.get(name) if isinstance(name, str) else None
+    if section is None:
+        return None
+    return f"{name}-{section.part(doc)}" if section.part else str(name)
+
+
+def belongs(key: str, name: str) -> bool:
+    """Whether the result filed under `key` is one of benchmark `name`'s."""
+    return key == name or (SECTIONS[name].part is not None and key.startswith(f"{name}-"))

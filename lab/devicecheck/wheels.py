@@ -1,7 +1,7 @@
 """Which wheels in a folder this interpreter lacks: how `scripts/gpu-check.sh` brings DeepSpeed (and what else a
 step needs) to an offline GPU host.
 
-    python -m lab.bench.gpu_wheels wheels/      # prints the wheels to install, one a line; warnings on stderr
+    python -m lab.devicecheck.wheels wheels/      # prints the wheels to install, one a line; warnings on stderr
 
 A wheel is chosen when no distribution of its name is installed (installed ones are never shadowed: the host's
 torch, numpy... stay). The script installs the chosen ones with `pip install --no-index --no-deps --target
@@ -80,7 +80,7 @@ def choose(folder: Path) -> tuple[list[Path], dict[str, list[str]]]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m lab.bench.gpu_wheels FOLDER", file=sys.stderr)
+        print("usage: python -m lab.devicecheck.wheels FOLDER", file=sys.stderr)
         return 2
     folder = Path(argv[0])
     try:

@@ -37,8 +37,8 @@ once as NCCL chooses and once under each setting in NCCL_SETTINGS.
 This module is the parent command: the variants and their config layers, the checks made before
 torchrun starts, and the tables. The rest lives beside it:
 
-    lab.bench.levers_worker     the torchrun worker that builds the trainers and times them
-    lab.bench.nccl_sweep        the NCCL variables' `lab bench allreduce` jobs
+    lab.bench.train.levers_worker     the torchrun worker that builds the trainers and times them
+    lab.bench.comm.nccl_sweep        the NCCL variables' `lab bench allreduce` jobs
     lab.plots.levers            the figure
 
 >>> rows = derive([{"label": "plain", "samples_per_second": 200.0}, {"label": "bf16", "samples_per_second": 300.0}])
@@ -48,16 +48,12 @@ torchrun starts, and the tables. The rest lives beside it:
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.bench import nccl_sweep
-from lab.bench.registry import WorkshopHost, WorkshopStep
+from lab.bench.comm import nccl_sweep
 from lab.errors import LabError
 
 MIB = 2**20
@@ -147,7 +143,7 @@ def derive(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run(args) -> int:
     from lab import config
-    from lab.cluster import cores, launch, runner
+    from lab.cluster import cores, jobs, runner
     from lab.training import runs
 
     # torch (seconds to import) only when a default needs the GPU count: bad input is refused fast
@@ -161,19 +157,14 @@ def run(args) -> int:
         from lab import plots
 
         plots.require()  # matplotlib missing: exit 2 now, not after the measurements
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "levers.json"
-        target = ["-m", "lab.bench.levers_worker", "--out", str(out), "--config", args.config,
-                  *[x for o in args.overrides for x in ("--set", o)], "--steps", str(args.steps),
-                  "--warmup", str(args.warmup), "--rounds", str(args.rounds), "--accum-steps", str(args.accum_steps),
-                  "--equivalence-steps", str(args.equivalence_steps)]
-        done = runner.run(launch.torchrun_command(n, target), env=launch.worker_env(n), processes=n,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        if done.returncode != 0:
-            print("\n".join(done.stderr.strip().splitlines()[-20:]), file=sys.stderr)
-            print(f"levers: the torchrun job failed (exit {done.returncode})", file=sys.stderr, flush=True)
-            return 1
-        measured = json.loads(out.read_text())
+    params = {"steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "accum_steps": args.accum_steps,
+              "equivalence_steps": args.equivalence_steps}
+    try:
+        measured = jobs.run(jobs.Job("lab.bench.train.levers_worker", n, params, cfg, reports=1))[0]
+    except jobs.JobFailed as exc:
+        print(exc.tail(), file=sys.stderr)
+        print(f"levers: the torchrun job failed: {exc}", file=sys.stderr, flush=True)
+        return 1
     nccl = nccl_sweep.nccl_group(n, measured["device_type"])
     result = summarize(measured, nccl, args, cfg.model.width, cores.threads_per_process(n))
     print(render(result), flush=True)
@@ -327,11 +318,3 @@ def render(result: dict[str, Any]) -> str:
               f"mean training loss of the last block (every variant trains on the same batches from the same "
               f"weights)"]
     return "\n".join(lines)
-
-
-def workshop_steps(host: WorkshopHost) -> list[WorkshopStep]:
-    """lab workshop's part: every lever over the benchmarks' ranks, 2 rounds."""
-    return [WorkshopStep(f"levers over {host.ranks} ranks: precision, accumulation, DDP buckets, NCCL", host.ranks, [
-        *host.lab, "bench", "levers", "--config", host.config_name, *host.set_args, "--nproc-per-node",
-        str(host.ranks), "--steps", "10" if host.gpus else "2", "--rounds", "2", "--warmup", "1",
-        "--json", str(host.folder / "levers.json")])]

@@ -1,8 +1,8 @@
 """The device check's steps: what each runs (a real `lab` command in a child, or a measurement in
-lab.bench.gpu_measure's child, each through lab.cluster.runner, which stops its process group on its time
+lab.devicecheck.measure's child, each through lab.cluster.runner, which stops its process group on its time
 limit, the deadline or a signal), and the outcome each reports.
 
-`lab.bench.gpu_check` holds the table that orders them, the plan, the deadline and the command; a step here
+`lab.devicecheck.command` holds the table that orders them, the plan, the deadline and the command; a step here
 knows only its Check (where to write, how big, how long its child may take).
 """
 
@@ -32,7 +32,7 @@ SYNC_BATCHNORM_SYNC = "SyncBatchNorm syncs with the host: PyTorch's boolean-mask
 HOW_TO_GET = {"lightning": "pip install lightning==2.6.6",
               "prometheus_client": "pip install prometheus_client",
               "deepspeed": "pip install deepspeed, or its wheels in wheels/: docs/benchmarks.md, make gpu-check",
-              "lab.bench.lightning_peer": "`lab bench lightning` (lab/bench/lightning_peer.py) is not in this checkout"}
+              "lab.bench.train.lightning_peer": "`lab bench lightning` (lab/bench/train/lightning_peer.py) is not in this checkout"}
 
 
 @dataclass
@@ -223,7 +223,7 @@ def host_syncs(c: Check) -> Outcome:
     # 32 batches of 256: no epoch boundary inside the guarded steps
     sets = [*c.common, "data.synthetic_train_size=8192", "train.global_batch_size=256"]
     variants = [x for name, overrides in HOST_SYNC_VARIANTS for x in ("--variant", f"{name}:{overrides}")]
-    c.child("host-syncs", [sys.executable, "-m", "lab.bench.gpu_measure", "host-syncs", "--config", c.config,
+    c.child("host-syncs", [sys.executable, "-m", "lab.devicecheck.measure", "host-syncs", "--config", c.config,
                            *_sets(sets), "--steps", str(steps), *variants, "--json", str(c.out / "host-syncs.json")])
     found = json.loads((c.out / "host-syncs.json").read_text())["variants"]
     synced = {name: sync for name, sync in found.items() if sync and name != "sync_batchnorm"}
@@ -315,7 +315,7 @@ def memory(c: Check) -> Outcome:
     """Model state measured like the estimate counts it: parameters, gradients and momentum, no activations."""
     from lab.sizing.memory import MEASURED_RECIPE, estimate
 
-    c.child("memory", [sys.executable, "-m", "lab.bench.gpu_measure", "model-state", "--width",
+    c.child("memory", [sys.executable, "-m", "lab.devicecheck.measure", "model-state", "--width",
                        "8" if c.quick else "64", "--json", str(c.out / "memory.json")])
     measured = json.loads((c.out / "memory.json").read_text())
     state, peak = measured["state_bytes"], measured["peak_bytes"]
@@ -375,7 +375,7 @@ def levers(c: Check) -> Outcome:
 def all_reduce(c: Check) -> Outcome:
     # All six collectives in one job (NCCL's own reduce-scatter, alltoall and send/recv included); all-reduce's
     # figure leads, as nccl-tests' all_reduce_perf does in every cluster check.
-    from lab.bench.collective import NAMES
+    from lab.bench.comm.collective import NAMES
 
     c.lab("collectives", "bench", "collective", "all", "--nproc-per-node", str(c.gpus), "-b", "1M", "-e", "1G",
           "-f", "4", "--json", str(c.out / "collective.json"))

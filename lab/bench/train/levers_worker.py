@@ -1,12 +1,10 @@
 """The torchrun worker of `lab bench levers`: every rank builds a Trainer per variant, times them in
-interleaved blocks and counts their activations; rank 0 writes the measurements for the parent.
+interleaved blocks and counts their activations; rank 0 reports the measurements to the parent.
 
-    torchrun --standalone --nproc-per-node 2 -m lab.bench.levers_worker --out levers.json
-        --config workshop-cpu --steps 4 --warmup 2 --rounds 3 --accum-steps 4 --equivalence-steps 3
+`lab bench levers` starts it as a job of N ranks (lab.cluster.jobs): the checked config and the timing
+parameters (steps, warmup, rounds, accum_steps, equivalence_steps) come in the job's folder.
 
-`lab bench levers` builds that line and starts it; run it by hand only to debug a worker.
-
-What is measured, and why so, is in lab.bench.levers, which also holds the variants and their config
+What is measured, and why so, is in lab.bench.train.levers, which also holds the variants and their config
 layers; this module imports torch, the parent does not.
 """
 
@@ -19,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lab.bench.levers import EXACT, PLAIN, merged, variants
+from lab.bench.train.levers import EXACT, PLAIN, merged, variants
 
 if TYPE_CHECKING:
     from lab.config import Config
@@ -76,7 +74,7 @@ class Timed:
 
 def _block(ctx, entry: Timed, steps: int) -> None:
     """One timed block of `entry`, its peak memory on CUDA and its mean loss (every rank calls it in turn)."""
-    from lab.bench import harness
+    from lab.bench.train import harness
 
     cuda = ctx.device.type == "cuda"
     entry.trainer.meter.close(ctx, entry.trainer.step)  # the loss tally from here on is this block's
@@ -141,25 +139,17 @@ def _equivalence(ctx, cfg: Config, dataset, accum: int, steps: int) -> dict[str,
 
 
 def worker(argv: list[str]) -> None:
-    import argparse
     import statistics
+    from types import SimpleNamespace
 
     from lab import config, data
-
-    from lab.cluster import dist, provenance
-
-    from lab.training import runs
-    from lab.bench import harness
+    from lab.bench.train import harness
+    from lab.cluster import dist, jobs, provenance
     from lab.training.trainer import Trainer, set_determinism
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--config")
-    p.add_argument("--set", dest="overrides", action="append", default=[])
-    for name in ("--steps", "--warmup", "--rounds", "--accum-steps", "--equivalence-steps"):
-        p.add_argument(name, type=int, required=True)
-    args = p.parse_args(argv)
-    base = config.load(args.config, args.overrides)
+    job = jobs.this_job(argv)
+    args = SimpleNamespace(**job.params)
+    base = job.config
     # Synthetic data for every step any trainer takes (warm-up, the rounds, the activation count, the
     # equivalence steps), so no epoch boundary falls inside a block.
     batches = max(args.warmup + args.rounds * args.steps + 2, args.equivalence_steps + 1)
@@ -210,7 +200,7 @@ def worker(argv: list[str]) -> None:
         del trainers, entries, twins, everyone
         equivalence = _equivalence(ctx, cfg, dataset, args.accum_steps, args.equivalence_steps)
         if ctx.is_primary:
-            runs.write_json(args.out, {
+            job.report(ctx.global_rank, {
                 "rows": rows, "equivalence": equivalence, "world_size": ctx.world_size,
                 "device": provenance.describe(ctx)["device_name"], "device_type": ctx.device.type,
                 "threads": torch.get_num_threads(), "data": dataset.description.split(" (")[0],

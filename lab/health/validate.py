@@ -1,6 +1,6 @@
 """`lab validate DIR`: the fabric check's verdict. Each node's platform is picked from its facts (GPU model and count,
-NVSwitch, InfiniBand; lab.bench.platforms), every figure is judged against that platform's floors at the sizes that
-matter, every fact against what the node should have (lab.bench.fabric_checks), and all of it goes to validate.json,
+NVSwitch, InfiniBand; lab.health.platforms), every figure is judged against that platform's floors at the sizes that
+matter, every fact against what the node should have (lab.health.fabric_checks), and all of it goes to validate.json,
 the document `lab report` renders. slurm/validate.sbatch and the Ansible validate role both call it.
 
     lab validate runs/v1/validate --nodes dgx01,dgx02 --run-id v1 --out runs/v1/validate.json
@@ -45,13 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from lab import atomic
-from lab.bench import fabric_baseline, fabric_checks
-from lab.bench import node_facts as nf
-from lab.bench.fabric_input import (  # noqa: F401 (parse_* and describe_pair: the module's doctest, tests)
+from lab.health import baseline as fabric_baseline, fabric_checks
+from lab.health import node_facts as nf
+from lab.health.validate_input import (  # noqa: F401 (parse_* and describe_pair: the module's doctest, tests)
     FLOOR_KEYS, _folder, _result, _shortfall, _why_missing, describe_pair, judged_busbw, last_line, on_gpus,
     parse_expect, parse_floors, parse_nodes, wrong_elements,
 )
-from lab.bench import platforms as table
+from lab.health import platforms as table
+from lab.health.status import NOT_APPLICABLE, NOT_PRESENT, UNREADABLE
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 
 NCCL_LOG_BYTES = 32 << 20    # an NCCL_DEBUG=INFO log of many nodes; its channel lines come first
@@ -61,7 +62,7 @@ DEFINITIONS = {
              "out-of-place and in-place",
     "judged": "the median busbw of the sizes >= 1 GiB (where inter-node bandwidth peaks); a run with no size that "
               "large is judged at its largest size, and says so in judged_at",
-    "floor": "per node from its platform (lab.bench.platforms: a fraction of a cited healthy figure), replaced by "
+    "floor": "per node from its platform (lab.health.platforms: a fraction of a cited healthy figure), replaced by "
              "--baseline FILE (--baseline-fraction of the recorded figure), replaced by --floor [NODE:]KEY=GBPS; "
              "a check across nodes takes the highest nodes floor among them",
     "host_device": "pinned host->device and device->host copies per GPU (lab bench hostdevice), GB/s (1e9)",
@@ -131,10 +132,10 @@ def node_record(folder: Path, name: str, settings: Settings, like: dict[str, Any
         checks.append(result[0])
         fact_problems.extend(result[1])
 
-    health: dict[str, Any] = {"dcgm_diag": "not applicable", "xid_events": "not applicable",
-                              "ecc_uncorrected": "not applicable"}
+    health: dict[str, Any] = {"dcgm_diag": NOT_APPLICABLE, "xid_events": NOT_APPLICABLE,
+                              "ecc_uncorrected": NOT_APPLICABLE}
     if not facts_dir.is_dir():
-        checks.append(fabric_checks.check("facts", "not present", f"no facts-{name}/ in DIR"))
+        checks.append(fabric_checks.check("facts", NOT_PRESENT, f"no facts-{name}/ in DIR"))
         if platform.key != "cpu":
             fact_problems.append(f"facts: no facts-{name}/ (scripts/node-facts.sh did not run on it): its GPUs, "
                                  f"links and health are unchecked")
@@ -148,7 +149,8 @@ def node_record(folder: Path, name: str, settings: Settings, like: dict[str, Any
         else:
             add(fabric_checks._missing("nvidia-smi", facts["nvidia-smi-gpus"]))
         if platform.nvswitch:
-            add(fabric_checks.fabric_manager(facts["fabricmanager"]))
+            driver = nf.query_fabric(facts["nvidia-smi-q"].text)["driver_version"] if facts["nvidia-smi-q"].ok else None
+            add(fabric_checks.fabric_manager(facts["fabricmanager"], driver))
             add(fabric_checks.fabric_state(facts["nvidia-smi-q"]))
         ib_check, ib_problems, active_ib = fabric_checks.infiniband(facts["ibstat"], facts["ib-width"], ib_want)
         add((ib_check, ib_problems))
@@ -174,8 +176,8 @@ def node_record(folder: Path, name: str, settings: Settings, like: dict[str, Any
     else:
         readable, reason = nf.journal_readable(facts["journal-xid"], facts["journal-kernel-lines"])
         health["xid_events"] = len(nf.xids(facts["journal-xid"].text)) if readable else \
-            ("not present" if facts["journal-xid"].status == nf.NOT_PRESENT else "unreadable")
-        checks.append(fabric_checks.check("gpu-checks", "not applicable", f"no NVIDIA GPU ({why})"))
+            (NOT_PRESENT if facts["journal-xid"].status == NOT_PRESENT else UNREADABLE)
+        checks.append(fabric_checks.check("gpu-checks", NOT_APPLICABLE, f"no NVIDIA GPU ({why})"))
 
     defaults, sources = table.floors(platform, gpus, active_ib)
     floors: dict[str, float] = {}

@@ -24,14 +24,12 @@ torch.cuda.max_memory_allocated. DeepSpeed rows need the [deepspeed] extra, the 
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from lab.bench.registry import WorkshopHost, WorkshopStep
+from lab.errors import LabError
+
 
 
 def strategy_rows() -> list[tuple[str, str, int, str]]:
@@ -73,8 +71,7 @@ def relative_gap(reference: dict[int, float], other: dict[int, float]) -> float:
 
 def run(args) -> int:
     from lab import config, plots
-    from lab.cluster import cores, launch, runner
-    from lab.cluster.horovodrun import horovodrun_command
+    from lab.cluster import cores, jobs, runner
     from lab.training import runs
 
     if args.plot:
@@ -85,24 +82,25 @@ def run(args) -> int:
     runner.check_processes(n, f"--nproc-per-node {n}")
     chosen = chosen_rows(getattr(args, "rows", None))
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, strategy, stage, _ in chosen:
-            missing = _not_installed(strategy)
-            if missing:
-                rows.append({"label": label, "error": missing})
-                continue
-            out = Path(tmp) / f"{label}.json"
-            target = ["-m", "lab.bench.strategies", "--worker", str(out), "--steps", str(args.steps),
-                      "--config", args.config or "smoke", *[x for o in args.overrides for x in ("--set", o)],
-                      "--set", f"dist.strategy={strategy}", "--set", f"dist.zero_stage={stage}"]
-            command = (horovodrun_command(n, target, timeout_seconds=cfg.dist.timeout_seconds)
-                       if strategy == "horovod" else launch.torchrun_command(n, target))
-            done = runner.run(command, env=launch.worker_env(n), processes=n,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            if done.returncode != 0:
-                rows.append(failed_row(label, done.stderr))
-                continue
-            rows.append({"label": label, **json.loads(out.read_text())})
+    for label, strategy, stage, _ in chosen:
+        missing = _not_installed(strategy)
+        if missing:
+            rows.append({"label": label, "error": missing})
+            continue
+        # Each row's config as a user's --set would make it, its strategy's rules checked here: a row the rules
+        # refuse is a failed row (the others still run), its reason the config's own line.
+        try:
+            row_cfg = config.load(args.config or "smoke", [*args.overrides, f"dist.strategy={strategy}",
+                                                           f"dist.zero_stage={stage}"])
+        except LabError as exc:
+            rows.append({"label": label, "error": f"failed: {exc}"})
+            continue
+        job = jobs.Job("lab.bench.train.strategies", n, {"steps": args.steps}, row_cfg, reports=1,
+                       launcher="horovodrun" if strategy == "horovod" else "torchrun")
+        try:
+            rows.append({"label": label, **jobs.run(job)[0]})
+        except jobs.JobFailed as exc:
+            rows.append(failed_row(label, exc.output))
     result = summarize(rows, n, cfg.dist.bucket_cap_mb * 2**20)
     print(render(result), flush=True)
     if args.json:
@@ -196,23 +194,12 @@ def _not_installed(strategy: str) -> str | None:
 
 
 def worker(argv: list[str]) -> None:
-    import argparse
-
     from lab import config, data
-
-    from lab.cluster import dist
-
-    from lab.training import runs
+    from lab.cluster import dist, jobs
     from lab.training.trainer import Trainer, set_determinism
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--worker", required=True)
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--config")
-    p.add_argument("--set", dest="overrides", action="append", default=[])
-    args = p.parse_args(argv)
-    cfg = config.with_overrides(config.load(args.config, args.overrides),
-                                train={"max_steps": args.steps, "log_every": 1},
+    job = jobs.this_job(argv)
+    cfg = config.with_overrides(job.config, train={"max_steps": job.params["steps"], "log_every": 1},
                                 checkpoint={"save": False}, metrics={"port_base": 0})
     with dist.initialized(cfg.dist) as ctx:
         set_determinism(cfg.run.deterministic)
@@ -228,7 +215,7 @@ def worker(argv: list[str]) -> None:
         if ctx.is_primary:
             from lab.cluster import provenance
 
-            runs.write_json(args.worker, {
+            job.report(ctx.global_rank, {
                 **split, "strategy": trainer.strategy.describe(), "losses": losses,
                 "samples_per_second": results["samples_per_second"], "peak_bytes": results["device_memory_peak_bytes"],
                 "parameter_count": sum(p.numel() for p in trainer.model.parameters()),
@@ -252,11 +239,3 @@ def held_bucket_bytes(strategy) -> int:
 
 if __name__ == "__main__":
     worker(sys.argv[1:])
-
-
-def workshop_steps(host: WorkshopHost) -> list[WorkshopStep]:
-    """lab workshop's part: every strategy row over the benchmarks' ranks."""
-    names = ", ".join(label for label, *_ in strategy_rows())
-    return [WorkshopStep(f"strategies: {names} over {host.ranks} ranks", host.ranks, [
-        *host.lab, "bench", "strategies", "--config", host.config_name, *host.set_args, "--nproc-per-node",
-        str(host.ranks), "--steps", "20" if host.gpus else "6", "--json", str(host.folder / "strategies.json")])]

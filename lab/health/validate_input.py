@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lab.bench import fabric_checks
+from lab.health import fabric_checks
 from lab.errors import LabError
 
 FLOOR_KEYS = ("node", "pair", "nodes", "host_device", "d2d")

@@ -45,10 +45,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
-from lab.cluster import cores, fabric_manager, nvml, slurm
+from lab.cluster import cores, nvml, slurm
+from lab.health import fabric_manager
 from lab.cluster.addresses import is_loopback
-from lab.cluster.check import Check
-from lab.cluster.doctor_slurm import check_slurm_job, node_gpu_count
+from lab.health.check import Check
+from lab.health.status import FAIL, OK, WARN
+from lab.health.doctor_slurm import check_slurm_job, node_gpu_count
 from lab.errors import LabError
 
 GIB = 1024**3
@@ -103,19 +105,19 @@ def interfaces() -> list[str]:
 def check_interfaces(env: Mapping[str, str], names: list[str]) -> list[Check]:
     """Every interface the NCCL/GLOO_SOCKET_IFNAME variables name must exist here (gloo takes exact names)."""
     have = ", ".join(names) or "none"
-    checks = [Check("network", "ok", f"interfaces: {have}")]
+    checks = [Check("network", OK, f"interfaces: {have}")]
     nccl = env.get("NCCL_SOCKET_IFNAME")
     if nccl:
         chosen = matching_interfaces(nccl, names)
-        checks.append(Check("nccl-if", "ok", f"NCCL_SOCKET_IFNAME={nccl} selects {', '.join(chosen)}") if chosen else
-                      Check("nccl-if", "fail", f"NCCL_SOCKET_IFNAME={nccl} selects no interface (have: {have})",
+        checks.append(Check("nccl-if", OK, f"NCCL_SOCKET_IFNAME={nccl} selects {', '.join(chosen)}") if chosen else
+                      Check("nccl-if", FAIL, f"NCCL_SOCKET_IFNAME={nccl} selects no interface (have: {have})",
                             "set it to this host's cluster interface"))
     gloo = env.get("GLOO_SOCKET_IFNAME")
     if gloo:
         missing = [n for n in gloo.split(",") if n and n not in names]
-        checks.append(Check("gloo-if", "fail", f"GLOO_SOCKET_IFNAME={gloo}: no interface {', '.join(missing)} "
+        checks.append(Check("gloo-if", FAIL, f"GLOO_SOCKET_IFNAME={gloo}: no interface {', '.join(missing)} "
                             f"(have: {have})", "set it to existing interface names") if missing else
-                      Check("gloo-if", "ok", f"GLOO_SOCKET_IFNAME={gloo} exists"))
+                      Check("gloo-if", OK, f"GLOO_SOCKET_IFNAME={gloo} exists"))
     return checks
 
 
@@ -158,15 +160,15 @@ def check_hostname(env: Mapping[str, str], hostname: str | None = None) -> Check
     first = addresses[0] if addresses else None
     detail = f"{hostname} resolves to {', '.join(addresses)}" if addresses else f"{hostname} does not resolve"
     if first is not None and not is_loopback(first):
-        return Check("hostname", "ok", detail)
+        return Check("hostname", OK, detail)
     gloo = env.get("GLOO_SOCKET_IFNAME")
     if gloo:
-        return Check("hostname", "ok", f"{detail}; gloo binds GLOO_SOCKET_IFNAME={gloo} instead")
+        return Check("hostname", OK, f"{detail}; gloo binds GLOO_SOCKET_IFNAME={gloo} instead")
     nodes, rdzv_host = run_nodes(env)
     if nodes <= 1 or (rdzv_host is not None and is_loopback(rdzv_host)):
-        return Check("hostname", "ok", f"{detail} (loopback: fine while every rank runs on this host)")
+        return Check("hostname", OK, f"{detail} (loopback: fine while every rank runs on this host)")
     offered = first or "127.0.0.1"
-    return Check("hostname", "fail",
+    return Check("hostname", FAIL,
                  f"{detail} ({'loopback' if first else 'gloo falls back to the loopback address'}) and "
                  f"GLOO_SOCKET_IFNAME is unset: in this {nodes}-node run gloo would give {offered} to the other nodes",
                  "set GLOO_SOCKET_IFNAME to the cluster interface (lab_env in the inventory), or map the host "
@@ -177,13 +179,13 @@ def check_shm(min_bytes: int, path: str = "/dev/shm") -> tuple[Check, int | None
     try:
         st = os.statvfs(path)
     except OSError:
-        return Check("shm", "warn", f"{path} is missing", "NCCL and data workers need shared memory"), None
+        return Check("shm", WARN, f"{path} is missing", "NCCL and data workers need shared memory"), None
     size = st.f_blocks * st.f_frsize
     detail = f"{path} is {size / GIB:.1f} GiB"
     if size < min_bytes:
-        return Check("shm", "warn", f"{detail}, below {min_bytes / GIB:.1f} GiB",
+        return Check("shm", WARN, f"{detail}, below {min_bytes / GIB:.1f} GiB",
                      "run containers with --ipc host (or --shm-size 16g); NCCL and data workers need it"), size
-    return Check("shm", "ok", detail), size
+    return Check("shm", OK, detail), size
 
 
 def check_port(port: int) -> Check:
@@ -193,9 +195,9 @@ def check_port(port: int) -> Check:
         try:
             s.bind(("", port))
         except OSError as exc:
-            return Check("port", "fail", f"{port} is in use on this host ({exc.strerror})",
+            return Check("port", FAIL, f"{port} is in use on this host ({exc.strerror})",
                          "stop what holds it or choose another port")
-    return Check("port", "ok", f"{port} is free")
+    return Check("port", OK, f"{port} is free")
 
 
 def check_output_dir(path: str) -> Check:
@@ -203,8 +205,8 @@ def check_output_dir(path: str) -> Check:
     target = Path(path).absolute()
     existing = next((p for p in (target, *target.parents) if p.exists()), None)
     if existing is not None and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
-        return Check("output", "ok", f"{target} is writable" + ("" if existing == target else " (will be created)"))
-    return Check("output", "fail", f"{target} is not writable (checked {existing})",
+        return Check("output", OK, f"{target} is writable" + ("" if existing == target else " (will be created)"))
+    return Check("output", FAIL, f"{target} is not writable (checked {existing})",
                  "choose a writable run.output_dir or fix its permissions")
 
 
@@ -223,9 +225,9 @@ def check_compile(env: Mapping[str, str], include_dir: str | None = None) -> Che
     missing = ([] if compiler else ["a C compiler (cc/gcc on PATH or $CC)"]) + (
         [] if (include / "Python.h").is_file() else [f"Python.h (not in {include})"])
     if not missing:
-        return Check("compile", "ok", f"torch.compile can build kernels: {compiler}, {include / 'Python.h'}")
+        return Check("compile", OK, f"torch.compile can build kernels: {compiler}, {include / 'Python.h'}")
     dev = f"python{sys.version_info.major}.{sys.version_info.minor}-dev"
-    return Check("compile", "warn", f"torch.compile (model.compile) cannot build kernels: no {' and no '.join(missing)}",
+    return Check("compile", WARN, f"torch.compile (model.compile) cannot build kernels: no {' and no '.join(missing)}",
                  f"on Debian/Ubuntu or in an NGC container: apt-get install -y gcc {dev}")
 
 
@@ -249,27 +251,25 @@ def check_unusable_gpus(cuda_build: str | None, init_error: str,
     build that cannot start CUDA on an NVSwitch system whose fabric manager is down needs the manager started
     (installing torch again would change nothing); anything else is CUDA's own error with the usual causes."""
     if cuda_build is None:
-        return Check("devices", "fail", "NVIDIA devices are present but this torch is a CPU build",
+        return Check("devices", FAIL, "NVIDIA devices are present but this torch is a CPU build",
                      "install a CUDA build of torch that matches the driver (or use the lab image)"), {}
     fabric = read_fabric()
     facts = {"cuda_error": init_error, "fabric": asdict(fabric)}
     said = f"torch (CUDA build {cuda_build}) cannot start CUDA: {init_error or 'no error given'}"
     driver = fabric.driver or nvml.driver_version()
-    start = (f"sudo systemctl start {fabric_manager.SERVICE} (its package must be the driver's version, "
-             f"{driver or 'nvidia-smi shows it'}; B200 and later also need NVLSM), then check that "
-             f"`nvidia-smi -q | grep -A 2 Fabric` says State: Completed")
+    start = fabric_manager.start_advice(driver)
     # Error 802 (cudaErrorSystemNotReady) is the fabric's: it names the manager even where no switch is seen.
     not_ready = bool(re.search(r"\b802\b|not yet initialized", init_error))
     where = f"this is an NVSwitch system ({fabric.nvswitch})" if fabric.nvswitch else "error 802 is the fabric's"
     if fabric.manager_down and (fabric.nvswitch or not_ready):
-        return Check("devices", "fail", f"{said}; {where} and {fabric_manager.SERVICE} is {fabric.manager}: the "
+        return Check("devices", FAIL, f"{said}; {where} and {fabric_manager.SERVICE} is {fabric.manager}: the "
                      f"GPUs cannot join the NVLink fabric", start), facts
     if (fabric.nvswitch or not_ready) and fabric.manager is None:
-        return Check("devices", "fail", f"{said}; {where}, and the fabric manager's state cannot be read here "
+        return Check("devices", FAIL, f"{said}; {where}, and the fabric manager's state cannot be read here "
                      f"(systemctl: {fabric.manager_said or 'no answer'})",
                      f"on the host (not in a container): systemctl status {fabric_manager.SERVICE}; if it is not "
                      f"active, {start}"), facts
-    return Check("devices", "fail", said, "check nvidia-smi; a driver older than torch's CUDA build needs a newer "
+    return Check("devices", FAIL, said, "check nvidia-smi; a driver older than torch's CUDA build needs a newer "
                  "driver or a torch built for the driver's CUDA; a container needs --gpus all"), facts
 
 
@@ -281,35 +281,35 @@ def check_torch(expect_gpus: int | None, read_fabric: Callable[[], fabric_manage
         import torch
         import torch.distributed as dist
     except Exception as exc:  # noqa: BLE001 - a broken install is a failed check, whatever it raised
-        return [Check("torch", "fail", f"cannot import torch ({exc})", "install the lab: pip install -e .")], {}
+        return [Check("torch", FAIL, f"cannot import torch ({exc})", "install the lab: pip install -e .")], {}
     facts: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu_count": 0,
                              "gpu_names": [], "nccl": None, "driver": None}
-    checks = [Check("torch", "ok", f"{torch.__version__} ({'CUDA build ' + torch.version.cuda if torch.version.cuda else 'CPU build'})")]
+    checks = [Check("torch", OK, f"{torch.__version__} ({'CUDA build ' + torch.version.cuda if torch.version.cuda else 'CPU build'})")]
     if torch.cuda.is_available():
         facts["gpu_count"] = torch.cuda.device_count()
         facts["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(facts["gpu_count"])]
         names = sorted(set(facts["gpu_names"]))
-        checks.append(Check("devices", "ok", f"{facts['gpu_count']} x {', '.join(names)}"))
+        checks.append(Check("devices", OK, f"{facts['gpu_count']} x {', '.join(names)}"))
     elif nvml.host_has_gpus():
         unusable, found = check_unusable_gpus(torch.version.cuda, cuda_init_error(torch) if torch.version.cuda
                                               else "", read_fabric)
         checks.append(unusable)
         facts.update(found)
     else:
-        checks.append(Check("devices", "ok", f"no CUDA GPU; {cores.available()} CPU cores (gloo on the CPU)"))
+        checks.append(Check("devices", OK, f"no CUDA GPU; {cores.available()} CPU cores (gloo on the CPU)"))
     if expect_gpus is not None and facts["gpu_count"] != expect_gpus:
-        checks.append(Check("devices", "fail", f"{facts['gpu_count']} GPUs, expected {expect_gpus}",
+        checks.append(Check("devices", FAIL, f"{facts['gpu_count']} GPUs, expected {expect_gpus}",
                             "check nvidia-smi and CUDA_VISIBLE_DEVICES, or change the expected count"))
     if facts["gpu_count"]:
         facts["driver"] = nvml.driver_version()
-        checks.append(Check("driver", "ok", facts["driver"] or "not read (install nvidia-ml-py to read it)"))
+        checks.append(Check("driver", OK, facts["driver"] or "not read (install nvidia-ml-py to read it)"))
         if dist.is_nccl_available():
             facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-            checks.append(Check("nccl", "ok", facts["nccl"]))
+            checks.append(Check("nccl", OK, facts["nccl"]))
         else:
-            checks.append(Check("nccl", "fail", "torch has no NCCL", "use a CUDA build of torch with NCCL"))
-    checks.append(Check("gloo", "ok", "available") if dist.is_gloo_available() else
-                  Check("gloo", "fail", "torch has no gloo backend", "install a standard torch build"))
+            checks.append(Check("nccl", FAIL, "torch has no NCCL", "use a CUDA build of torch with NCCL"))
+    checks.append(Check("gloo", OK, "available") if dist.is_gloo_available() else
+                  Check("gloo", FAIL, "torch has no gloo backend", "install a standard torch build"))
     return checks, facts
 
 
@@ -317,7 +317,7 @@ def run_checks(ports: list[int], output_dir: str, expect_gpus: int | None = None
                min_shm_bytes: int = DEFAULT_MIN_SHM_BYTES,
                env: Mapping[str, str] | None = None) -> tuple[list[Check], dict[str, Any]]:
     env = os.environ if env is None else env
-    checks = [Check("python", "ok", f"{platform.python_version()} ({sys.executable})")]
+    checks = [Check("python", OK, f"{platform.python_version()} ({sys.executable})")]
     torch_checks, facts = check_torch(expect_gpus)
     checks += torch_checks
     checks.append(check_compile(env))
@@ -341,11 +341,11 @@ def run(ports: list[str], output_dir: str, expect_gpus: int | None, min_shm_gib:
     if expect_gpus is not None and expect_gpus < 0:
         raise LabError(f"--expect-gpus: {expect_gpus}; use 0 or more")
     checks, facts = run_checks(parse_ports(ports), output_dir, expect_gpus, int(min_shm_gib * GIB))
-    failed = [c for c in checks if c.status == "fail"]
+    failed = [c for c in checks if c.status == FAIL]
     out = sys.stderr if json_path == "-" else sys.stdout
     for c in checks:
         print(c.line(), file=out)
-    warned = sum(c.status == "warn" for c in checks)
+    warned = sum(c.status == WARN for c in checks)
     print(f"doctor: {len(failed)} of {len(checks)} checks failed, {warned} warned" if failed else
           f"doctor: {len(checks)} checks passed, {warned} warned", file=out, flush=True)
     if json_path:

@@ -146,7 +146,7 @@ def render(r: dict[str, Any]) -> str:
 
 
 def run(args) -> int:
-    from lab.bench.collective_perf import parse_size
+    from lab.bench.comm.collective_perf import parse_size
     from lab.training import runs
 
     try:

@@ -21,7 +21,7 @@ def run(args) -> int:
     from lab import config
     from lab.observability import metrics
     from lab.training import runs
-    from lab.bench import harness
+    from lab.bench.train import harness
 
     cfg = config.load(args.config or "smoke", args.overrides)
     cfg = config.with_overrides(cfg, data={"source": "synthetic"}, metrics={"port_base": 0})
