@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 # Passed to `lab workshop`, e.g. make lab LAB_ARGS="--set train.max_steps=60"
 LAB_ARGS ?=
 
-.PHONY: lab test test-fast test-tools setup clean gpu-check notebook horovod room room-proxy jupyter-settings
+.PHONY: lab test test-fast test-tools setup clean gpu-check notebook horovod room room-proxy jupyter-settings lint lint-style lint-types
 
 setup: $(STAMP)
 
@@ -15,8 +15,8 @@ setup: $(STAMP)
 # the first step (no build isolation), without its C++ ops (DS_BUILD_OPS=0: they JIT-build when used); ~20 s here.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,notebook,room]'
-	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -c constraints.txt -e '.[test,notebook,room,deepspeed]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,notebook,room,lint]'
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -c constraints.txt -e '.[test,notebook,room,lint,deepspeed]'
 	@touch $(STAMP)
 
 lab: $(STAMP)
@@ -69,7 +69,10 @@ room-proxy: $(ROOM_PROXY)
 # lowest-torch venv has neither and skips them, saying why.
 # CI=true (.ci/run sets it): the container test's engine cache (~6 GB, nothing reuses it on a fresh machine) is
 # deleted before the second venv (~6 GB) is installed. With both, a CI machine's disk ran out (stop 21).
-test: $(STAMP) test-tools horovod jupyter-settings room-proxy
+# The set-up runs side by side (-j): Horovod's build (about 4 minutes of both cores) while the apt installs and npm
+# wait on the network and the lint gate reads the tree; then the tests.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j4 lint test-tools horovod jupyter-settings room-proxy
 	LAB_REQUIRE_DEEPSPEED=1 LAB_REQUIRE_HOROVOD=1 $(BIN)/python -m pytest
 	@if [ "$${CI:-}" = true ]; then scripts/container-base.sh clean || echo "make test: could not delete the container cache"; fi
 	$(MAKE) test-torch-lowest
@@ -136,6 +139,21 @@ BARE_OUT ?= build/gpu-check-bare
 test-bare: $(STAMP)
 	rm -rf $(BARE_OUT)
 	PYTHON=$(BIN)/python PYTHONPATH=$(CURDIR)/tests/bare scripts/gpu-check.sh --quick --allow-cpu --deadline 540 $(BARE_OUT)
+
+# The lint gate (make test runs it first): ruff's lint rules and its formatter, then mypy, on the whole tree, as
+# pyproject.toml configures them ([tool.ruff], [tool.mypy]; the [lint] extra pins their versions). `make format`
+# rewrites the tree in ruff's format and applies ruff's safe fixes. lint-style and lint-types can fail apart
+# (make -k lint shows both).
+lint: lint-style lint-types
+lint-style: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+lint-types: $(STAMP)
+	$(BIN)/mypy
+.PHONY: format
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 # Prometheus, promtool and the Pushgateway for the infrastructure tests (Debian packages).
 test-tools:

@@ -69,6 +69,7 @@ def load_dataset(data_dir: str | None, synthetic: int, seed: int):
 def prepare_dataloader(dataset, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
     # Rank r takes samples r, r + world_size, ... of one order all ranks share, so the ranks' k-th batches
     # make up one global batch. The sampler shuffles now, so the loader must not.
+    sampler: DistributedSampler[int]  # it yields indices into the dataset: this rank's share of each epoch
     sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=torch.cuda.is_available())
 
@@ -79,7 +80,7 @@ class Trainer:
         self.train_data, self.optimizer, self.device = train_data, optimizer, device
         self.save_every, self.checkpoint_path = save_every, checkpoint_path
         self.epochs_run = 0
-        self.losses = []  # {"step", "loss"} of every step run, for --losses
+        self.losses: list[dict[str, float]] = []  # {"step", "loss"} of every step run, for --losses
         self.global_rank = dist.get_rank()
         if checkpoint_path and os.path.exists(checkpoint_path):
             self._load_checkpoint(checkpoint_path)  # on every rank, into the plain model
@@ -115,15 +116,20 @@ class Trainer:
                 print(f"epoch {epoch} step {step} loss {loss:.6f}")
 
     def _save_checkpoint(self, epoch: int):
+        path = self.checkpoint_path
+        assert path is not None  # train() saves only when there is a checkpoint path
         # All ranks hold the same weights, so one writes them; .module, the model inside DDP, has keys
         # without a "module." prefix, so the file loads into a plain model at any world size.
-        checkpoint = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                      "epochs_run": epoch + 1}
+        checkpoint = {
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "epochs_run": epoch + 1,
+        }
         # A temporary file, then a rename: a run killed mid-write leaves the previous checkpoint whole.
-        tmp = self.checkpoint_path + ".tmp"
+        tmp = path + ".tmp"
         torch.save(checkpoint, tmp)
-        os.replace(tmp, self.checkpoint_path)
-        print(f"epoch {epoch} saved checkpoint {self.checkpoint_path}")
+        os.replace(tmp, path)
+        print(f"epoch {epoch} saved checkpoint {path}")
 
     def train(self, max_epochs: int):
         for epoch in range(self.epochs_run, max_epochs):

@@ -60,7 +60,7 @@ class Trainer:
         self.train_data, self.optimizer, self.device = train_data, optimizer, device
         self.save_every, self.checkpoint_path = save_every, checkpoint_path
         self.epochs_run = 0
-        self.losses = []  # {"step", "loss"} of every step run, for --losses
+        self.losses: list[dict[str, float]] = []  # {"step", "loss"} of every step run, for --losses
         if checkpoint_path and os.path.exists(checkpoint_path):
             self._load_checkpoint(checkpoint_path)
 
@@ -88,13 +88,18 @@ class Trainer:
             print(f"epoch {epoch} step {step} loss {loss:.6f}")
 
     def _save_checkpoint(self, epoch: int):
-        checkpoint = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                      "epochs_run": epoch + 1}
+        path = self.checkpoint_path
+        assert path is not None  # train() saves only when there is a checkpoint path
+        checkpoint = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "epochs_run": epoch + 1,
+        }
         # A temporary file, then a rename: a run killed mid-write leaves the previous checkpoint whole.
-        tmp = self.checkpoint_path + ".tmp"
+        tmp = path + ".tmp"
         torch.save(checkpoint, tmp)
-        os.replace(tmp, self.checkpoint_path)
-        print(f"epoch {epoch} saved checkpoint {self.checkpoint_path}")
+        os.replace(tmp, path)
+        print(f"epoch {epoch} saved checkpoint {path}")
 
     def train(self, max_epochs: int):
         for epoch in range(self.epochs_run, max_epochs):

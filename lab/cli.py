@@ -38,7 +38,7 @@ class Command:
 
     name: str
     help: str
-    arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    arguments: Callable[[argparse.ArgumentParser], object] | None = None  # adds them (what it returns is unused)
     handler: Callable[[argparse.Namespace], int] | str | None = None  # a function, or "module.function"
     description: str | None = None
     actions: Callable[[], tuple[Command, ...]] | None = None  # the group's subcommands, read when the parser is built
@@ -65,11 +65,13 @@ def _add(group, command: Command) -> None:
     if command.arguments:
         command.arguments(p)
     if command.actions:
-        actions = p.add_subparsers(dest=f"{command.name}_command", required=True, parser_class=_Parser,
-                                   metavar=command.metavar)
+        actions = p.add_subparsers(
+            dest=f"{command.name}_command", required=True, parser_class=_Parser, metavar=command.metavar
+        )
         for action in command.actions():
             _add(actions, action)
     else:
+        assert command.handler is not None, f"lab {command.name}: a command without actions needs a handler"
         p.set_defaults(handler=_handler(command.handler))
 
 
@@ -78,11 +80,18 @@ def _add(group, command: Command) -> None:
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     config_args(p)
-    p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N",
-                   help="start torchrun with N processes on this node and print its command line")
+    p.add_argument(
+        "--nproc-per-node",
+        type=PROCESSES,
+        metavar="N",
+        help="start torchrun with N processes on this node and print its command line",
+    )
     p.add_argument("--help-config", action="store_true", help="list every config key with its default")
-    p.add_argument("--profile", action="store_true",
-                   help="write a torch.profiler trace of 5 steps after warm-up (same as --set train.profile_steps=5)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="write a torch.profiler trace of 5 steps after warm-up (same as --set train.profile_steps=5)",
+    )
     # A worker's side of --nproc-per-node and `lab launch`: the run's config.json, which the parent checked.
     p.add_argument("--resolved", metavar="PATH", help=argparse.SUPPRESS)
 
@@ -90,19 +99,32 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 def _rerun_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with manifest.json and metrics.jsonl")
     p.add_argument("--steps", type=at_least(1), metavar="N", help="rerun and compare only the first N steps")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="change one config key for the rerun (repeatable), e.g. --set run.seed=1")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="change one config key for the rerun (repeatable), e.g. --set run.seed=1",
+    )
     p.add_argument("--output-dir", metavar="DIR", help="where the new run directory goes (default: beside RUN_DIR)")
     p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
 
 
 def _workshop_args(p: argparse.ArgumentParser) -> None:
     config_args(p)
-    p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N",
-                   help="DDP processes (default: 2 and 4 on a CPU; 2, 4, 8 ... up to the GPUs present)")
+    p.add_argument(
+        "--nproc-per-node",
+        type=PROCESSES,
+        metavar="N",
+        help="DDP processes (default: 2 and 4 on a CPU; 2, 4, 8 ... up to the GPUs present)",
+    )
     p.add_argument("--output-dir", default="runs", metavar="DIR", help="where the workshop folder goes")
-    p.add_argument("--only", metavar="PART[,PART]", help="run some parts: training, pitfalls, allreduce, "
-                                                         "scaling, levers, memory, strategies (the report closes)")
+    p.add_argument(
+        "--only",
+        metavar="PART[,PART]",
+        help="run some parts: training, pitfalls, allreduce, scaling, levers, memory, strategies (the report closes)",
+    )
 
 
 def _launch_args(p: argparse.ArgumentParser) -> None:
@@ -110,32 +132,61 @@ def _launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nnodes", default="1", metavar="N|MIN:MAX", help="nodes in the job (MIN:MAX: elastic)")
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="the head node's c10d rendezvous (multi-node)")
     p.add_argument("--rdzv-id", metavar="ID", help="one id for every node of the job (the run id)")
-    p.add_argument("--max-restarts", type=at_least(0), default=0, metavar="K",
-                   help="restart the worker group up to K times after a failure")
-    p.add_argument("--join-timeout", type=int, metavar="SECONDS",
-                   help="fail when not every node arrived within this time (torchrun's default: 600)")
+    p.add_argument(
+        "--max-restarts",
+        type=at_least(0),
+        default=0,
+        metavar="K",
+        help="restart the worker group up to K times after a failure",
+    )
+    p.add_argument(
+        "--join-timeout",
+        type=int,
+        metavar="SECONDS",
+        help="fail when not every node arrived within this time (torchrun's default: 600)",
+    )
     p.add_argument("--local-addr", metavar="ADDR", help="this node's address, when it has several")
-    p.add_argument("--slurm", action="store_true",
-                   help="one srun task per node: --nnodes, --rdzv-endpoint, --local-addr and --rdzv-id from the "
-                        "Slurm allocation (docs/slurm.md)")
-    p.add_argument("--rdzv-port", type=int, default=29400, metavar="PORT",
-                   help="with --slurm: the rendezvous port on the allocation's first node")
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="one srun task per node: --nnodes, --rdzv-endpoint, --local-addr and --rdzv-id from the "
+        "Slurm allocation (docs/slurm.md)",
+    )
+    p.add_argument(
+        "--rdzv-port",
+        type=int,
+        default=29400,
+        metavar="PORT",
+        help="with --slurm: the rendezvous port on the allocation's first node",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command line and exit")
-    p.add_argument("target", nargs=argparse.REMAINDER, metavar="-- TARGET",
-                   help="what every worker runs, e.g. -- -m lab train --config ddp")
+    p.add_argument(
+        "target",
+        nargs=argparse.REMAINDER,
+        metavar="-- TARGET",
+        help="what every worker runs, e.g. -- -m lab train --config ddp",
+    )
 
 
 def _benchmarks() -> tuple[Command, ...]:
     """`lab bench`'s subcommands: the rows of lab.bench.registry that are commands."""
-    return tuple(Command(b.name, b.help, b.arguments, b.run, b.description)
-                 for b in registry.BENCHMARKS.values() if b.arguments is not None and b.run is not None)
+    return tuple(
+        Command(b.name, b.help, b.arguments, b.run, b.description)
+        for b in registry.BENCHMARKS.values()
+        if b.arguments is not None and b.run is not None
+    )
 
 
 def _pitfall_args(p: argparse.ArgumentParser) -> None:
     from lab.pitfalls import PITFALLS  # names and one-line summaries only: no torch at parse time
 
-    p.add_argument("name", nargs="?", choices=list(PITFALLS), metavar="NAME",
-                   help="one of: " + ", ".join(PITFALLS) + " (none: list them)")
+    p.add_argument(
+        "name",
+        nargs="?",
+        choices=list(PITFALLS),
+        metavar="NAME",
+        help="one of: " + ", ".join(PITFALLS) + " (none: list them)",
+    )
     p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N", help="ranks (default: the GPUs present, else 2)")
     p.add_argument("--json", metavar="PATH", help="write the broken and the fixed measurement as JSON")
 
@@ -147,18 +198,40 @@ def _memory_args(p: argparse.ArgumentParser) -> None:
     # --world-size and --node-size: memory.run checks them, with messages that name what a device count means
     p.add_argument("--world-size", type=int, default=8, help="devices (default 8)")
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd-momentum", "sgd"])
-    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"],
-                   help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)")
-    p.add_argument("--convention", default="zero", choices=["zero", "hf", "deepspeed"],
-                   help="bytes per parameter: zero (16 for mixed Adam), hf (18), or deepspeed (DeepSpeed's own "
-                        "estimators, 2 + 18/N) (default zero)")
+    p.add_argument(
+        "--precision",
+        default="bf16",
+        choices=["fp32", "bf16", "fp16"],
+        help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)",
+    )
+    p.add_argument(
+        "--convention",
+        default="zero",
+        choices=["zero", "hf", "deepspeed"],
+        help="bytes per parameter: zero (16 for mixed Adam), hf (18), or deepspeed (DeepSpeed's own "
+        "estimators, 2 + 18/N) (default zero)",
+    )
     p.add_argument("--node-size", type=int, help="devices per node, for FSDP hybrid shard (deepspeed: GPUs per node)")
-    p.add_argument("--largest-layer", type=float, metavar="PARAMS",
-                   help="parameters of the largest layer, for --convention deepspeed's ZeRO-3 rows (default 0)")
-    p.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
-                   help="DeepSpeed's reduce bucket in MiB, shown beside the total (default 25: dist.bucket_cap_mb)")
-    p.add_argument("--headroom", type=tree.FRACTION, default=tree.HEADROOM, metavar="FRACTION",
-                   help="part of device memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)")
+    p.add_argument(
+        "--largest-layer",
+        type=float,
+        metavar="PARAMS",
+        help="parameters of the largest layer, for --convention deepspeed's ZeRO-3 rows (default 0)",
+    )
+    p.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=25.0,
+        metavar="MIB",
+        help="DeepSpeed's reduce bucket in MiB, shown beside the total (default 25: dist.bucket_cap_mb)",
+    )
+    p.add_argument(
+        "--headroom",
+        type=tree.FRACTION,
+        default=tree.HEADROOM,
+        metavar="FRACTION",
+        help="part of device memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)",
+    )
     p.add_argument("--device", choices=["h100", "h200", "a100-80", "a100-40"], help="device to fit on")
     p.add_argument("--device-memory", type=float, metavar="GB", help="device memory in GB (instead of --device)")
     for name in ("seq-len", "micro-batch", "hidden", "heads", "layers"):
@@ -172,25 +245,44 @@ def _memory_args(p: argparse.ArgumentParser) -> None:
 def _choose_args(p: argparse.ArgumentParser) -> None:
     from lab.sizing import choose as tree  # no torch: its argparse types and tables only
 
-    p.add_argument("--params", type=tree.parse_params, required=True, metavar="COUNT",
-                   help="parameter count: 7B, 70e9, 1.5T, 350M, 125e6")
+    p.add_argument(
+        "--params",
+        type=tree.parse_params,
+        required=True,
+        metavar="COUNT",
+        help="parameter count: 7B, 70e9, 1.5T, 350M, 125e6",
+    )
     p.add_argument("--gpus-per-node", type=PROCESSES, default=8, metavar="G", help="GPUs per node (default 8)")
     p.add_argument("--nodes", type=at_least(1, "{} nodes"), default=1, metavar="N", help="nodes (default 1)")
     device = p.add_mutually_exclusive_group()
     device.add_argument("--device", choices=sorted(tree.DEVICES_GB), help="GPU model (default h100)")
-    device.add_argument("--gpu-memory", type=tree.GPU_MEMORY_GB, metavar="GB",
-                        help="GPU memory in GB (instead of --device)")
-    p.add_argument("--interconnect", default="ib-ndr", choices=list(tree.INTERCONNECT_GBPS),
-                   help="inter-node link, one NIC per GPU (default ib-ndr: 400 Gb/s)")
+    device.add_argument(
+        "--gpu-memory", type=tree.GPU_MEMORY_GB, metavar="GB", help="GPU memory in GB (instead of --device)"
+    )
+    p.add_argument(
+        "--interconnect",
+        default="ib-ndr",
+        choices=list(tree.INTERCONNECT_GBPS),
+        help="inter-node link, one NIC per GPU (default ib-ndr: 400 Gb/s)",
+    )
     p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd-momentum", "sgd"])
-    p.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"],
-                   help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)")
+    p.add_argument(
+        "--precision",
+        default="bf16",
+        choices=["fp32", "bf16", "fp16"],
+        help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)",
+    )
     for name, says in (("seq-len", "tokens per sequence"), ("hidden", "hidden size"), ("layers", "layers")):
         p.add_argument(f"--{name}", type=at_least(1), help=f"{says}, for activations (give all three)")
     p.add_argument("--micro-batch", type=at_least(1), default=1, help="sequences per GPU per step (default 1)")
     p.add_argument("--heads", type=at_least(1), help="attention heads (default hidden/128)")
-    p.add_argument("--headroom", type=tree.FRACTION, default=tree.HEADROOM, metavar="FRACTION",
-                   help="part of GPU memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)")
+    p.add_argument(
+        "--headroom",
+        type=tree.FRACTION,
+        default=tree.HEADROOM,
+        metavar="FRACTION",
+        help="part of GPU memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the decisions and the choice as JSON")
 
 
@@ -200,34 +292,60 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 
 def _doctor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", action="append", default=[], metavar="PORT[-LAST]",
-                   help="a port that must be free here: the rendezvous port, the metrics ports (repeatable)")
+    p.add_argument(
+        "--port",
+        action="append",
+        default=[],
+        metavar="PORT[-LAST]",
+        help="a port that must be free here: the rendezvous port, the metrics ports (repeatable)",
+    )
     p.add_argument("--output-dir", default="runs", metavar="DIR", help="run output directory (default: runs)")
     p.add_argument("--expect-gpus", type=at_least(0), metavar="N", help="fail unless exactly N CUDA GPUs are visible")
-    p.add_argument("--min-shm", type=float, default=1.0, metavar="GIB",
-                   help="warn when /dev/shm is smaller (default 1 GiB)")
+    p.add_argument(
+        "--min-shm", type=float, default=1.0, metavar="GIB", help="warn when /dev/shm is smaller (default 1 GiB)"
+    )
     p.add_argument("--json", metavar="PATH", help="write checks and facts as JSON ('-': stdout)")
 
 
 def _validate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", metavar="DIR",
-                   help="the check's results: facts-NAME/, node-NAME.json, nodes.json (and their .log)")
+    p.add_argument(
+        "folder", metavar="DIR", help="the check's results: facts-NAME/, node-NAME.json, nodes.json (and their .log)"
+    )
     p.add_argument("--nodes", required=True, metavar="N1,N2", help="the nodes in order, the head first")
     p.add_argument("--run-id", required=True, metavar="ID", help="the run this check belongs to")
     p.add_argument("--out", required=True, metavar="PATH", help="where validate.json goes")
-    p.add_argument("--floor", action="append", default=[], metavar="[NODE:]KEY=GBPS",
-                   help="a floor: node, pair, nodes, host_device or d2d, for every node or NODE (repeatable; "
-                        "default: the node's platform's, or the baseline's)")
-    p.add_argument("--expect", action="append", default=[], metavar="[NODE:]KEY=VALUE",
-                   help="what a node should have: xid_max, ib_ports, ib_rate, ib_width, pcie_gen, pcie_width, "
-                        "gdrdma, journal, dcgm (repeatable)")
+    p.add_argument(
+        "--floor",
+        action="append",
+        default=[],
+        metavar="[NODE:]KEY=GBPS",
+        help="a floor: node, pair, nodes, host_device or d2d, for every node or NODE (repeatable; "
+        "default: the node's platform's, or the baseline's)",
+    )
+    p.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="[NODE:]KEY=VALUE",
+        help="what a node should have: xid_max, ib_ports, ib_rate, ib_width, pcie_gen, pcie_width, "
+        "gdrdma, journal, dcgm (repeatable)",
+    )
     p.add_argument("--baseline", metavar="FILE", help="fail figures under --baseline-fraction of this baseline")
     p.add_argument("--baseline-fraction", default="0.8", metavar="F", help="of the baseline (default 0.8)")
     p.add_argument("--record-baseline", metavar="FILE", help="write this (passed) run's figures as a baseline")
-    p.add_argument("--dcgm-level", type=int, choices=range(5), metavar="N",
-                   help="the dcgmi diag level the facts were asked for (default: facts-NAME/dcgm-level.txt)")
-    p.add_argument("--runner", choices=("slurm", "ansible"), default="slurm",
-                   help="who ran the check, as validate.json's platform (default slurm)")
+    p.add_argument(
+        "--dcgm-level",
+        type=int,
+        choices=range(5),
+        metavar="N",
+        help="the dcgmi diag level the facts were asked for (default: facts-NAME/dcgm-level.txt)",
+    )
+    p.add_argument(
+        "--runner",
+        choices=("slurm", "ansible"),
+        default="slurm",
+        help="who ran the check, as validate.json's platform (default slurm)",
+    )
 
 
 def _data_root(p: argparse.ArgumentParser) -> None:
@@ -242,67 +360,127 @@ def _synth_args(p: argparse.ArgumentParser) -> None:
 
 
 def _data_actions() -> tuple[Command, ...]:
-    return (Command("prepare", "download and verify CIFAR-10 (needs internet or the archive)", _data_root,
-                    handlers.data_prepare),
-            Command("synth", "write synthetic CIFAR-shaped data in the CIFAR-10 layout", _synth_args,
-                    handlers.data_synth))
+    return (
+        Command(
+            "prepare", "download and verify CIFAR-10 (needs internet or the archive)", _data_root, handlers.data_prepare
+        ),
+        Command("synth", "write synthetic CIFAR-shaped data in the CIFAR-10 layout", _synth_args, handlers.data_synth),
+    )
 
 
 def _room_plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=at_least(0, "{} GPUs"), metavar="N",
-                   help="GPUs to hand out, 0..N-1 (default: the host's, as NVML counts them)")
-    p.add_argument("--devices", metavar="ID[,ID]", help="the GPUs or MIG instances to hand out, as CUDA_VISIBLE_DEVICES "
-                                                       "names them (e.g. MIG-<uuid>,...; instead of --gpus)")
+    p.add_argument(
+        "--gpus",
+        type=at_least(0, "{} GPUs"),
+        metavar="N",
+        help="GPUs to hand out, 0..N-1 (default: the host's, as NVML counts them)",
+    )
+    p.add_argument(
+        "--devices",
+        metavar="ID[,ID]",
+        help="the GPUs or MIG instances to hand out, as CUDA_VISIBLE_DEVICES "
+        "names them (e.g. MIG-<uuid>,...; instead of --gpus)",
+    )
     seats = os.environ.get("LAB_ROOM_SEATS") or None  # compose's hub service passes it this way
-    p.add_argument("--seats", type=at_least(1, "{} seats"), metavar="N", default=seats,
-                   help="seats (default: $LAB_ROOM_SEATS, else one per 2 GPUs; on a CPU host one per 2 cores)")
-    p.add_argument("--gpus-per-seat", type=at_least(1, "{} GPUs a seat"), metavar="G",
-                   help="GPUs each seat gets (default: the GPUs split evenly over the seats, else 2)")
-    p.add_argument("--cores", type=at_least(1, "{} cores"), metavar="N",
-                   help="CPU cores to hand out (default: this host's); --cores and --memory plan another host")
+    p.add_argument(
+        "--seats",
+        type=at_least(1, "{} seats"),
+        metavar="N",
+        default=seats,
+        help="seats (default: $LAB_ROOM_SEATS, else one per 2 GPUs; on a CPU host one per 2 cores)",
+    )
+    p.add_argument(
+        "--gpus-per-seat",
+        type=at_least(1, "{} GPUs a seat"),
+        metavar="G",
+        help="GPUs each seat gets (default: the GPUs split evenly over the seats, else 2)",
+    )
+    p.add_argument(
+        "--cores",
+        type=at_least(1, "{} cores"),
+        metavar="N",
+        help="CPU cores to hand out (default: this host's); --cores and --memory plan another host",
+    )
     p.add_argument("--memory", type=float, metavar="GIB", help="the host's memory in GiB (default: this host's)")
     p.add_argument("--prefix", default="seat", help="seat names: PREFIX1, PREFIX2, ... (default seat)")
 
 
 def _room_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--room-dir", default="runs/room", metavar="DIR",
-                   help="the room's folder: its plan, settings and the hub's state (default runs/room)")
+    p.add_argument(
+        "--room-dir",
+        default="runs/room",
+        metavar="DIR",
+        help="the room's folder: its plan, settings and the hub's state (default runs/room)",
+    )
 
 
 def _room_plan_command_args(p: argparse.ArgumentParser) -> None:
     _room_plan_args(p)
-    p.add_argument("--json", default="runs/room/plan.json", metavar="PATH",
-                   help="where the plan goes, for lab room serve --plan (default runs/room/plan.json)")
+    p.add_argument(
+        "--json",
+        default="runs/room/plan.json",
+        metavar="PATH",
+        help="where the plan goes, for lab room serve --plan (default runs/room/plan.json)",
+    )
 
 
 def _room_serve_args(p: argparse.ArgumentParser) -> None:
     _room_plan_args(p)
     _room_dir(p)
     p.add_argument("--plan", metavar="PATH", help="a plan from lab room plan (instead of planning this host now)")
-    p.add_argument("--spawner", choices=("local", "docker", "slurm"), default="local",
-                   help="local: a process per seat's system user (root); docker: a container per seat "
-                        "(DockerSpawner); slurm: a Slurm job per seat (batchspawner) (default local)")
-    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
-                   help="where learners' browsers reach the hub (default 127.0.0.1; see docs/workshop.md for TLS)")
+    p.add_argument(
+        "--spawner",
+        choices=("local", "docker", "slurm"),
+        default="local",
+        help="local: a process per seat's system user (root); docker: a container per seat "
+        "(DockerSpawner); slurm: a Slurm job per seat (batchspawner) (default local)",
+    )
+    p.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="where learners' browsers reach the hub (default 127.0.0.1; see docs/workshop.md for TLS)",
+    )
     p.add_argument("--port", type=at_least(1), default=8000, help="the hub's port for browsers (default 8000)")
     p.add_argument("--hub-port", type=at_least(1), default=8081, help="the hub's API port, loopback (default 8081)")
-    p.add_argument("--proxy-api-port", type=at_least(1), default=8001,
-                   help="the proxy's API port, loopback (default 8001)")
+    p.add_argument(
+        "--proxy-api-port", type=at_least(1), default=8001, help="the proxy's API port, loopback (default 8001)"
+    )
     p.add_argument("--proxy", metavar="PATH", help="configurable-http-proxy (default: make room-proxy's, or PATH's)")
-    p.add_argument("--idle-timeout", type=at_least(10, "{} s"), default=3600, metavar="SECONDS",
-                   help="stop a seat's server idle this long (default 3600)")
+    p.add_argument(
+        "--idle-timeout",
+        type=at_least(10, "{} s"),
+        default=3600,
+        metavar="SECONDS",
+        help="stop a seat's server idle this long (default 3600)",
+    )
     p.add_argument("--home-root", default="/home", metavar="DIR", help="where new seat users' homes go (default /home)")
     p.add_argument("--pushgateway", metavar="HOST:PORT", help="a Pushgateway for the lessons' checks and seats' GPUs")
     p.add_argument("--prometheus-url", metavar="URL", help="a Prometheus for the seats' lesson 6 (default: its own)")
     p.add_argument("--image", default="lab-jupyter:0.1.0", help="docker: the seats' image (default lab-jupyter:0.1.0)")
-    p.add_argument("--network", default="lab-room", help="docker: the network of the hub and the seats (default lab-room)")
-    p.add_argument("--hub-bind", default="127.0.0.1", metavar="ADDR",
-                   help="the hub's API address (default 127.0.0.1; 0.0.0.0 where seats are containers)")
-    p.add_argument("--hub-connect-url", default="", metavar="URL",
-                   help="how seats reach the hub's API when not at --hub-bind (compose: http://hub:8081)")
-    p.add_argument("--memlock", type=at_least(-1), default=-1, metavar="BYTES",
-                   help="docker: the seats' locked-memory limit (default -1, unlimited, as NCCL wants; an engine "
-                        "that may not raise it refuses to start a seat: give the host's hard limit, ulimit -Hl x 1024)")
+    p.add_argument(
+        "--network", default="lab-room", help="docker: the network of the hub and the seats (default lab-room)"
+    )
+    p.add_argument(
+        "--hub-bind",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the hub's API address (default 127.0.0.1; 0.0.0.0 where seats are containers)",
+    )
+    p.add_argument(
+        "--hub-connect-url",
+        default="",
+        metavar="URL",
+        help="how seats reach the hub's API when not at --hub-bind (compose: http://hub:8081)",
+    )
+    p.add_argument(
+        "--memlock",
+        type=at_least(-1),
+        default=-1,
+        metavar="BYTES",
+        help="docker: the seats' locked-memory limit (default -1, unlimited, as NCCL wants; an engine "
+        "that may not raise it refuses to start a seat: give the host's hard limit, ulimit -Hl x 1024)",
+    )
 
 
 def _room_status_args(p: argparse.ArgumentParser) -> None:
@@ -316,59 +494,112 @@ def _room_seat_args(p: argparse.ArgumentParser) -> None:
 
 
 def _room_actions() -> tuple[Command, ...]:
-    return (Command("plan", "seats with disjoint GPUs, cores and memory: the table to check before the room arrives",
-                    _room_plan_command_args, "lab.room.plan.run"),
-            Command("serve", "JupyterHub serving the room's seats, in the foreground (make room)", _room_serve_args,
-                    "lab.room.serve.run"),
-            Command("status", "every seat by lesson: passed, failed, running, not run; its newest run and memory",
-                    _room_status_args, "lab.room.status.run"),
-            Command("reset", "a seat afresh: its copy of the lessons and its runs deleted", _room_seat_args,
-                    "lab.room.seats.reset"),
-            Command("prepare-seat", "copy the lessons into a seat's folder where missing (a seat container's start)",
-                    lambda p: p.add_argument("home", metavar="DIR"), "lab.room.seats.prepare"))
+    return (
+        Command(
+            "plan",
+            "seats with disjoint GPUs, cores and memory: the table to check before the room arrives",
+            _room_plan_command_args,
+            "lab.room.plan.run",
+        ),
+        Command(
+            "serve",
+            "JupyterHub serving the room's seats, in the foreground (make room)",
+            _room_serve_args,
+            "lab.room.serve.run",
+        ),
+        Command(
+            "status",
+            "every seat by lesson: passed, failed, running, not run; its newest run and memory",
+            _room_status_args,
+            "lab.room.status.run",
+        ),
+        Command(
+            "reset",
+            "a seat afresh: its copy of the lessons and its runs deleted",
+            _room_seat_args,
+            "lab.room.seats.reset",
+        ),
+        Command(
+            "prepare-seat",
+            "copy the lessons into a seat's folder where missing (a seat container's start)",
+            lambda p: p.add_argument("home", metavar="DIR"),
+            "lab.room.seats.prepare",
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------- the table
 
 COMMANDS: tuple[Command, ...] = (
     Command("train", "train ResNet-18 (DDP under torchrun)", _train_args, handlers.train),
-    Command("rerun", "train again from a run's manifest and compare the loss curves", _rerun_args,
-            "lab.training.rerun.run",
-            description="Run RUN_DIR's recorded config, seed, data and world size again into a new run directory, "
-                        "then compare the loss curves step by step. Exit 3 when a deterministic run's curve is not "
-                        "bit-identical."),
-    Command("workshop", "baseline, then DDP with the same global batch, then compare", _workshop_args,
-            handlers.workshop),
-    Command("launch", "start torchrun on this node (one node, or one of a multi-node c10d rendezvous)", _launch_args,
-            handlers.launch,
-            description="Start torchrun on this node with the command line the lab builds, e.g. "
-                        "`lab launch --nnodes 2 --nproc-per-node 8 --rdzv-endpoint head:29400 --rdzv-id r1 "
-                        "-- -m lab train --config ddp`. What follows `--` is what every worker runs: a module "
-                        "(-m ...) or a script and its arguments."),
-    Command("bench", "benchmarks: all-reduce and the other collectives, scaling, levers, data pipeline, metrics "
-                     "overhead, GPU check", actions=_benchmarks),
-    Command("pitfall", "the course's pitfalls: the mistake, then the fix, measured", _pitfall_args,
-            "lab.pitfalls.command.run"),
+    Command(
+        "rerun",
+        "train again from a run's manifest and compare the loss curves",
+        _rerun_args,
+        "lab.training.rerun.run",
+        description="Run RUN_DIR's recorded config, seed, data and world size again into a new run directory, "
+        "then compare the loss curves step by step. Exit 3 when a deterministic run's curve is not "
+        "bit-identical.",
+    ),
+    Command(
+        "workshop", "baseline, then DDP with the same global batch, then compare", _workshop_args, handlers.workshop
+    ),
+    Command(
+        "launch",
+        "start torchrun on this node (one node, or one of a multi-node c10d rendezvous)",
+        _launch_args,
+        handlers.launch,
+        description="Start torchrun on this node with the command line the lab builds, e.g. "
+        "`lab launch --nnodes 2 --nproc-per-node 8 --rdzv-endpoint head:29400 --rdzv-id r1 "
+        "-- -m lab train --config ddp`. What follows `--` is what every worker runs: a module "
+        "(-m ...) or a script and its arguments.",
+    ),
+    Command(
+        "bench",
+        "benchmarks: all-reduce and the other collectives, scaling, levers, data pipeline, metrics overhead, GPU check",
+        actions=_benchmarks,
+    ),
+    Command(
+        "pitfall",
+        "the course's pitfalls: the mistake, then the fix, measured",
+        _pitfall_args,
+        "lab.pitfalls.command.run",
+    ),
     Command("memory", "memory per device: DDP vs ZeRO-1/2/3 and FSDP", _memory_args, "lab.sizing.memory.run"),
-    Command("choose", "which tool for this model: DDP, ZeRO-1/2, FSDP full/hybrid shard or offload", _choose_args,
-            "lab.sizing.choose.run",
-            description="Walk the scaling lecture's decision tree with numbers and print the lab train line it ends "
-                        "on, e.g. `lab choose --params 70B --nodes 2 --device h100 --interconnect ib-ndr`."),
-    Command("report", "report.md with plots from run directories and benchmark results", _report_args,
-            handlers.report),
+    Command(
+        "choose",
+        "which tool for this model: DDP, ZeRO-1/2, FSDP full/hybrid shard or offload",
+        _choose_args,
+        "lab.sizing.choose.run",
+        description="Walk the scaling lecture's decision tree with numbers and print the lab train line it ends "
+        "on, e.g. `lab choose --params 70B --nodes 2 --device h100 --interconnect ib-ndr`.",
+    ),
+    Command("report", "report.md with plots from run directories and benchmark results", _report_args, handlers.report),
     Command("data", "prepare real CIFAR-10 or write synthetic data", actions=_data_actions, metavar="ACTION"),
-    Command("room", "a workshop room: JupyterHub with a seat per learner, each with its own GPUs",
-            actions=_room_actions, metavar="ACTION"),
-    Command("doctor", "preflight checks of this host, one line each; exit 1 when one fails", _doctor_args,
-            handlers.doctor,
-            description="Check python, torch, devices, NCCL/gloo, /dev/shm, ports, the run output directory and the "
-                        "interfaces NCCL/GLOO_SOCKET_IFNAME name."),
-    Command("validate", "the fabric check's verdict from its facts and all-reduce results: validate.json",
-            _validate_args, "lab.health.validate.run",
-            description="Pick each node's platform from its facts (scripts/node-facts.sh), judge its all-reduce "
-                        "results (node-NAME.json, nodes.json) at the sizes >= 1 GiB and its facts (PCIe, "
-                        "InfiniBand, GPUDirect RDMA, DCGM, XIDs, row remaps, the fabric manager) and write "
-                        "validate.json. Exit 1 when a floor is missed, a check fails or a result is missing."),
+    Command(
+        "room",
+        "a workshop room: JupyterHub with a seat per learner, each with its own GPUs",
+        actions=_room_actions,
+        metavar="ACTION",
+    ),
+    Command(
+        "doctor",
+        "preflight checks of this host, one line each; exit 1 when one fails",
+        _doctor_args,
+        handlers.doctor,
+        description="Check python, torch, devices, NCCL/gloo, /dev/shm, ports, the run output directory and the "
+        "interfaces NCCL/GLOO_SOCKET_IFNAME name.",
+    ),
+    Command(
+        "validate",
+        "the fabric check's verdict from its facts and all-reduce results: validate.json",
+        _validate_args,
+        "lab.health.validate.run",
+        description="Pick each node's platform from its facts (scripts/node-facts.sh), judge its all-reduce "
+        "results (node-NAME.json, nodes.json) at the sizes >= 1 GiB and its facts (PCIe, "
+        "InfiniBand, GPUDirect RDMA, DCGM, XIDs, row remaps, the fabric manager) and write "
+        "validate.json. Exit 1 when a floor is missed, a check fails or a result is missing.",
+    ),
 )
 
 

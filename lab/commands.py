@@ -14,7 +14,6 @@ from pathlib import Path
 
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 
-
 # ----------------------------------------------------------------------------- training
 
 
@@ -56,8 +55,9 @@ def _train_here(cfg, checked_world_size: int | None) -> int:
 def workshop(args: argparse.Namespace) -> int:
     from lab.teaching import workshop as lessons
 
-    return lessons.run(args.config or lessons.default_config(), args.overrides, args.nproc_per_node, args.output_dir,
-                       args.only)
+    return lessons.run(
+        args.config or lessons.default_config(), args.overrides, args.nproc_per_node, args.output_dir, args.only
+    )
 
 
 def _launch_train(args: argparse.Namespace, cfg) -> int:
@@ -105,9 +105,14 @@ def launch(args: argparse.Namespace) -> int:
     launching.check_not_nested()
     if args.slurm:
         _place_from_slurm(args)
-    rdzv = launching.Rendezvous(endpoint=args.rdzv_endpoint, nnodes=args.nnodes, run_id=args.rdzv_id,
-                                max_restarts=args.max_restarts, local_addr=args.local_addr,
-                                join_timeout=args.join_timeout)
+    rdzv = launching.Rendezvous(
+        endpoint=args.rdzv_endpoint,
+        nnodes=args.nnodes,
+        run_id=args.rdzv_id,
+        max_restarts=args.max_restarts,
+        local_addr=args.local_addr,
+        join_timeout=args.join_timeout,
+    )
     rdzv.check()
     if rdzv.endpoint is None:  # one node: a Slurm step of several tasks would start several independent jobs
         _refuse_foreign_launch()
@@ -133,16 +138,28 @@ def _place_from_slurm(args: argparse.Namespace) -> None:
 
     from lab.cluster import slurm
 
-    given = [name for name, value in (("--nnodes", args.nnodes != "1"), ("--rdzv-endpoint", args.rdzv_endpoint),
-                                      ("--local-addr", args.local_addr)) if value]
+    given = [
+        name
+        for name, value in (
+            ("--nnodes", args.nnodes != "1"),
+            ("--rdzv-endpoint", args.rdzv_endpoint),
+            ("--local-addr", args.local_addr),
+        )
+        if value
+    ]
     if given:
         raise LabError(f"--slurm takes {', '.join(given)} from the allocation; drop {' and '.join(given)}")
     place = slurm.placement(args.rdzv_port)
     args.nnodes, args.rdzv_endpoint, args.local_addr = str(place.nnodes), place.endpoint, place.local_addr
     args.rdzv_id = args.rdzv_id or place.run_id
     job = slurm.allocation()
-    print(f"lab launch: Slurm job {job.job_id}, node {job.node_id} of {place.nnodes} ({job.node_name}, "
-          f"{place.local_addr}); rendezvous '{args.rdzv_id}' at {place.endpoint}", file=sys.stderr, flush=True)
+    assert job is not None  # placement() refused already outside a Slurm job
+    print(
+        f"lab launch: Slurm job {job.job_id}, node {job.node_id} of {place.nnodes} ({job.node_name}, "
+        f"{place.local_addr}); rendezvous '{args.rdzv_id}' at {place.endpoint}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _refuse_foreign_launch() -> None:
@@ -190,8 +207,10 @@ def data_synth(args: argparse.Namespace) -> int:
     from lab import data
 
     where = data.write_synthetic(args.root, args.train_size, args.test_size, args.seed)
-    print(f"synthetic CIFAR-shaped data ({args.train_size} train / {args.test_size} test, seed {args.seed}) "
-          f"written to {where}")
+    print(
+        f"synthetic CIFAR-shaped data ({args.train_size} train / {args.test_size} test, seed {args.seed}) "
+        f"written to {where}"
+    )
     return EXIT_OK
 
 

@@ -4,8 +4,8 @@ Anything else that escapes is a failed run (exit 1) and keeps its traceback,
 because then the traceback is what a developer needs.
 """
 
-# The lab's exit codes (README and docs/reliability.md, Exit codes): a gate is a benchmark floor (--min-busbw) or a rerun's
-# promise of bit-identical curves.
+# The lab's exit codes (README and docs/reliability.md, Exit codes): a gate is a benchmark floor (--min-busbw) or a
+# rerun's promise of bit-identical curves.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_GATE_MISSED = 0, 1, 2, 3
 
 

@@ -13,10 +13,18 @@ from types import ModuleType
 from lab.errors import LabError
 
 # module -> its pip name (the one `pip install` takes)
-PIP_NAMES = {"matplotlib": "matplotlib", "prometheus_client": "prometheus_client", "tqdm": "tqdm",
-             "deepspeed": "deepspeed", "pynvml": "nvidia-ml-py", "jupyterhub": "jupyterhub",
-             "nativeauthenticator": "jupyterhub-nativeauthenticator", "jupyterhub_idle_culler": "jupyterhub-idle-culler",
-             "dockerspawner": "dockerspawner", "batchspawner": "batchspawner"}
+PIP_NAMES = {
+    "matplotlib": "matplotlib",
+    "prometheus_client": "prometheus_client",
+    "tqdm": "tqdm",
+    "deepspeed": "deepspeed",
+    "pynvml": "nvidia-ml-py",
+    "jupyterhub": "jupyterhub",
+    "nativeauthenticator": "jupyterhub-nativeauthenticator",
+    "jupyterhub_idle_culler": "jupyterhub-idle-culler",
+    "dockerspawner": "dockerspawner",
+    "batchspawner": "batchspawner",
+}
 
 
 class MissingPackage(LabError):
@@ -37,5 +45,6 @@ def require(module: str, purpose: str) -> ModuleType:
             raise  # the package is there and something it imports is not: its own traceback says what
         pip = PIP_NAMES.get(top, top)
         # the pip command first: callers that keep a line's first 160 characters (gpu-check) keep it
-        raise MissingPackage(f"the Python package {pip} is not installed (pip install {pip}); {purpose} needs it"
-                             ) from None
+        raise MissingPackage(
+            f"the Python package {pip} is not installed (pip install {pip}); {purpose} needs it"
+        ) from None

@@ -54,12 +54,7 @@ def finish(fig, ax, title: str, context: str, path: Path) -> Path:
     return path
 
 
-
-
-
-
-def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path,
-            fit: dict[str, Any] | None = None) -> Path:
+def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path, fit: dict[str, Any] | None = None) -> Path:
     """Throughput and speedup against N: measured points, the ideal, and (given `fit`, lab.scaling_laws'
     JSON form) the fitted law's curve with the other law at the same serial fraction for contrast."""
     from lab import scaling_laws
@@ -80,19 +75,37 @@ def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path,
     grid = [1 + (top - 1) * i / 200 for i in range(201)]
     own = [r for r in rows if not r.get("oversubscribed")]
     shared = [r for r in rows if r.get("oversubscribed")]
-    ax2.plot([r["world_size"] for r in own], [r["speedup"] for r in own], "o", color="tab:orange",
-             label="measured speedup", zorder=3)
+    ax2.plot(
+        [r["world_size"] for r in own],
+        [r["speedup"] for r in own],
+        "o",
+        color="tab:orange",
+        label="measured speedup",
+        zorder=3,
+    )
     if shared:
-        ax2.plot([r["world_size"] for r in shared], [r["speedup"] for r in shared], "o", mfc="none",
-                 color="tab:orange", label="measured, more processes than cores (not fitted)", zorder=3)
+        ax2.plot(
+            [r["world_size"] for r in shared],
+            [r["speedup"] for r in shared],
+            "o",
+            mfc="none",
+            color="tab:orange",
+            label="measured, more processes than cores (not fitted)",
+            zorder=3,
+        )
     ax2.plot(grid, grid, linestyle="--", color="gray", label="ideal (N)")
     if fit:
         s = fit["serial_fraction"]
         for law in ("amdahl", "gustafson"):
             fitted = law == fit["law"]
-            label = (f"{law.capitalize()} fit, s = {s:.3f}" if fitted else f"{law.capitalize()} at the same s")
-            ax2.plot(grid, [scaling_laws.LAWS[law](s, k) for k in grid], linestyle="-" if fitted else ":",
-                     color="tab:red" if fitted else "tab:purple", label=label)
+            label = f"{law.capitalize()} fit, s = {s:.3f}" if fitted else f"{law.capitalize()} at the same s"
+            ax2.plot(
+                grid,
+                [scaling_laws.LAWS[law](s, k) for k in grid],
+                linestyle="-" if fitted else ":",
+                color="tab:red" if fitted else "tab:purple",
+                label=label,
+            )
         ax2.set_xscale("log", base=2)
         ax2.set_yscale("log", base=2)
         from matplotlib.ticker import FuncFormatter
@@ -113,13 +126,16 @@ def scaling(rows: list[dict[str, Any]], mode: str, context: str, path: Path,
     return path
 
 
-
 def memory_bars(rows: list[dict[str, Any]], device_gb: float | None, context: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4))
     names = [r["strategy"] for r in rows]
     bottom = [0.0] * len(rows)
-    for part, color in (("parameters", "tab:blue"), ("gradients", "tab:orange"),
-                        ("optimizer_states", "tab:green"), ("activations", "tab:gray")):
+    for part, color in (
+        ("parameters", "tab:blue"),
+        ("gradients", "tab:orange"),
+        ("optimizer_states", "tab:green"),
+        ("activations", "tab:gray"),
+    ):
         values = [r.get(f"{part}_bytes", 0) / 1e9 for r in rows]
         if any(values):
             ax.bar(names, values, bottom=bottom, label=part.replace("_", " "), color=color)
@@ -141,8 +157,15 @@ def strategies(rows: list[dict[str, Any]], context: str, path: Path) -> Path:
         values = [r[f"{part}_bytes"] / 2**20 for r in measured]
         bars.bar(names, values, bottom=bottom, label=part.replace("_", " "), color=color)
         bottom = [b + v for b, v in zip(bottom, values)]
-    bars.scatter(names, [r["estimate_bytes"] / 2**20 for r in measured], color="black", marker="_", s=400,
-                 label="lab memory's estimate", zorder=3)
+    bars.scatter(
+        names,
+        [r["estimate_bytes"] / 2**20 for r in measured],
+        color="black",
+        marker="_",
+        s=400,
+        label="lab memory's estimate",
+        zorder=3,
+    )
     bars.set_ylabel("training state per rank (MiB)")
     bars.legend(fontsize=8)
     bars.set_title("Measured per rank", fontsize=10)
@@ -175,14 +198,16 @@ def levers(result: dict[str, Any], path: Path) -> Path:
     colors = {"precision": "tab:blue", "accumulation": "tab:green", "buckets": "tab:orange"}
     plain_activations = result["plain"]["activation_bytes"]
     for ax, key, ylabel, title in (
-            (axes[0], "ratio_to_plain", "images/s / plain's", "Throughput against the plain step"),
-            (axes[1], "activation_ratio", "activation bytes / plain's", "Activations saved for backward")):
+        (axes[0], "ratio_to_plain", "images/s / plain's", "Throughput against the plain step"),
+        (axes[1], "activation_ratio", "activation bytes / plain's", "Activations saved for backward"),
+    ):
         labels, values, shades = [], [], []
         for group, rows in timed:
             for r in rows:
                 labels.append(r["label"])
-                values.append(r["ratio_to_plain"] if key == "ratio_to_plain"
-                              else r["activation_bytes"] / plain_activations)
+                values.append(
+                    r["ratio_to_plain"] if key == "ratio_to_plain" else r["activation_bytes"] / plain_activations
+                )
                 shades.append(colors[group])
         bars = ax.bar(labels, values, color=shades)
         ax.bar_label(bars, fmt="%.2f", fontsize=8)
@@ -192,9 +217,14 @@ def levers(result: dict[str, Any], path: Path) -> Path:
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", rotation=30, labelsize=8)
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0].legend(handles=[Patch(color=color, label=group) for group, color in colors.items()]
-                   + [Line2D([], [], color="gray", linestyle="--", label="plain = 1.0")], fontsize=8,
-                   loc="upper center", bbox_to_anchor=(0.5, -0.33), ncol=4)  # below: never over a bar
+    axes[0].legend(
+        handles=[Patch(color=color, label=group) for group, color in colors.items()]
+        + [Line2D([], [], color="gray", linestyle="--", label="plain = 1.0")],
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.33),
+        ncol=4,
+    )  # below: never over a bar
     if nccl:
         bars = axes[2].bar([r["label"] for r in nccl], [r["ratio_to_default"] for r in nccl], color="tab:purple")
         axes[2].bar_label(bars, fmt="%.2f", fontsize=8)
@@ -204,8 +234,7 @@ def levers(result: dict[str, Any], path: Path) -> Path:
         axes[2].set_title("NCCL settings (all-reduce)", fontsize=10)
         axes[2].tick_params(axis="x", rotation=30, labelsize=8)
         axes[2].grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"The levers of a training step, as ratios to the plain step\n{wrap(result['context'])}",
-                 fontsize=10)
+    fig.suptitle(f"The levers of a training step, as ratios to the plain step\n{wrap(result['context'])}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -45,9 +45,9 @@ LAWS = {"amdahl": amdahl_speedup, "gustafson": gustafson_speedup}
 class Fit:
     """A law with its serial fraction fitted to measured (workers -> speedup) points."""
 
-    law: str                   # "amdahl" or "gustafson"
+    law: str  # "amdahl" or "gustafson"
     serial_fraction: float
-    residual_rms: float        # root mean square of measured - fitted speedup over the points
+    residual_rms: float  # root mean square of measured - fitted speedup over the points
     points: int
 
     def speedup(self, workers: float) -> float:
@@ -55,10 +55,13 @@ class Fit:
 
     def as_dict(self, project_at: tuple[int, ...] = PROJECT_AT) -> dict[str, Any]:
         """The JSON form: serial fraction, the fit's residual, and speedup and efficiency at `project_at`."""
-        return {"law": self.law, "serial_fraction": self.serial_fraction, "residual_rms": self.residual_rms,
-                "points": self.points,
-                "projection": {str(n): {"speedup": self.speedup(n), "efficiency": self.speedup(n) / n}
-                               for n in project_at}}
+        return {
+            "law": self.law,
+            "serial_fraction": self.serial_fraction,
+            "residual_rms": self.residual_rms,
+            "points": self.points,
+            "projection": {str(n): {"speedup": self.speedup(n), "efficiency": self.speedup(n) / n} for n in project_at},
+        }
 
 
 def fit_amdahl(speedups: dict[int, float]) -> Fit:
@@ -90,7 +93,7 @@ def _squares(law: str, s: float, speedups: dict[int, float]) -> float:
 
 
 def _golden_section(f, low: float = 0.0, high: float = 1.0, tolerance: float = 1e-12) -> float:
-    ratio = (5 ** 0.5 - 1) / 2
+    ratio = (5**0.5 - 1) / 2
     a, b = low, high
     c, d = b - ratio * (b - a), a + ratio * (b - a)
     while b - a > tolerance:

@@ -157,7 +157,8 @@ lesson.table([
 
 lesson.expect(set_epoch["broken"]["repeat_share"] == 1.0 and set_epoch["fixed"]["repeat_share"] == 0.0,
               "set-epoch: every later epoch repeats epoch 0's order without set_epoch, none with it")
-lesson.expect(abs(checkpoint["broken"]["bytes_ratio"] - n) < 0.05 and abs(checkpoint["fixed"]["bytes_ratio"] - 1) < 0.05,
+lesson.expect(abs(checkpoint["broken"]["bytes_ratio"] - n) < 0.05
+              and abs(checkpoint["fixed"]["bytes_ratio"] - 1) < 0.05,
               f"checkpoint-every-rank: {n} ranks write {n}x the file's bytes per save, rank 0 alone 1x "
               f"(here {checkpoint['broken']['bytes_ratio']:.2f}x and {checkpoint['fixed']['bytes_ratio']:.2f}x)")
 lesson.expect(checkpoint["fixed"]["reader"]["loads"] > 0 and checkpoint["fixed"]["reader"]["torn"] == 0

@@ -32,8 +32,8 @@
 # NCCL, 8 B to 256 MiB. The same command, typed in the terminal, prints nccl-tests' table for each collective.
 
 # %%
-from lab.teaching import lesson
 from lab.bench.comm.collective import COLLECTIVES, NAMES
+from lab.teaching import lesson
 
 folder = lesson.output_dir("03-collectives")
 plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: a collective of one rank moves nothing
@@ -131,5 +131,6 @@ lesson.expect(len(results) == 6 and all(w == 0 for w in wrong.values()),
 lesson.expect(all(g > 10 for g in growth.values()),
               f"busbw at the largest size is more than 10x busbw at the smallest, for every collective "
               f"(smallest ratio here {min(growth.values()):.0f}x)")
-lesson.expect("## Collectives: bus bandwidth by operation" in report and (folder / "collectives.png").stat().st_size > 0,
+lesson.expect("## Collectives: bus bandwidth by operation" in report
+              and (folder / "collectives.png").stat().st_size > 0,
               "lab report drew the collectives' busbw plot and table")

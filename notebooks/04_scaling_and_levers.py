@@ -33,8 +33,8 @@
 # few timed steps, so the numbers are rough; on a GPU server `workshop-gpu` over 1, 2, 4, ... up to every GPU.
 
 # %%
-from lab.teaching import lesson
 from lab import scaling_laws
+from lab.teaching import lesson
 
 folder = lesson.output_dir("04-scaling-and-levers")
 plan = lesson.plan()  # with fewer than 2 GPUs, 1 and 2 CPU processes: scaling needs 2 devices or more
@@ -155,7 +155,8 @@ gustafson, gustafson_points, gustafson_residual = fit_check(weak, "gustafson")
 lesson.expect(0 <= amdahl["serial_fraction"] <= 1 and amdahl["points"] == amdahl_points >= 2
               and abs(amdahl_residual - amdahl["residual_rms"]) < 1e-6,
               f"strong scaling: Amdahl's law fitted over {amdahl_points} world sizes, s = "
-              f"{amdahl['serial_fraction']:.3f} in [0, 1], reproducing the speedups with residual {amdahl_residual:.3f}")
+              f"{amdahl['serial_fraction']:.3f} in [0, 1], reproducing the speedups with residual "
+              f"{amdahl_residual:.3f}")
 lesson.expect(0 <= gustafson["serial_fraction"] <= 1 and gustafson["points"] == gustafson_points >= 2
               and abs(gustafson_residual - gustafson["residual_rms"]) < 1e-6,
               f"weak scaling: Gustafson's law fitted over {gustafson_points} world sizes, s = "
@@ -163,8 +164,8 @@ lesson.expect(0 <= gustafson["serial_fraction"] <= 1 and gustafson["points"] == 
               f"{gustafson_residual:.3f}")
 lesson.expect(len({r["global_batch_size"] for r in strong["rows"]}) == 1
               and len({r["batch_size_per_rank"] for r in weak["rows"]}) == 1
-              and [r["global_batch_size"] for r in weak["rows"]] == [weak["rows"][0]["global_batch_size"] * r["world_size"]
-                                                                      for r in weak["rows"]],
+              and [r["global_batch_size"] for r in weak["rows"]]
+              == [weak["rows"][0]["global_batch_size"] * r["world_size"] for r in weak["rows"]],
               "strong scaling kept the global batch, weak scaling the batch per process (its global batch grew with N)")
 k = levers["accum_steps"]
 labels = {r["label"]: r for r in [*levers["groups"]["precision"], *levers["groups"]["accumulation"]["rows"],

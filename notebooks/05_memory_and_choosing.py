@@ -62,7 +62,8 @@ lesson.show(folder / "memory.png")
 # Only the device changes: the bytes per device are the same, the line they must fit under moves.
 
 # %%
-lesson.lab("memory", "--params", "7e9", "--world-size", "8", "--device", "h200", "--json", str(folder / "memory-h200.json"));
+lesson.lab("memory", "--params", "7e9", "--world-size", "8", "--device", "h200",
+           "--json", str(folder / "memory-h200.json"))
 
 # %% [markdown]
 # ## 3. Estimate against measurement
@@ -97,8 +98,9 @@ print(f"ResNet-18 at width {width}: {single['parameter_count'] / 1e6:.2f}M param
 # ZeRO-2; else full sharding; else offload or more GPUs. It ends on the `lab train` line to type.
 
 # %%
-lesson.lab("choose", "--params", "7B", "--gpus-per-node", "8", "--device", "h100", "--json", str(folder / "choose-h100.json"))
-lesson.lab("choose", "--params", "7B", "--gpus-per-node", "8", "--device", "h200", "--json", str(folder / "choose-h200.json"))
+for device in ("h100", "h200"):
+    lesson.lab("choose", "--params", "7B", "--gpus-per-node", "8", "--device", device,
+               "--json", str(folder / f"choose-{device}.json"))
 choices = {d: lesson.results(folder / f"choose-{d}.json") for d in ("h100", "h200")}
 lesson.table([{"device": d, "usable GB": c["usable_bytes"] / 1e9, "choice": c["choice"]["label"],
                "lab train": c["choice"]["lab_train"]} for d, c in choices.items()],
@@ -140,7 +142,8 @@ h100, h200 = (lesson.results(folder / f"memory-{d}.json") for d in ("h100", "h20
 total = {r["strategy"]: r["total_bytes"] for r in h100["rows"]}
 order = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP full shard"]
 lesson.table([{"strategy": s, "GB per device": total[s] / 1e9, "fits 80 GB": total[s] <= 80e9,
-               "fits 141 GB": total[s] <= 141e9} for s in order], ["strategy", "GB per device", "fits 80 GB", "fits 141 GB"])
+               "fits 141 GB": total[s] <= 141e9} for s in order],
+             ["strategy", "GB per device", "fits 80 GB", "fits 141 GB"])
 lesson.expect([total[s] for s in order] == sorted(total.values(), reverse=True) and len(set(total.values())) == 4,
               "per device: DDP > ZeRO-1 > ZeRO-2 > ZeRO-3 / FSDP full shard ("
               + " > ".join(f"{total[s] / 1e9:g} GB" for s in order) + ")")
@@ -157,9 +160,11 @@ lesson.expect(len(ratios) == 3 and all(0.95 <= v <= 1.10 for v in ratios.values(
               "ResNet-18 measured / estimate within 0.95-1.10 for 1 process, DDP and FSDP ("
               + ", ".join(f"{k}: {v:.2f}" for k, v in ratios.items()) + ")")
 fsdp_share = two["fsdp"]["total_bytes"] / two["ddp"]["total_bytes"] if {"ddp", "fsdp"} <= set(two) else float("nan")
-lesson.expect(0.45 <= fsdp_share <= 0.55, f"FSDP holds about half of DDP's bytes per rank on 2 ranks ({fsdp_share:.2f})")
+lesson.expect(0.45 <= fsdp_share <= 0.55,
+              f"FSDP holds about half of DDP's bytes per rank on 2 ranks ({fsdp_share:.2f})")
 lesson.expect([choices["h100"]["choice"]["strategy"], choices["h200"]["choice"]["strategy"]] == ["zero-1", "ddp"],
-              f"lab choose: {choices['h100']['choice']['label']} on H100s, {choices['h200']['choice']['label']} on H200s")
+              f"lab choose: {choices['h100']['choice']['label']} on H100s, "
+              f"{choices['h200']['choice']['label']} on H200s")
 horovod, ddp = side["Horovod"], side["DDP"]
 lesson.expect("not installed" in horovod["error"] if "error" in horovod else
               horovod["state_bytes"] == ddp["state_bytes"] and horovod["loss_gap_from_ddp"] <= (1e-2 if gpu else 0.0),

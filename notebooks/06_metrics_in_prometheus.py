@@ -116,7 +116,7 @@ while True:
         break
     except OSError:
         if time.time() > deadline:
-            raise lesson.NotWhatYouShouldSee(f"Prometheus at {prometheus_url} did not become ready in 30 s")
+            raise lesson.NotWhatYouShouldSee(f"Prometheus at {prometheus_url} did not become ready in 30 s") from None
         time.sleep(0.2)
 print("Prometheus is ready")
 
@@ -129,7 +129,8 @@ print("Prometheus is ready")
 # %%
 # 128 steps on a CPU (2048 synthetic images, 4 epochs); the stack's Prometheus scrapes every 5 s and rereads its
 # targets every 10 s, so under compose the run is 10 epochs (320 steps) to be seen for long enough
-sizes = [] if gpu else ["--set", "model.width=8", "--set", "train.log_every=1", "--set", "data.synthetic_train_size=2048",
+sizes = [] if gpu else ["--set", "model.width=8", "--set", "train.log_every=1",
+                        "--set", "data.synthetic_train_size=2048",
                         "--set", f"train.epochs={10 if prometheus_proc is None else 4}"]
 started = time.time()
 lesson.lab("train", "--config", plan.config, "--nproc-per-node", str(n), *sizes,
@@ -170,7 +171,8 @@ for what, expr in (("last", f"last_over_time(lab_train_samples_per_second{window
     for r in query(expr):
         row = per_rank.setdefault(r["metric"]["rank"], {"rank": r["metric"]["rank"], "node": r["metric"].get("node")})
         row[what] = float(r["value"][1])
-lesson.table(sorted(per_rank.values(), key=lambda r: int(r["rank"])), ["rank", "node", "last", "max", "samples", "steps"])
+lesson.table(sorted(per_rank.values(), key=lambda r: int(r["rank"])),
+             ["rank", "node", "last", "max", "samples", "steps"])
 run_total = query(f"max_over_time(run_id:lab_train_samples_per_second:sum{window})")
 print("the run's throughput (the recording rule, its highest value):",
       ", ".join(f"{float(r['value'][1]):.0f} images/s" for r in run_total) or "nothing")
@@ -224,8 +226,8 @@ try:
                   f"every rank of the run is in Prometheus (ranks {', '.join(ranks) or 'none'} of {n})")
     lesson.expect(all(per_rank[r].get("max", 0) > 0 and per_rank[r].get("samples", 0) >= 2 for r in ranks),
                   "each rank has nonzero images/s, scraped at least twice ("
-                  + ", ".join(f"rank {r}: {per_rank[r].get('max', 0):.0f}/s in {per_rank[r].get('samples', 0):.0f} samples"
-                              for r in ranks) + ")")
+                  + ", ".join(f"rank {r}: {per_rank[r].get('max', 0):.0f}/s in "
+                              f"{per_rank[r].get('samples', 0):.0f} samples" for r in ranks) + ")")
     best_sum = sum(per_rank[r].get("max", 0) for r in ranks)
     total = float(run_total[0]["value"][1]) if run_total else 0.0
     lesson.expect(len(run_total) == 1 and 0 < total <= best_sum * 1.000001,

@@ -141,8 +141,8 @@ print(f"world_size {manifest['world_size']}, backend {manifest.get('backend')}, 
 # Start the head node only, with a 5 s join timeout, and the second node never comes. Without a timeout torchrun
 # would wait 600 s (its default); with one, `lab launch` ends with exit code 1 and one line that names the
 # rendezvous, its endpoint and how many nodes arrived, and no worker ever starts. Above it torchrun prints its own
-# traceback (`RendezvousTimeoutError`, which says nothing of why); the last line is the one to read. On a cluster that line points at
-# the node to look at (its network, its firewall, a wrong `--rdzv-endpoint`).
+# traceback (`RendezvousTimeoutError`, which says nothing of why); the last line is the one to read. On a cluster
+# that line points at the node to look at (its network, its firewall, a wrong `--rdzv-endpoint`).
 
 # %%
 alone_endpoint = f"127.0.0.1:{lesson.free_ports()}"

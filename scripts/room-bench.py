@@ -41,12 +41,12 @@ def run_at_once(seats: list[hub.Seat]) -> tuple[float, int, dict[str, int]]:
         seat.start()
         for folder in (Path(pwd.getpwnam(seat.name).pw_dir) / "runs" / "lessons").glob("*"):
             subprocess.run(["rm", "-rf", str(folder)], check=True)
-    results: dict[str, object] = {}
+    results: dict[str, list[dict] | BaseException] = {}  # each seat's cell outputs, or what its run raised
 
     def one(seat: hub.Seat) -> None:
         try:
             results[seat.name] = seat.run_notebook(LESSON, timeout=1800)
-        except BaseException as exc:  # noqa: BLE001 - counted as a seat whose lesson failed
+        except BaseException as exc:
             results[seat.name] = exc
 
     with hub.PeakMemory([s.name for s in seats]) as memory:
@@ -57,15 +57,19 @@ def run_at_once(seats: list[hub.Seat]) -> tuple[float, int, dict[str, int]]:
         for t in threads:
             t.join()
         wall = time.monotonic() - started
-    held = sum(1 for r in results.values()
-               if not isinstance(r, BaseException) and sum(o["stdout"].count("as expected: ") for o in r) == 1)
+    held = sum(
+        1
+        for r in results.values()
+        if not isinstance(r, BaseException) and sum(o["stdout"].count("as expected: ") for o in r) == 1
+    )
     return wall, held, memory.peaks
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seats", default="1,3,6",
-                        help="seat counts to run at once, the first being 1 (default 1,3,6)")
+    parser.add_argument(
+        "--seats", default="1,3,6", help="seat counts to run at once, the first being 1 (default 1,3,6)"
+    )
     args = parser.parse_args()
     counts = [int(n) for n in args.seats.split(",")]
     most = max(counts)
@@ -73,17 +77,40 @@ def main() -> int:
     state = Path(tempfile.mkdtemp(prefix="room-bench-"))
     port = free_ports(3)  # the proxy's public port, the hub's, the proxy's API
     hub_port, api_port = port + 1, port + 2
-    serve = subprocess.Popen([sys.executable, "-m", "lab", "room", "serve", "--prefix", "bench", "--seats", str(most),
-                              "--memory", str(4 * most + 4), "--room-dir", str(state), "--port", str(port),
-                              "--hub-port", str(hub_port), "--proxy-api-port", str(api_port)],
-                             cwd=ROOT, stdout=(state.parent / f"{state.name}.log").open("w"),
-                             stderr=subprocess.STDOUT, start_new_session=True)
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "room",
+            "serve",
+            "--prefix",
+            "bench",
+            "--seats",
+            str(most),
+            "--memory",
+            str(4 * most + 4),
+            "--room-dir",
+            str(state),
+            "--port",
+            str(port),
+            "--hub-port",
+            str(hub_port),
+            "--proxy-api-port",
+            str(api_port),
+        ],
+        cwd=ROOT,
+        stdout=(state.parent / f"{state.name}.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         try:
             hub.wait_until_serving(base, serve, state.parent / f"{state.name}.log")
             admin, password = (state / "instructor-password").read_text().split()
             instructor = hub.log_in(base, admin, password)
+            assert instructor is not None, f"{admin}: the hub refused the instructor's log-in"
             seats = [hub.admit(base, instructor, name, f"{name}-bench-passphrase") for name in names]
         except AssertionError as exc:
             raise SystemExit(str(exc)) from None
@@ -94,8 +121,11 @@ def main() -> int:
         for count in counts:
             wall, held, peaks = run_at_once(seats[:count])
             alone = alone or wall
-            print(f"| {count} | {wall:.0f} | {wall / alone:.2f}x | {held}/{count} | "
-                  f"{', '.join(f'{v / 2**30:.2f}' for _, v in sorted(peaks.items()))} |", flush=True)
+            print(
+                f"| {count} | {wall:.0f} | {wall / alone:.2f}x | {held}/{count} | "
+                f"{', '.join(f'{v / 2**30:.2f}' for _, v in sorted(peaks.items()))} |",
+                flush=True,
+            )
     finally:
         if serve.poll() is None:  # a room that refused to start has exited already
             os.killpg(serve.pid, signal.SIGTERM)

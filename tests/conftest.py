@@ -16,13 +16,16 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TIMEOUT = 600  # seconds: a hung collective must fail the test, not CI
 
 
-def run(cmd: list[str], cwd: Path | None = None, env: dict | None = None, check: bool = True,
-        timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], cwd: Path | None = None, env: dict | None = None, check: bool = True, timeout: int = TIMEOUT
+) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
     proc = subprocess.run(cmd, cwd=cwd or ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
-                             f"\n--- stderr\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
@@ -57,16 +60,38 @@ def _require(module: str, flag: str, why: str) -> None:
 
 def require_deepspeed() -> None:
     """DeepSpeed's tests: LAB_REQUIRE_DEEPSPEED=1 under make test (.venv has it after make's second pip step)."""
-    _require("deepspeed", "LAB_REQUIRE_DEEPSPEED",
-             "DeepSpeed is not installed in this venv: the [deepspeed] extra goes into .venv only (make's second "
-             "pip step, DS_BUILD_OPS=0 --no-build-isolation); the lowest-torch venv tests without it")
+    _require(
+        "deepspeed",
+        "LAB_REQUIRE_DEEPSPEED",
+        "DeepSpeed is not installed in this venv: the [deepspeed] extra goes into .venv only (make's second "
+        "pip step, DS_BUILD_OPS=0 --no-build-isolation); the lowest-torch venv tests without it",
+    )
 
 
 def require_horovod() -> None:
     """Horovod's tests: LAB_REQUIRE_HOROVOD=1 under make test (after `make horovod` built it into .venv)."""
-    _require("horovod", "LAB_REQUIRE_HOROVOD",
-             "Horovod is not installed in this venv: `make horovod` builds it into .venv only "
-             "(third_party/horovod/build.sh); the lowest-torch venv tests without it")
+    _require(
+        "horovod",
+        "LAB_REQUIRE_HOROVOD",
+        "Horovod is not installed in this venv: `make horovod` builds it into .venv only "
+        "(third_party/horovod/build.sh); the lowest-torch venv tests without it",
+    )
+
+
+@pytest.fixture(scope="session")
+def lessons(tmp_path_factory):
+    """`lessons("02_pitfalls")`: that lesson executed once this session (tests/lessons.py), whichever test asks
+    first: the notebook test asserts its checks, the tests that need the same runs read its results."""
+    from tests.lessons import NOTEBOOKS, ExecutedLesson, execute
+
+    executed: dict[str, ExecutedLesson] = {}
+
+    def lesson(stem: str) -> ExecutedLesson:
+        if stem not in executed:
+            executed[stem] = execute(NOTEBOOKS / f"{stem}.py", tmp_path_factory.mktemp(f"lesson-{stem[:2]}"))
+        return executed[stem]
+
+    return lesson
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ def problems(text: str) -> list[str]:
         found.append(f"{len(titles)} top-level headings, want the title alone: {titles}")
     for t in tokens:
         if t.type == "table_open":
+            assert t.map is not None  # markdown-it maps every block token to its lines
             start, end = t.map
             for number in range(start, end):
                 if not lines[number].lstrip().startswith("|"):
                     found.append(f"line {number + 1} is read as a table row: {lines[number][:80]!r}")
     return found
-

@@ -27,8 +27,8 @@ class Benchmark:
     name: str
     help: str
     arguments: Callable[[argparse.ArgumentParser], None]
-    run: str                            # "module.function" called with the parsed arguments
-    description: str | None = None      # --help's text, when more than `help`
+    run: str  # "module.function" called with the parsed arguments
+    description: str | None = None  # --help's text, when more than `help`
 
 
 def call(path: str, *args: Any) -> Any:
@@ -64,20 +64,33 @@ def _allreduce_args(p: argparse.ArgumentParser) -> None:
 
 
 def _collective_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("collectives", metavar="OP", help="all_reduce, all_gather, reduce_scatter, broadcast, alltoall, "
-                                                     "sendrecv, a comma list of them, or all")
+    p.add_argument(
+        "collectives",
+        metavar="OP",
+        help="all_reduce, all_gather, reduce_scatter, broadcast, alltoall, sendrecv, a comma list of them, or all",
+    )
     _nccl_tests_args(p, "the reduction of all_reduce and reduce_scatter (default sum)", None)
 
 
 def _scaling_args(p: argparse.ArgumentParser) -> None:
     config_args(p)
-    p.add_argument("--mode", default="weak", choices=["weak", "strong"],
-                   help="weak: batch per rank fixed; strong: global batch fixed (default weak)")
+    p.add_argument(
+        "--mode",
+        default="weak",
+        choices=["weak", "strong"],
+        help="weak: batch per rank fixed; strong: global batch fixed (default weak)",
+    )
     p.add_argument("--max-world-size", type=at_least(1), metavar="N", help="largest N (default: GPUs, else CPU cores)")
-    p.add_argument("--batch-per-rank", type=at_least(1), help="weak mode: samples per rank (default 256 on GPUs, "
-                                                              "where fewer leaves a GPU launch-bound; 64 on CPUs)")
-    p.add_argument("--global-batch", type=at_least(1), help="strong mode: global batch (default 2048 on GPUs, as "
-                                                            "the workshop-gpu config; 128 on CPUs)")
+    p.add_argument(
+        "--batch-per-rank",
+        type=at_least(1),
+        help="weak mode: samples per rank (default 256 on GPUs, where fewer leaves a GPU launch-bound; 64 on CPUs)",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=at_least(1),
+        help="strong mode: global batch (default 2048 on GPUs, as the workshop-gpu config; 128 on CPUs)",
+    )
     p.add_argument("--steps", type=at_least(1), default=20, help="timed steps per world size (default 20)")
     p.add_argument("--warmup", type=at_least(0), default=5, help="warm-up steps per world size (default 5)")
     p.add_argument("--json", metavar="PATH", help="write the table as JSON")
@@ -87,11 +100,13 @@ def _scaling_args(p: argparse.ArgumentParser) -> None:
 
 def _strategies_args(p: argparse.ArgumentParser) -> None:
     config_args(p)
-    p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N",
-                   help="ranks per strategy (default: the GPUs present, else 2)")
+    p.add_argument(
+        "--nproc-per-node", type=PROCESSES, metavar="N", help="ranks per strategy (default: the GPUs present, else 2)"
+    )
     p.add_argument("--steps", type=at_least(2), default=6, help="training steps per strategy (default 6)")
-    p.add_argument("--rows", metavar="LABELS", help="only these rows, comma-separated (e.g. DDP,Horovod; "
-                                                    "default: every row)")
+    p.add_argument(
+        "--rows", metavar="LABELS", help="only these rows, comma-separated (e.g. DDP,Horovod; default: every row)"
+    )
     p.add_argument("--json", metavar="PATH", help="write the table as JSON")
     p.add_argument("--plot", metavar="PNG", help="memory per rank by strategy and the loss curves")
 
@@ -101,13 +116,25 @@ def _levers_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N", help="ranks (default: the GPUs present, else 2)")
     p.add_argument("--steps", type=at_least(1), default=4, help="optimizer steps per timed block (default 4)")
     p.add_argument("--warmup", type=at_least(0), default=2, help="warm-up steps per variant (default 2)")
-    p.add_argument("--rounds", type=at_least(1), default=3,
-                   help="rounds of one block per variant, the order reversed every other round (default 3)")
-    p.add_argument("--accum-steps", type=at_least(2), default=4, metavar="K",
-                   help="micro-batches per optimizer step of the accumulation lever; must divide the batch per "
-                        "rank (default 4)")
-    p.add_argument("--equivalence-steps", type=at_least(1), default=3,
-                   help="float64 optimizer steps of the accumulation exactness check (default 3)")
+    p.add_argument(
+        "--rounds",
+        type=at_least(1),
+        default=3,
+        help="rounds of one block per variant, the order reversed every other round (default 3)",
+    )
+    p.add_argument(
+        "--accum-steps",
+        type=at_least(2),
+        default=4,
+        metavar="K",
+        help="micro-batches per optimizer step of the accumulation lever; must divide the batch per rank (default 4)",
+    )
+    p.add_argument(
+        "--equivalence-steps",
+        type=at_least(1),
+        default=3,
+        help="float64 optimizer steps of the accumulation exactness check (default 3)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the tables as JSON")
     p.add_argument("--plot", metavar="PNG", help="the levers' ratios to the plain step as bars")
 
@@ -118,29 +145,47 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-workers", type=at_least(0), default=2, help="DataLoader worker processes (default 2)")
     p.add_argument("--batches", type=at_least(1), default=10, help="batches per timed block (default 10)")
     p.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds (default 3)")
-    p.add_argument("--settle-seconds", type=float, default=0.5,
-                   help="pause before each block so DataLoader prefetching ends (default 0.5)")
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=0.5,
+        help="pause before each block so DataLoader prefetching ends (default 0.5)",
+    )
     p.add_argument("--json", metavar="PATH")
 
 
 def _hostdevice_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="256M", help="bytes per copy, K/M/G binary as in nccl-tests (default 256M)")
     p.add_argument("--iters", type=at_least(1), default=20, help="timed copies per figure (default 20)")
-    p.add_argument("--json", metavar="PATH", help="write the figures as JSON (the schema: lab/bench/comm/hostdevice.py)")
+    p.add_argument(
+        "--json", metavar="PATH", help="write the figures as JSON (the schema: lab/bench/comm/hostdevice.py)"
+    )
 
 
 def _gpu_check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=at_least(1), default=3, help="epochs of synthetic data to time (default 3)")
-    p.add_argument("--out", default="runs/gpu-check", metavar="DIR",
-                   help="step logs, runs and gpu-check.json (default runs/gpu-check)")
+    p.add_argument(
+        "--out",
+        default="runs/gpu-check",
+        metavar="DIR",
+        help="step logs, runs and gpu-check.json (default runs/gpu-check)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write the result here")
-    p.add_argument("--skip-without-gpu", action="store_true",
-                   help="without a GPU: say so, list the skipped steps and exit 0 (make gpu-check's dry check)")
+    p.add_argument(
+        "--skip-without-gpu",
+        action="store_true",
+        help="without a GPU: say so, list the skipped steps and exit 0 (make gpu-check's dry check)",
+    )
     p.add_argument("--quick", action="store_true", help="toy sizes (to test the command itself)")
     p.add_argument("--allow-cpu", action="store_true", help="run without a GPU (with --quick, for tests)")
-    p.add_argument("--deadline", type=at_least(1, "{} s"), default=360, metavar="SECONDS",
-                   help="the whole check ends within this many seconds: each step gets what is left, the "
-                        "steps after it are reported skipped (default 360)")
+    p.add_argument(
+        "--deadline",
+        type=at_least(1, "{} s"),
+        default=360,
+        metavar="SECONDS",
+        help="the whole check ends within this many seconds: each step gets what is left, the "
+        "steps after it are reported skipped (default 360)",
+    )
 
 
 def _metrics_overhead_args(p: argparse.ArgumentParser) -> None:
@@ -154,14 +199,26 @@ def _metrics_overhead_args(p: argparse.ArgumentParser) -> None:
 def _lightning_args(p: argparse.ArgumentParser) -> None:
     config_args(p)
     p.add_argument("--steps", type=at_least(2), default=40, help="training steps per side (default 40)")
-    p.add_argument("--warmup", type=at_least(1), metavar="N",
-                   help="first steps left out of the timing on both sides (default 5, or half of --steps)")
+    p.add_argument(
+        "--warmup",
+        type=at_least(1),
+        metavar="N",
+        help="first steps left out of the timing on both sides (default 5, or half of --steps)",
+    )
     p.add_argument("--nproc-per-node", type=PROCESSES, default=1, metavar="N", help="DDP processes (default 1)")
-    p.add_argument("--rounds", type=at_least(1), default=1,
-                   help="runs per side, in ABBA order; the medians are compared (default 1)")
-    p.add_argument("--lightning-ddp", default="lab", choices=["lab", "default"],
-                   help="Lightning's DDP settings: the lab's (bucket size, bucket views, buffer sync) or "
-                        "Lightning's own (default lab)")
+    p.add_argument(
+        "--rounds",
+        type=at_least(1),
+        default=1,
+        help="runs per side, in ABBA order; the medians are compared (default 1)",
+    )
+    p.add_argument(
+        "--lightning-ddp",
+        default="lab",
+        choices=["lab", "default"],
+        help="Lightning's DDP settings: the lab's (bucket size, bucket views, buffer sync) or "
+        "Lightning's own (default lab)",
+    )
     p.add_argument("--json", metavar="PATH", help="write the result and its settings as JSON")
 
 
@@ -170,41 +227,85 @@ def _lightning_args(p: argparse.ArgumentParser) -> None:
 # `lab bench`'s subcommands in the course's order. allreduce and collective run through lab.bench.comm.relaunch,
 # which starts torchrun for --nproc-per-node before a rank's own run. gpu-check is the device check (lab.devicecheck,
 # a harness above the benchmarks), kept here as `lab bench gpu-check`, the name `make gpu-check` and the docs use.
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
-    Benchmark("allreduce", "all-reduce bus bandwidth with nccl-tests' columns", _allreduce_args,
-              "lab.bench.comm.relaunch.allreduce"),
-    Benchmark("collective", "bus bandwidth of all_reduce, all_gather, reduce_scatter, broadcast, alltoall or "
-                            "sendrecv with nccl-tests' columns", _collective_args, "lab.bench.comm.relaunch.collective",
-              description="nccl-tests' table for one collective, a comma list or all of them, in one torchrun job: "
-                          "size as nccl-tests defines it per op, algbw = size / time, busbw = algbw x 2(n-1)/n "
-                          "(all_reduce), (n-1)/n (all_gather, reduce_scatter, alltoall) or 1 (broadcast, sendrecv). "
-                          "With several ops, --json PATH writes PATH-OP.json per op. gloo has no reduce-scatter of "
-                          "its own: there it runs as NCCL's ring over send/recv, and the table and JSON say so."),
-    Benchmark("scaling", "strong/weak scaling of the training step over 1..N processes", _scaling_args,
-              "lab.bench.train.scaling.run"),
-    Benchmark("levers", "AMP, gradient accumulation, DDP buckets and NCCL settings as ratios to the plain step",
-              _levers_args, "lab.bench.train.levers.run",
-              description="One torchrun job times the plain DDP step and each lever (bf16/fp16 autocast, "
-                          "accumulation, bucket size, gradients as bucket views) in interleaved blocks, each against "
-                          "its no_sync twin for the communication share; checks accumulation is exact in float64; on "
-                          "GPUs also sweeps NCCL_ALGO, NCCL_PROTO and NCCL_P2P_DISABLE with lab bench allreduce."),
-    Benchmark("strategies", "DDP, FSDP, DeepSpeed ZeRO-1/2/3 and Horovod side by side: memory per rank, images/s, "
-                            "loss curves", _strategies_args, "lab.bench.train.strategies.run"),
-    Benchmark("pipeline", "the lab's data path vs a torchvision DataLoader path", _pipeline_args,
-              "lab.bench.train.pipeline.run"),
-    Benchmark("hostdevice", "pinned host<->device copy bandwidth per GPU and the GPU-to-GPU copy matrix",
-              _hostdevice_args, "lab.bench.comm.hostdevice.run",
-              description="Per visible GPU, pinned host memory to the GPU and back; for every pair of GPUs a copy "
-                          "from one to the other (the diagonal: within one GPU), GB/s = 1e9 B/s, torch copies timed "
-                          "after warm-ups. Without CUDA the CPU stands in (host memory copies, \"device\": \"cpu\")."),
-    Benchmark("gpu-check", "every GPU path of the lab on this host, a table last (make gpu-check)", _gpu_check_args,
-              "lab.devicecheck.command.run"),
-    Benchmark("metrics-overhead", "training step time with the exporter on vs off", _metrics_overhead_args,
-              "lab.bench.train.metrics_overhead.run"),
-    Benchmark("lightning", "the lab's images/s as a ratio to PyTorch Lightning's Trainer on the same model and data",
-              _lightning_args, "lab.bench.train.lightning_peer.run",
-              description="`lab train` and Lightning's Trainer, one after the other under torchrun, train the "
-                          "config's ResNet-18 on the same synthetic data, global batch, optimizer and precision; "
-                          "prints lab / Lightning images/s over the steps after the warm-up. Needs pip install "
-                          "lightning==2.6.6."),
-)}
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in (
+        Benchmark(
+            "allreduce",
+            "all-reduce bus bandwidth with nccl-tests' columns",
+            _allreduce_args,
+            "lab.bench.comm.relaunch.allreduce",
+        ),
+        Benchmark(
+            "collective",
+            "bus bandwidth of all_reduce, all_gather, reduce_scatter, broadcast, alltoall or "
+            "sendrecv with nccl-tests' columns",
+            _collective_args,
+            "lab.bench.comm.relaunch.collective",
+            description="nccl-tests' table for one collective, a comma list or all of them, in one torchrun job: "
+            "size as nccl-tests defines it per op, algbw = size / time, busbw = algbw x 2(n-1)/n "
+            "(all_reduce), (n-1)/n (all_gather, reduce_scatter, alltoall) or 1 (broadcast, sendrecv). "
+            "With several ops, --json PATH writes PATH-OP.json per op. gloo has no reduce-scatter of "
+            "its own: there it runs as NCCL's ring over send/recv, and the table and JSON say so.",
+        ),
+        Benchmark(
+            "scaling",
+            "strong/weak scaling of the training step over 1..N processes",
+            _scaling_args,
+            "lab.bench.train.scaling.run",
+        ),
+        Benchmark(
+            "levers",
+            "AMP, gradient accumulation, DDP buckets and NCCL settings as ratios to the plain step",
+            _levers_args,
+            "lab.bench.train.levers.run",
+            description="One torchrun job times the plain DDP step and each lever (bf16/fp16 autocast, "
+            "accumulation, bucket size, gradients as bucket views) in interleaved blocks, each against "
+            "its no_sync twin for the communication share; checks accumulation is exact in float64; on "
+            "GPUs also sweeps NCCL_ALGO, NCCL_PROTO and NCCL_P2P_DISABLE with lab bench allreduce.",
+        ),
+        Benchmark(
+            "strategies",
+            "DDP, FSDP, DeepSpeed ZeRO-1/2/3 and Horovod side by side: memory per rank, images/s, loss curves",
+            _strategies_args,
+            "lab.bench.train.strategies.run",
+        ),
+        Benchmark(
+            "pipeline",
+            "the lab's data path vs a torchvision DataLoader path",
+            _pipeline_args,
+            "lab.bench.train.pipeline.run",
+        ),
+        Benchmark(
+            "hostdevice",
+            "pinned host<->device copy bandwidth per GPU and the GPU-to-GPU copy matrix",
+            _hostdevice_args,
+            "lab.bench.comm.hostdevice.run",
+            description="Per visible GPU, pinned host memory to the GPU and back; for every pair of GPUs a copy "
+            "from one to the other (the diagonal: within one GPU), GB/s = 1e9 B/s, torch copies timed "
+            'after warm-ups. Without CUDA the CPU stands in (host memory copies, "device": "cpu").',
+        ),
+        Benchmark(
+            "gpu-check",
+            "every GPU path of the lab on this host, a table last (make gpu-check)",
+            _gpu_check_args,
+            "lab.devicecheck.command.run",
+        ),
+        Benchmark(
+            "metrics-overhead",
+            "training step time with the exporter on vs off",
+            _metrics_overhead_args,
+            "lab.bench.train.metrics_overhead.run",
+        ),
+        Benchmark(
+            "lightning",
+            "the lab's images/s as a ratio to PyTorch Lightning's Trainer on the same model and data",
+            _lightning_args,
+            "lab.bench.train.lightning_peer.run",
+            description="`lab train` and Lightning's Trainer, one after the other under torchrun, train the "
+            "config's ResNet-18 on the same synthetic data, global batch, optimizer and precision; "
+            "prints lab / Lightning images/s over the steps after the warm-up. Needs pip install "
+            "lightning==2.6.6.",
+        ),
+    )
+}

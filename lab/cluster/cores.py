@@ -36,7 +36,8 @@ def default_ranks(gpus: int, fewest_gpus: int = 1, cpu_ranks: int = 2) -> int:
     needs two devices and takes 2 CPU processes on a 1-GPU host (fewest_gpus=2); scaling's largest world is
     every core (cpu_ranks=available()).
 
-    >>> default_ranks(8), default_ranks(1), default_ranks(0), default_ranks(1, fewest_gpus=2), default_ranks(0, cpu_ranks=16)
+    >>> (default_ranks(8), default_ranks(1), default_ranks(0), default_ranks(1, fewest_gpus=2),
+    ...  default_ranks(0, cpu_ranks=16))
     (8, 1, 2, 2, 16)
     """
     return gpus if gpus >= max(1, fewest_gpus) else cpu_ranks

@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.distributed as tdist
@@ -24,6 +25,7 @@ import torch.distributed as tdist
 from lab.cluster import cores, horovod_env, slurm, torchrun_env
 from lab.config import DistConfig
 from lab.errors import LaunchError
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -37,7 +39,7 @@ class DistContext:
     timeout_seconds: float = 600.0
     # A second, gloo group used only after a collective timed out, to find the rank(s) that stopped
     # answering: the default group's connections are closed by then.
-    probe_group: object | None = None
+    probe_group: tdist.ProcessGroup | None = None
 
     @property
     def is_primary(self) -> bool:
@@ -74,7 +76,8 @@ def choose_device(preference: str, local_rank: int, local_world_size: int = 1) -
         f"dist.device: local rank {local_rank} of {local_world_size} processes on this node has no GPU of its own: "
         f"{visible} visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES') or 'unset'}); start at "
         f"most {visible} processes per node, or give each process one device of its own (CUDA_VISIBLE_DEVICES per "
-        f"process, e.g. Slurm's --gpus-per-task=1)")
+        f"process, e.g. Slurm's --gpus-per-task=1)"
+    )
 
 
 def choose_backend(preference: str, device: torch.device) -> str:
@@ -103,6 +106,7 @@ def init(cfg: DistConfig) -> DistContext:
         timeout = datetime.timedelta(seconds=cfg.timeout_seconds)
         # A 1-rank group started without torchrun has no one to meet: an in-process store is enough.
         alone = world_size == 1 and not torchrun_env.launched_by_torchrun()
+        store: tdist.Store
         if alone:
             store = tdist.HashStore()
         elif horovod_env.launched() and not torchrun_env.launched_by_torchrun():  # horovodrun sets no MASTER_PORT
@@ -119,9 +123,22 @@ def init(cfg: DistConfig) -> DistContext:
             timeout=timeout,
             device_id=device if device.type == "cuda" else None,
         )
-        probe_group = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_seconds))
-    return DistContext(global_rank, local_rank, world_size, local_world_size, node_rank, device, backend,
-                       cfg.timeout_seconds, probe_group if grouped else None)
+        # a group of every rank: this rank is always a member, never the _NonGroupMember new_group may return
+        probe_group = cast(
+            tdist.ProcessGroup,
+            tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_seconds)),
+        )
+    return DistContext(
+        global_rank,
+        local_rank,
+        world_size,
+        local_world_size,
+        node_rank,
+        device,
+        backend,
+        cfg.timeout_seconds,
+        probe_group if grouped else None,
+    )
 
 
 class CollectiveTimeout(RuntimeError):
@@ -141,14 +158,21 @@ def explain_timeout(ctx: DistContext) -> CollectiveTimeout:
     limit = min(ctx.timeout_seconds, 60.0)  # the others time out at about the same moment; do not wait long
     failure = None
     try:
-        tdist.monitored_barrier(group=ctx.probe_group, wait_all_ranks=True,
-                                timeout=datetime.timedelta(seconds=limit if ctx.is_primary else 2 * limit))
+        tdist.monitored_barrier(
+            group=ctx.probe_group,
+            wait_all_ranks=True,
+            timeout=datetime.timedelta(seconds=limit if ctx.is_primary else 2 * limit),
+        )
     except RuntimeError as exc:
         failure = str(exc)
-    what = f"rank {ctx.global_rank}: a collective did not complete within {ctx.timeout_seconds:g} s (dist.timeout_seconds)"
+    what = (
+        f"rank {ctx.global_rank}: a collective did not complete within {ctx.timeout_seconds:g} s (dist.timeout_seconds)"
+    )
     if failure is None:
-        return CollectiveTimeout(f"{what}; every rank answered a check afterwards, so one was slow, not stuck: "
-                                 f"raise dist.timeout_seconds if that is expected")
+        return CollectiveTimeout(
+            f"{what}; every rank answered a check afterwards, so one was slow, not stuck: "
+            f"raise dist.timeout_seconds if that is expected"
+        )
     if not ctx.is_primary:
         if "successfully reached monitoredBarrier" in failure:  # rank 0 answered and found someone missing
             return CollectiveTimeout(f"{what}; rank 0's error names the rank(s) that stopped answering")
@@ -156,8 +180,9 @@ def explain_timeout(ctx: DistContext) -> CollectiveTimeout:
     found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", failure)
     if found is None:
         return CollectiveTimeout(f"{what}; the check afterwards failed too ({failure.splitlines()[0][:200]})")
-    return CollectiveTimeout(f"{what}; rank(s) {found.group(1).strip()} did not answer within {limit:g} s more: "
-                             f"stuck or dead")
+    return CollectiveTimeout(
+        f"{what}; rank(s) {found.group(1).strip()} did not answer within {limit:g} s more: stuck or dead"
+    )
 
 
 def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> tdist.Store:
@@ -244,13 +269,13 @@ def primary_then_broadcast(ctx: DistContext, fn):
     """
     from lab.errors import LabError
 
-    payload = None
+    payload: tuple[Any, ...] | None = None
     if ctx.is_primary:
         try:
             payload = ("ok", fn())
         except LabError as exc:
             payload = ("error", type(exc), str(exc))
-        except BaseException as exc:  # noqa: BLE001 - tell the others before failing, then fail with the cause
+        except BaseException as exc:
             broadcast_object(ctx, ("failed", f"{type(exc).__name__}: {exc}"))
             raise
     payload = broadcast_object(ctx, payload)

@@ -32,5 +32,10 @@ def layout(env: Mapping[str, str] | None = None) -> tuple[int, int, int, int, in
         value = env.get(name)
         return int(value) if value not in (None, "") else default
 
-    return (number("HOROVOD_RANK", 0), number("HOROVOD_LOCAL_RANK", 0), number("HOROVOD_SIZE", 1),
-            number("HOROVOD_LOCAL_SIZE", 1), number("HOROVOD_CROSS_RANK", 0))
+    return (
+        number("HOROVOD_RANK", 0),
+        number("HOROVOD_LOCAL_RANK", 0),
+        number("HOROVOD_SIZE", 1),
+        number("HOROVOD_LOCAL_SIZE", 1),
+        number("HOROVOD_CROSS_RANK", 0),
+    )

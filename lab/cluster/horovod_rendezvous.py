@@ -17,9 +17,8 @@ import socket
 
 import torch.distributed as tdist
 
-from lab.errors import LaunchError
-
 from lab.cluster.horovodrun import INSTALL
+from lab.errors import LaunchError
 
 
 def import_horovod():
@@ -30,8 +29,9 @@ def import_horovod():
         import horovod.torch as hvd
     except ImportError as exc:
         missing = getattr(exc, "name", None) or "horovod"
-        raise LaunchError(f"dist.strategy: horovod needs Horovod, missing here ({missing}): {INSTALL}; or "
-                          f"dist.strategy=ddp") from None
+        raise LaunchError(
+            f"dist.strategy: horovod needs Horovod, missing here ({missing}): {INSTALL}; or dist.strategy=ddp"
+        ) from None
     return hvd
 
 
@@ -49,6 +49,7 @@ def store(rank: int, world_size: int, timeout: datetime.timedelta) -> tdist.Stor
     server = None
     if rank == 0:  # port 0: the server binds a free one; wait_for_workers=False: they learn of it only below
         server = tdist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
-    host, port = hvd.broadcast_object((rank0_address(hvd), server.port) if server else None, root_rank=0,
-                                      name="lab.store_endpoint")
+    host, port = hvd.broadcast_object(
+        (rank0_address(hvd), server.port) if server else None, root_rank=0, name="lab.store_endpoint"
+    )
     return server or tdist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)

@@ -47,15 +47,15 @@ class JobFailed(RuntimeError):
 
 @dataclass(frozen=True)
 class Job:
-    module: str                                   # run as `python -m MODULE --job FOLDER` on every rank
+    module: str  # run as `python -m MODULE --job FOLDER` on every rank
     world_size: int
     params: dict[str, Any] = field(default_factory=dict)  # JSON values the worker reads as job.params
-    config: Config | None = None                  # the config the parent checked; the worker gets it as is
+    config: Config | None = None  # the config the parent checked; the worker gets it as is
     launcher: Literal["torchrun", "horovodrun", "none"] = "torchrun"  # none: one plain process
-    env: dict[str, str] | None = None             # the environment (default: the lab's torchrun one, threads split)
-    timeout_seconds: float | None = None          # stopped past this, and JobFailed
-    reports: int | None = None                    # how many ranks report (default: all of them)
-    log: Path | None = None                       # the job's output into this file (default: kept for JobFailed)
+    env: dict[str, str] | None = None  # the environment (default: the lab's torchrun one, threads split)
+    timeout_seconds: float | None = None  # stopped past this, and JobFailed
+    reports: int | None = None  # how many ranks report (default: all of them)
+    log: Path | None = None  # the job's output into this file (default: kept for JobFailed)
 
 
 def run(job: Job) -> list[dict[str, Any]]:
@@ -68,8 +68,9 @@ def run(job: Job) -> list[dict[str, Any]]:
             raise JobFailed(f"{job.module} did not finish within {job.timeout_seconds:g} s", _output(job, done))
         if done.returncode != 0:
             output = _output(job, done)
-            raise JobFailed(f"{job.module} exited {done.returncode}: {runner.last_error_line(output)}", output,
-                            done.returncode)
+            raise JobFailed(
+                f"{job.module} exited {done.returncode}: {runner.last_error_line(output)}", output, done.returncode
+            )
         paths = sorted(folder.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
         reports = [_read_json(p) for p in paths]
     expected = job.world_size if job.reports is None else job.reports
@@ -79,10 +80,16 @@ def run(job: Job) -> list[dict[str, Any]]:
 
 
 def _write_job(folder: Path, job: Job) -> None:
-    _write_json(folder / JOB_FILE, {
-        "module": job.module, "world_size": job.world_size, "params": job.params,
-        "config": to_dict(job.config) if job.config else None,
-        "origin": job.config.origin if job.config else None})
+    _write_json(
+        folder / JOB_FILE,
+        {
+            "module": job.module,
+            "world_size": job.world_size,
+            "params": job.params,
+            "config": to_dict(job.config) if job.config else None,
+            "origin": job.config.origin if job.config else None,
+        },
+    )
 
 
 def _start(job: Job, folder: Path) -> runner.Finished:
@@ -99,13 +106,27 @@ def _start(job: Job, folder: Path) -> runner.Finished:
         command = launch.torchrun_command(n, target)
     env = job.env if job.env is not None else launch.worker_env(n)
     if job.log is None:
-        return runner.run(command, env=env, processes=n, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout_seconds=job.timeout_seconds, echo=False)
+        return runner.run(
+            command,
+            env=env,
+            processes=n,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout_seconds=job.timeout_seconds,
+            echo=False,
+        )
     with open(job.log, "w") as f:
         f.write(f"$ {' '.join(command)}\n")
         f.flush()
-        return runner.run(command, env=env, processes=n, stdout=f, stderr=subprocess.STDOUT,
-                          timeout_seconds=job.timeout_seconds, echo=False)
+        return runner.run(
+            command,
+            env=env,
+            processes=n,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout_seconds=job.timeout_seconds,
+            echo=False,
+        )
 
 
 def _output(job: Job, done: runner.Finished) -> str:

@@ -4,10 +4,12 @@
 'torchrun --standalone --nproc-per-node 2 -m lab train --config ddp'
 >>> rdzv = Rendezvous(endpoint="head:29400", nnodes="2", run_id="r1", max_restarts=1)
 >>> " ".join(torchrun_command(8, ["-m", "lab", "train"], rdzv, torchrun="torchrun"))
-'torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id r1 --max-restarts 1 -m lab train'
+'torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id r1 --max-restarts 1
+-m lab train'
 >>> rdzv = Rendezvous(endpoint="head:29400", nnodes="2", run_id="r1", join_timeout=60)
 >>> " ".join(torchrun_command(1, ["train.py"], rdzv, torchrun="torchrun"))
-'torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id r1 --rdzv-conf join_timeout=60,read_timeout=60 train.py'
+'torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id r1 --rdzv-conf
+join_timeout=60,read_timeout=60 train.py'
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ TORCHRUN_JOIN_TIMEOUT = 600  # seconds: torchrun's own default for a rendezvous 
 class Rendezvous:
     """Where the nodes of one job meet. No endpoint means one node (`--standalone`, a free local port)."""
 
-    endpoint: str | None = None   # "host:port" of the c10d rendezvous (the head node)
-    nnodes: str = "1"             # "N", or "MIN:MAX" for an elastic job
-    run_id: str | None = None     # one id shared by every node of the job
-    max_restarts: int = 0         # times torchrun restarts the worker group after a failure
+    endpoint: str | None = None  # "host:port" of the c10d rendezvous (the head node)
+    nnodes: str = "1"  # "N", or "MIN:MAX" for an elastic job
+    run_id: str | None = None  # one id shared by every node of the job
+    max_restarts: int = 0  # times torchrun restarts the worker group after a failure
     local_addr: str | None = None  # this node's address when it has several
     join_timeout: int | None = None  # seconds for every node to arrive (torchrun's default: 600)
 
@@ -54,8 +56,11 @@ class Rendezvous:
     def check(self) -> Rendezvous:
         """Refuse what torchrun would refuse with a traceback: one line naming the option (exit 2)."""
         bounds = self.nnodes.split(":")
-        if not (1 <= len(bounds) <= 2 and all(b.isdigit() and int(b) >= 1 for b in bounds)
-                and int(bounds[0]) <= int(bounds[-1])):
+        if not (
+            1 <= len(bounds) <= 2
+            and all(b.isdigit() and int(b) >= 1 for b in bounds)
+            and int(bounds[0]) <= int(bounds[-1])
+        ):
             raise LabError(f"--nnodes: {self.nnodes!r} is not a node count; use N or MIN:MAX with 1 <= MIN <= MAX")
         if self.endpoint is not None:
             host, port = self.host_port
@@ -87,8 +92,9 @@ def torchrun_executable() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run"]
 
 
-def torchrun_command(nproc_per_node: int, target: list[str], rendezvous: Rendezvous | None = None,
-                     torchrun: str | None = None) -> list[str]:
+def torchrun_command(
+    nproc_per_node: int, target: list[str], rendezvous: Rendezvous | None = None, torchrun: str | None = None
+) -> list[str]:
     """argv for torchrun starting `nproc_per_node` workers of `target` (e.g. ["-m", "lab", "train", ...]).
 
     `torchrun` names an executable to use instead of this Python's torch.distributed.run.
@@ -98,8 +104,16 @@ def torchrun_command(nproc_per_node: int, target: list[str], rendezvous: Rendezv
     if rdzv.endpoint is None:
         cmd += ["--standalone", "--nproc-per-node", str(nproc_per_node)]
     else:
-        cmd += ["--nnodes", rdzv.nnodes, "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", rdzv.endpoint]
+        cmd += [
+            "--nnodes",
+            rdzv.nnodes,
+            "--nproc-per-node",
+            str(nproc_per_node),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            rdzv.endpoint,
+        ]
         if rdzv.run_id:
             cmd += ["--rdzv-id", rdzv.run_id]
         if rdzv.join_timeout:
@@ -130,8 +144,12 @@ def lab_target(command: str, config: str | None, overrides: list[str]) -> list[s
     return target
 
 
-def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None = None,
-        extra_env: dict[str, str] | None = None) -> int:
+def run(
+    command: list[str],
+    nproc_per_node: int,
+    rendezvous: Rendezvous | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> int:
     """Run torchrun through the lab's runner (SIGINT and SIGTERM passed on, its process group stopped whichever
     way it ends) and return its exit status. A multi-node run that ends in failure after its join timeout,
     with fewer nodes than expected ever seen at the rendezvous, says so: expected and arrived nodes.
@@ -154,28 +172,44 @@ def run(command: list[str], nproc_per_node: int, rendezvous: Rendezvous | None =
     roll_call = None
     if multi_node:  # the observer's client retries until the head's store is up
         host, port = rdzv.host_port
-        roll_call = RollCall(host, int(port), rdzv.run_id or "default", rdzv.join_timeout_or_default,
-                             expected=rdzv.min_nodes).start()
+        roll_call = RollCall(
+            host, int(port), rdzv.run_id or "default", rdzv.join_timeout_or_default, expected=rdzv.min_nodes
+        ).start()
     try:
         # the workers learn this node's address (--local-addr): their exporters listen there (lab.observability)
-        node = {NODE_ADDRESS_VARIABLE: rdzv.local_addr} if rdzv.local_addr else {}
-        status = runner.run(command, env={**worker_env(nproc_per_node), **node, **(extra_env or {})},
-                            processes=nproc_per_node, stderr=subprocess.PIPE if multi_node else None,
-                            each_line=relay).returncode  # line by line: the log keeps its order
+        address = {NODE_ADDRESS_VARIABLE: rdzv.local_addr} if rdzv.local_addr else {}
+        status = runner.run(
+            command,
+            env={**worker_env(nproc_per_node), **address, **(extra_env or {})},
+            processes=nproc_per_node,
+            stderr=subprocess.PIPE if multi_node else None,
+            each_line=relay,
+        ).returncode  # line by line: the log keeps its order
     finally:
         if roll_call is not None:
             roll_call.stop()
     if status == 0 and folder.warnings:
-        print(f"lab launch: the run succeeded; the {folder.warnings} c10d warning(s) above ({folder.folded} lines of "
-              f"C++ stack left out) are torchrun's agents closing the rendezvous after the store on the head had "
-              f"gone: harmless", file=sys.stderr, flush=True)
-    if (roll_call is not None and status != 0 and (roll_call.arrived or 0) < rdzv.min_nodes
-            and time.monotonic() - started >= rdzv.join_timeout_or_default):
+        print(
+            f"lab launch: the run succeeded; the {folder.warnings} c10d warning(s) above ({folder.folded} lines of "
+            f"C++ stack left out) are torchrun's agents closing the rendezvous after the store on the head had "
+            f"gone: harmless",
+            file=sys.stderr,
+            flush=True,
+        )
+    if (
+        roll_call is not None
+        and status != 0
+        and (roll_call.arrived or 0) < rdzv.min_nodes
+        and time.monotonic() - started >= rdzv.join_timeout_or_default
+    ):
         print(rendezvous_failure(rdzv, roll_call.arrived), file=sys.stderr, flush=True)
     elif multi_node and status != 0:
         node = f" ({rdzv.local_addr})" if rdzv.local_addr else ""
-        print(f"lab launch: this node's workers{node} failed, torchrun exit {status}: {failure_reason(tail)}",
-              file=sys.stderr, flush=True)
+        print(
+            f"lab launch: this node's workers{node} failed, torchrun exit {status}: {failure_reason(tail)}",
+            file=sys.stderr,
+            flush=True,
+        )
     return status
 
 
@@ -206,13 +240,16 @@ def rendezvous_failure(rdzv: Rendezvous, arrived: int | None) -> str:
     >>> print(rendezvous_failure(Rendezvous("10.0.0.1:29400", "2", "r7", join_timeout=30), 1))
     lab launch: rendezvous 'r7' at 10.0.0.1:29400 did not complete within 30 s: expected 2 nodes, 1 arrived
     >>> print(rendezvous_failure(Rendezvous("10.0.0.1:29400", "2:4", "r7"), None))
-    lab launch: rendezvous 'r7' at 10.0.0.1:29400 was never reached from this node (join timeout 600 s): expected 2 to 4 nodes; check the head node is started and its port is open
+    lab launch: rendezvous 'r7' at 10.0.0.1:29400 was never reached from this node (join timeout 600 s): expected 2 to
+    4 nodes; check the head node is started and its port is open
     """
     expected = rdzv.nnodes.replace(":", " to ")
     within = rdzv.join_timeout_or_default
     where = f"lab launch: rendezvous '{rdzv.run_id or 'default'}' at {rdzv.endpoint}"
     if arrived is None:
         # torchrun retries the connection a while past read_timeout, so no "within" is promised here
-        return (f"{where} was never reached from this node (join timeout {within} s): expected {expected} nodes; "
-                f"check the head node is started and its port is open")
+        return (
+            f"{where} was never reached from this node (join timeout {within} s): expected {expected} nodes; "
+            f"check the head node is started and its port is open"
+        )
     return f"{where} did not complete within {within} s: expected {expected} nodes, {arrived} arrived"

@@ -15,8 +15,10 @@ from typing import Any, NamedTuple
 
 
 class Gpu(NamedTuple):
-    handle: Any    # an NVML device handle
-    index: int     # NVML's index of it: the host's numbering, as nvidia-smi and dcgm-exporter show it
+    handle: Any  # an NVML device handle
+    # NVML's index of it: the host's numbering, as nvidia-smi and dcgm-exporter show it (not `index`, which would
+    # hide the tuple's index method)
+    nvml_index: int
     uuid: str
 
 
@@ -35,7 +37,7 @@ def driver_version() -> str | None:
     """The NVIDIA driver's version, or None without nvidia-ml-py or a driver."""
     try:
         return _text(_pynvml().nvmlSystemGetDriverVersion())
-    except Exception:  # noqa: BLE001 - no nvidia-ml-py, no driver: the version is simply unknown
+    except Exception:
         return None
 
 
@@ -43,7 +45,7 @@ def device_count() -> int:
     """GPUs the driver knows, whatever this process's CUDA_VISIBLE_DEVICES; 0 without NVML or a driver."""
     try:
         return int(_pynvml().nvmlDeviceGetCount())
-    except Exception:  # noqa: BLE001 - no nvidia-ml-py, no driver
+    except Exception:
         return 0
 
 
@@ -75,7 +77,7 @@ def gpu_of(index: int, uuid: str | None = None) -> Gpu:
     for prefix in ("GPU-", "MIG-"):
         try:
             handle = pynvml.nvmlDeviceGetHandleByUUID(prefix + bare)
-        except Exception as exc:  # noqa: BLE001 - NVMLError_NotFound: try the other kind
+        except Exception as exc:
             failure = exc
             continue
         parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) if prefix == "MIG-" else handle

@@ -11,14 +11,30 @@ import socket
 import torch
 
 # Environment worth recording with every run: it changes what NCCL and gloo do.
-RECORDED_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES",
-                         "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_", "UCX_")
+RECORDED_ENV_PREFIXES = (
+    "NCCL_",
+    "GLOO_",
+    "TORCH_NCCL_",
+    "TORCH_DISTRIBUTED_",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_",
+    "UCX_",
+)
 
 
 def describe(ctx) -> dict:
     """This process's part of the run manifest."""
-    info = {"host": socket.gethostname(), "global_rank": ctx.global_rank, "local_rank": ctx.local_rank,
-            "node_rank": ctx.node_rank, "device": str(ctx.device), "threads": torch.get_num_threads()}
+    info = {
+        "host": socket.gethostname(),
+        "global_rank": ctx.global_rank,
+        "local_rank": ctx.local_rank,
+        "node_rank": ctx.node_rank,
+        "device": str(ctx.device),
+        "threads": torch.get_num_threads(),
+    }
     if os.environ.get("SLURMD_NODENAME"):  # under Slurm: the node's name in the allocation (hosts may share a name)
         info["slurm_node"] = os.environ["SLURMD_NODENAME"]
     if ctx.device.type == "cuda":
@@ -42,7 +58,7 @@ def versions() -> dict[str, str | None]:
     if cuda and hasattr(torch.cuda, "nccl"):
         try:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a build without NCCL has no version to report
+        except Exception:
             nccl = None
     from lab.cluster import nvml
 

@@ -29,23 +29,33 @@ class RollCall:
     store (each adds itself once), None until this one did."""
 
     def __init__(self, host: str, port: int, run_id: str, timeout_s: float, expected: int):
-        self.command = [sys.executable, "-m", "lab.cluster.rollcall", host, str(port), f"lab/roll_call/{run_id}",
-                        str(timeout_s), str(expected)]
+        self.command = [
+            sys.executable,
+            "-m",
+            "lab.cluster.rollcall",
+            host,
+            str(port),
+            f"lab/roll_call/{run_id}",
+            str(timeout_s),
+            str(expected),
+        ]
         self.arrived: int | None = None
         self._child: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
 
-    def start(self) -> "RollCall":
+    def start(self) -> RollCall:
         self._child = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._reader = threading.Thread(target=self._read, name="lab-roll-call", daemon=True)
         self._reader.start()
         return self
 
     def _read(self) -> None:
+        assert self._child is not None and self._child.stdout is not None  # start() began it, stdout a PIPE
         for line in self._child.stdout:  # ends when the child exits: pure Python, safe to leave at any time
             self.arrived = int(line)
 
     def stop(self) -> None:
+        assert self._child is not None and self._reader is not None, "RollCall.stop() before start()"
         if self._child.poll() is None:
             self._child.terminate()
         self._child.wait()
@@ -66,7 +76,7 @@ def watch(host: str, port: int, key: str, timeout_s: float, expected: int) -> No
             time.sleep(1.0)
             arrived = store.add(key, 0)
             print(arrived, flush=True)
-    except Exception:  # noqa: BLE001 - an observer: the store going away (torchrun ended) ends the watch
+    except Exception:
         return
 
 

@@ -42,8 +42,8 @@ GIB = 2**30
 # 512 MiB leaves room for a share of those libraries and of torchrun's own agent process.
 WORKER_BYTES = 512 * 2**20
 ALLOW_ENV = "LAB_ALLOW_PROCESSES"  # this many processes start whatever memory the machine has available
-STOP_GRACE_SECONDS = 5   # after SIGTERM: torchrun passes it to its workers at once; a worker still there is stuck
-KILL_GRACE_SECONDS = 2   # after SIGKILL, for the kernel to take the processes away
+STOP_GRACE_SECONDS = 5  # after SIGTERM: torchrun passes it to its workers at once; a worker still there is stuck
+KILL_GRACE_SECONDS = 2  # after SIGKILL, for the kernel to take the processes away
 # The C++ stack c10d prints under a warning or an error: never the line that says what went wrong.
 STACK = re.compile(r"^(Exception raised from .*|frame #\d+: .*|<omitting python frames>|)$")
 
@@ -75,13 +75,19 @@ def memory_available_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
     return None
 
 
-def refusal(count: int, available_bytes: int | None, allowed: int | None = None, asked_by: str | None = None,
-            per_process_bytes: int = WORKER_BYTES) -> str | None:
+def refusal(
+    count: int,
+    available_bytes: int | None,
+    allowed: int | None = None,
+    asked_by: str | None = None,
+    per_process_bytes: int = WORKER_BYTES,
+) -> str | None:
     """Why `count` processes must not start on a machine with `available_bytes`, or None when they may. One
     process always may (the bound is on counts); `allowed` (LAB_ALLOW_PROCESSES) lets up to that many through.
 
     >>> print(refusal(99, 24 * GIB, asked_by="--nproc-per-node 99"))
-    --nproc-per-node 99: 99 processes need about 49.5 GiB (0.5 GiB each, a torch worker), and this machine has 24.0 GiB available (MemAvailable): room for 48; use at most 48, or set LAB_ALLOW_PROCESSES=99 to start them anyway
+    --nproc-per-node 99: 99 processes need about 49.5 GiB (0.5 GiB each, a torch worker), and this machine has 24.0
+    GiB available (MemAvailable): room for 48; use at most 48, or set LAB_ALLOW_PROCESSES=99 to start them anyway
     >>> refusal(99, 24 * GIB, allowed=99), refusal(48, 24 * GIB), refusal(1, 0), refusal(99, None)
     (None, None, None, None)
     """
@@ -90,10 +96,12 @@ def refusal(count: int, available_bytes: int | None, allowed: int | None = None,
     room = max(1, available_bytes // per_process_bytes)
     if count <= room:
         return None
-    return (f"{asked_by or f'{count} processes'}: {count} processes need about {count * per_process_bytes / GIB:.1f} "
-            f"GiB ({per_process_bytes / GIB:.1f} GiB each, a torch worker), and this machine has "
-            f"{available_bytes / GIB:.1f} GiB available (MemAvailable): room for {room}; use at most {room}, or set "
-            f"{ALLOW_ENV}={count} to start them anyway")
+    return (
+        f"{asked_by or f'{count} processes'}: {count} processes need about {count * per_process_bytes / GIB:.1f} "
+        f"GiB ({per_process_bytes / GIB:.1f} GiB each, a torch worker), and this machine has "
+        f"{available_bytes / GIB:.1f} GiB available (MemAvailable): room for {room}; use at most {room}, or set "
+        f"{ALLOW_ENV}={count} to start them anyway"
+    )
 
 
 def allowed_processes() -> int | None:
@@ -133,8 +141,11 @@ def last_error_line(output: str) -> str:
     'no output'
     """
     lines = [line.strip() for line in output.splitlines() if line.strip() and not STACK.match(line.strip())]
-    errors = [line for line in lines if "ChildFailedError" not in line
-              and re.search(r"\b\w*(Error|Exception)\b:|No module named", line)]
+    errors = [
+        line
+        for line in lines
+        if "ChildFailedError" not in line and re.search(r"\b\w*(Error|Exception)\b:|No module named", line)
+    ]
     return ((errors or lines or ["no output"])[-1])[:300]
 
 
@@ -150,7 +161,8 @@ class StackFolder:
     ...          "frame #0: c10::Error::Error(...) + 0x9d (0x7fcb in libc10.so)", "<omitting python frames>", "",
     ...          "W1201 11:08:44.430000 29708 dynamic_rendezvous.py:1298] The node has failed to shutdown", ""]
     >>> [line for line in lines if folder.keep(line)], folder.warnings, folder.folded
-    (['[W1201 11:08:44.93 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=3): got 0 bytes', 'W1201 11:08:44.430000 29708 dynamic_rendezvous.py:1298] The node has failed to shutdown', ''], 1, 4)
+    (['[W1201 11:08:44.93 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=3): got 0 bytes', 'W1201
+    11:08:44.430000 29708 dynamic_rendezvous.py:1298] The node has failed to shutdown', ''], 1, 4)
     """
 
     WARNING = re.compile(r"^\[W\d{4} \S+ \S+\] \[c10d\] ")
@@ -189,8 +201,8 @@ class Finished:
 
     command: list[str]
     returncode: int
-    stdout: str = ""         # captured when stdout was PIPE (with stderr folded in where stderr was STDOUT)
-    stderr: str = ""         # captured when stderr was PIPE
+    stdout: str = ""  # captured when stdout was PIPE (with stderr folded in where stderr was STDOUT)
+    stderr: str = ""  # captured when stderr was PIPE
     timed_out: bool = False  # it outlived its time limit and was stopped
 
     @property
@@ -202,10 +214,20 @@ class Finished:
         return last_error_line(f"{self.stdout}\n{self.stderr}")
 
 
-def run(command: list[str], *, env: dict[str, str] | None = None, processes: int = 1, stdout: Any = None,
-        stderr: Any = None, timeout_seconds: float | None = None, each_line: Callable[[str], None] | None = None,
-        echo: bool = True, stop_grace_seconds: float = STOP_GRACE_SECONDS, user: int | None = None,
-        group: int | None = None) -> Finished:
+def run(
+    command: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    processes: int = 1,
+    stdout: Any = None,
+    stderr: Any = None,
+    timeout_seconds: float | None = None,
+    each_line: Callable[[str], None] | None = None,
+    echo: bool = True,
+    stop_grace_seconds: float = STOP_GRACE_SECONDS,
+    user: int | None = None,
+    group: int | None = None,
+) -> Finished:
     """Run `command` to its end in a process group of its own; return its Finished.
 
     `processes`: how many processes it starts (a torchrun job: its workers), refused first if memory cannot
@@ -217,12 +239,16 @@ def run(command: list[str], *, env: dict[str, str] | None = None, processes: int
     check_processes(processes)
     if echo:
         print(f"$ {shlex.join(command)}", flush=True)
-    as_user = {} if user is None else {"user": user, "group": group, "extra_groups": []}
-    proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, text=True, bufsize=1,
-                            start_new_session=True, **as_user)
+    as_user: dict[str, Any] = {} if user is None else {"user": user, "group": group, "extra_groups": []}
+    proc = subprocess.Popen(
+        command, env=env, stdout=stdout, stderr=stderr, text=True, bufsize=1, start_new_session=True, **as_user
+    )
     kept: dict[str, list[str]] = {"stdout": [], "stderr": []}
-    readers = [_reader(stream, each_line or kept[name].append)
-               for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)) if stream is not None]
+    readers = [
+        _reader(stream, each_line or kept[name].append)
+        for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr))
+        if stream is not None
+    ]
     timed_out = False
     try:
         with _signals_to_group(proc) as forwarded:
@@ -242,8 +268,9 @@ def start(command: list[str], *, env: dict[str, str] | None = None, processes: i
     """Start `command` in the background (its output on one pipe, stderr folded in), in a process group of its
     own that stop_group() stops; one still running when the lab's interpreter exits is stopped then."""
     check_processes(processes)
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, start_new_session=True)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+    )
     atexit.register(stop_group, proc)
     return proc
 
@@ -331,5 +358,5 @@ def _signals_to_group(proc: subprocess.Popen) -> Iterator[list[int]]:
     try:
         yield received
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import overload
 
 from lab.errors import LabError
 
@@ -60,17 +61,17 @@ class Allocation:
 
     job_id: str
     cluster: str
-    nodes: list[str]          # the job's nodes, in Slurm's order (SLURM_JOB_NODELIST)
-    node_id: int              # this node's place in `nodes` (SLURM_NODEID)
-    node_name: str            # SLURMD_NODENAME
-    in_step: bool             # started by srun (SLURM_STEP_ID), not the batch script itself
-    step_tasks: int           # tasks of the step (SLURM_STEP_NUM_TASKS; the job's outside a step)
+    nodes: list[str]  # the job's nodes, in Slurm's order (SLURM_JOB_NODELIST)
+    node_id: int  # this node's place in `nodes` (SLURM_NODEID)
+    node_name: str  # SLURMD_NODENAME
+    in_step: bool  # started by srun (SLURM_STEP_ID), not the batch script itself
+    step_tasks: int  # tasks of the step (SLURM_STEP_NUM_TASKS; the job's outside a step)
     step_tasks_per_node: list[int]
-    task_id: int              # SLURM_PROCID
-    local_id: int             # SLURM_LOCALID: this task's index among the step's tasks on this node
+    task_id: int  # SLURM_PROCID
+    local_id: int  # SLURM_LOCALID: this task's index among the step's tasks on this node
     gpus_on_node: int | None  # SLURM_GPUS_ON_NODE: GPUs the job was given on this node (None: no GRES asked)
-    job_gpus: str | None      # SLURM_JOB_GPUS / SLURM_STEP_GPUS: their indices on the node
-    restart_count: int        # SLURM_RESTART_COUNT: times the job was requeued
+    job_gpus: str | None  # SLURM_JOB_GPUS / SLURM_STEP_GPUS: their indices on the node
+    restart_count: int  # SLURM_RESTART_COUNT: times the job was requeued
 
     @property
     def tasks_on_this_node(self) -> int:
@@ -79,10 +80,15 @@ class Allocation:
 
     def describe(self) -> str:
         gpus = "no GPUs requested" if self.gpus_on_node is None else f"{self.gpus_on_node} GPU(s) on this node"
-        step = (f"step task {self.task_id} of {self.step_tasks}, {self.tasks_on_this_node} on this node"
-                if self.in_step else "the batch script (no srun step)")
-        return (f"job {self.job_id} on {self.cluster}: {len(self.nodes)} node(s) {','.join(self.nodes)}; "
-                f"this is {self.node_name} (node {self.node_id}), {step}; {gpus}")
+        step = (
+            f"step task {self.task_id} of {self.step_tasks}, {self.tasks_on_this_node} on this node"
+            if self.in_step
+            else "the batch script (no srun step)"
+        )
+        return (
+            f"job {self.job_id} on {self.cluster}: {len(self.nodes)} node(s) {','.join(self.nodes)}; "
+            f"this is {self.node_name} (node {self.node_id}), {step}; {gpus}"
+        )
 
 
 def record(env: Mapping[str, str] | None = None) -> dict | None:
@@ -93,6 +99,10 @@ def record(env: Mapping[str, str] | None = None) -> dict | None:
     return {"job_id": job.job_id, "cluster": job.cluster, "nodes": job.nodes, "restart_count": job.restart_count}
 
 
+@overload
+def _int(env: Mapping[str, str], *names: str, default: int) -> int: ...
+@overload
+def _int(env: Mapping[str, str], *names: str, default: None = None) -> int | None: ...
 def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
     for name in names:
         value = env.get(name, "")
@@ -112,12 +122,21 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
     step_tasks = _int(env, "SLURM_STEP_NUM_TASKS" if in_step else "SLURM_NTASKS", "SLURM_NTASKS", default=1)
     per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE" if in_step else "SLURM_TASKS_PER_NODE", ""))
     gpus = env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS")
-    return Allocation(job_id=job_id, cluster=env.get("SLURM_CLUSTER_NAME", "slurm"), nodes=nodes,
-                      node_id=_int(env, "SLURM_NODEID", default=0), node_name=env.get("SLURMD_NODENAME", "?"),
-                      in_step=in_step, step_tasks=step_tasks, step_tasks_per_node=per_node or [step_tasks],
-                      task_id=_int(env, "SLURM_PROCID", default=0), local_id=_int(env, "SLURM_LOCALID", default=0),
-                      gpus_on_node=_int(env, "SLURM_GPUS_ON_NODE"), job_gpus=gpus,
-                      restart_count=_int(env, "SLURM_RESTART_COUNT", default=0))
+    return Allocation(
+        job_id=job_id,
+        cluster=env.get("SLURM_CLUSTER_NAME", "slurm"),
+        nodes=nodes,
+        node_id=_int(env, "SLURM_NODEID", default=0),
+        node_name=env.get("SLURMD_NODENAME", "?"),
+        in_step=in_step,
+        step_tasks=step_tasks,
+        step_tasks_per_node=per_node or [step_tasks],
+        task_id=_int(env, "SLURM_PROCID", default=0),
+        local_id=_int(env, "SLURM_LOCALID", default=0),
+        gpus_on_node=_int(env, "SLURM_GPUS_ON_NODE"),
+        job_gpus=gpus,
+        restart_count=_int(env, "SLURM_RESTART_COUNT", default=0),
+    )
 
 
 def foreign_launch(env: Mapping[str, str] | None = None) -> str | None:
@@ -126,7 +145,9 @@ def foreign_launch(env: Mapping[str, str] | None = None) -> str | None:
 
     >>> print(foreign_launch({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2",
     ...                       "SLURM_PROCID": "1"}))
-    this process is task 1 of 2 of a Slurm step (srun -n 2) without torchrun: each task would train alone, as world size 1; run one task per node that starts torchrun there: `srun --ntasks-per-node=1 lab launch --slurm --nproc-per-node GPUS_PER_NODE -- -m lab train ...` (slurm/lab.sbatch does; docs/slurm.md)
+    this process is task 1 of 2 of a Slurm step (srun -n 2) without torchrun: each task would train alone, as world
+    size 1; run one task per node that starts torchrun there: `srun --ntasks-per-node=1 lab launch --slurm
+    --nproc-per-node GPUS_PER_NODE -- -m lab train ...` (slurm/lab.sbatch does; docs/slurm.md)
     >>> foreign_launch({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2",
     ...                 "LOCAL_RANK": "0", "WORLD_SIZE": "4"}) is None
     True
@@ -138,20 +159,28 @@ def foreign_launch(env: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if env is None else env
     if "LOCAL_RANK" in env and "WORLD_SIZE" in env:  # torchrun's worker, wherever torchrun itself came from
         return None
-    launch = ("`srun --ntasks-per-node=1 lab launch --slurm --nproc-per-node GPUS_PER_NODE -- -m lab train ...` "
-              "(slurm/lab.sbatch does; docs/slurm.md)")
+    launch = (
+        "`srun --ntasks-per-node=1 lab launch --slurm --nproc-per-node GPUS_PER_NODE -- -m lab train ...` "
+        "(slurm/lab.sbatch does; docs/slurm.md)"
+    )
     job = allocation(env)
     if job is not None and job.in_step and job.step_tasks > 1:
-        return (f"this process is task {job.task_id} of {job.step_tasks} of a Slurm step (srun -n {job.step_tasks}) "
-                f"without torchrun: each task would train alone, as world size 1; run one task per node that starts "
-                f"torchrun there: {launch}")
-    for size, rank, what in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "an MPI job (mpirun"),
-                             ("PMI_SIZE", "PMI_RANK", "an MPI or PMI job (mpirun/mpiexec")):
+        return (
+            f"this process is task {job.task_id} of {job.step_tasks} of a Slurm step (srun -n {job.step_tasks}) "
+            f"without torchrun: each task would train alone, as world size 1; run one task per node that starts "
+            f"torchrun there: {launch}"
+        )
+    for size, rank, what in (
+        ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "an MPI job (mpirun"),
+        ("PMI_SIZE", "PMI_RANK", "an MPI or PMI job (mpirun/mpiexec"),
+    ):
         if _int(env, size, default=1) > 1:
-            return (f"this process is rank {env.get(rank, '?')} of {env[size]} of {what} -np {env[size]}) without "
-                    f"torchrun: each process would train alone, as world size 1; torchrun replaces mpirun for the "
-                    f"lab: run one `lab launch` per node (`mpirun -np NODES --map-by ppr:1:node lab launch --nnodes "
-                    f"NODES --rdzv-endpoint HEAD:29400 ...`), or under Slurm {launch}")
+            return (
+                f"this process is rank {env.get(rank, '?')} of {env[size]} of {what} -np {env[size]}) without "
+                f"torchrun: each process would train alone, as world size 1; torchrun replaces mpirun for the "
+                f"lab: run one `lab launch` per node (`mpirun -np NODES --map-by ppr:1:node lab launch --nnodes "
+                f"NODES --rdzv-endpoint HEAD:29400 ...`), or under Slurm {launch}"
+            )
     return None
 
 
@@ -162,12 +191,19 @@ def node_addresses(job: Allocation, env: Mapping[str, str] | None = None) -> lis
     given = env.get(ADDRESSES_VARIABLE, "").split()
     if given:
         if len(given) != len(job.nodes):
-            raise LabError(f"{ADDRESSES_VARIABLE}: {len(given)} address(es) for the job's {len(job.nodes)} nodes "
-                           f"({','.join(job.nodes)}); give one per node, in SLURM_JOB_NODELIST's order")
+            raise LabError(
+                f"{ADDRESSES_VARIABLE}: {len(given)} address(es) for the job's {len(job.nodes)} nodes "
+                f"({','.join(job.nodes)}); give one per node, in SLURM_JOB_NODELIST's order"
+            )
         return given
     if shutil.which("scontrol"):
-        found = subprocess.run(["scontrol", "show", "node", "-o", ",".join(job.nodes)], capture_output=True,
-                               text=True, timeout=60, check=False).stdout
+        found = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(job.nodes)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
         addresses = dict(re.findall(r"NodeName=(\S+).*?NodeAddr=(\S+)", found))
         if all(name in addresses for name in job.nodes):
             return [addresses[name] for name in job.nodes]
@@ -192,15 +228,25 @@ def placement(port: int, env: Mapping[str, str] | None = None) -> Placement:
     env = os.environ if env is None else env
     job = allocation(env)
     if job is None:
-        raise LabError("--slurm: no Slurm job here (SLURM_JOB_ID is unset); run it under srun inside sbatch or "
-                       "salloc, or give --nnodes and --rdzv-endpoint yourself")
+        raise LabError(
+            "--slurm: no Slurm job here (SLURM_JOB_ID is unset); run it under srun inside sbatch or "
+            "salloc, or give --nnodes and --rdzv-endpoint yourself"
+        )
     if not job.in_step:
-        raise LabError(f"--slurm: this is job {job.job_id}'s batch script, not a step; start it on every node: "
-                       f"`srun --ntasks-per-node=1 lab launch --slurm ...`")
+        raise LabError(
+            f"--slurm: this is job {job.job_id}'s batch script, not a step; start it on every node: "
+            f"`srun --ntasks-per-node=1 lab launch --slurm ...`"
+        )
     if any(count != 1 for count in job.step_tasks_per_node) or job.step_tasks != len(job.nodes):
-        raise LabError(f"--slurm: step of job {job.job_id} runs {job.step_tasks} task(s) on {len(job.nodes)} "
-                       f"node(s) (SLURM_STEP_TASKS_PER_NODE={env.get('SLURM_STEP_TASKS_PER_NODE', '?')}); run "
-                       f"exactly one per node: srun --ntasks-per-node=1 (torchrun starts the ranks)")
+        raise LabError(
+            f"--slurm: step of job {job.job_id} runs {job.step_tasks} task(s) on {len(job.nodes)} "
+            f"node(s) (SLURM_STEP_TASKS_PER_NODE={env.get('SLURM_STEP_TASKS_PER_NODE', '?')}); run "
+            f"exactly one per node: srun --ntasks-per-node=1 (torchrun starts the ranks)"
+        )
     addresses = node_addresses(job, env)
-    return Placement(nnodes=len(job.nodes), endpoint=f"{addresses[0]}:{port}", local_addr=addresses[job.node_id],
-                     run_id=f"slurm-{job.cluster}-{job.job_id}")
+    return Placement(
+        nnodes=len(job.nodes),
+        endpoint=f"{addresses[0]}:{port}",
+        local_addr=addresses[job.node_id],
+        run_id=f"slurm-{job.cluster}-{job.job_id}",
+    )

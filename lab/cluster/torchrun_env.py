@@ -31,8 +31,13 @@ def layout() -> Layout:
 
         if horovod_env.launched():
             return Layout(*horovod_env.layout())
-    return Layout(_int("RANK", 0), _int("LOCAL_RANK", 0), _int("WORLD_SIZE", 1), _int("LOCAL_WORLD_SIZE", 1),
-                  _int("GROUP_RANK", 0))
+    return Layout(
+        _int("RANK", 0),
+        _int("LOCAL_RANK", 0),
+        _int("WORLD_SIZE", 1),
+        _int("LOCAL_WORLD_SIZE", 1),
+        _int("GROUP_RANK", 0),
+    )
 
 
 def launched_by_torchrun() -> bool:
@@ -59,5 +64,8 @@ def rendezvous_id() -> str | None:
 
 def store_endpoint() -> tuple[str, int, bool]:
     """(MASTER_ADDR, MASTER_PORT, whether torchrun's agent serves the store there) for a worker."""
-    return (os.environ.get("MASTER_ADDR", "127.0.0.1"), _int("MASTER_PORT", 29500),
-            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+    return (
+        os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        _int("MASTER_PORT", 29500),
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+    )

@@ -38,7 +38,16 @@ PROCESSES = at_least(1, "{} is not a process count")
 
 def config_args(p: argparse.ArgumentParser) -> None:
     """--config NAME|PATH and repeated --set SECTION.KEY=VALUE, as every command that takes a config has them."""
-    p.add_argument("--config", metavar="PATH", help="YAML config file, or a shipped name (smoke, baseline, ddp, "
-                                                      "workshop-cpu, workshop-gpu)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config key (repeatable), e.g. --set train.lr=0.1")
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help="YAML config file, or a shipped name (smoke, baseline, ddp, workshop-cpu, workshop-gpu)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key (repeatable), e.g. --set train.lr=0.1",
+    )

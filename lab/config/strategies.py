@@ -35,12 +35,12 @@ class BenchRow:
 
 @dataclass(frozen=True)
 class StrategyRow:
-    name: str                                   # the dist.strategy value
-    implementation: str                         # "package.module.Class", imported only when built
-    help: str                                   # one line, for --help-config
+    name: str  # the dist.strategy value
+    implementation: str  # "package.module.Class", imported only when built
+    help: str  # one line, for --help-config
     refuses: Callable[[Config], list[tuple[bool, str]]] | None = None  # (refused?, why and what to set) pairs
-    zero_stages: tuple[int, ...] = ()           # the dist.zero_stage values it honours (none: the key is refused)
-    bench: tuple[BenchRow, ...] = ()            # its rows in `lab bench strategies`
+    zero_stages: tuple[int, ...] = ()  # the dist.zero_stage values it honours (none: the key is refused)
+    bench: tuple[BenchRow, ...] = ()  # its rows in `lab bench strategies`
     # The `lab choose` answers it trains, each with the --set lines beyond dist.strategy that select it.
     chooses: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -56,23 +56,42 @@ class StrategyRow:
 DEFAULT = "ddp"  # dist.strategy's default: a `lab train` line for it needs no --set
 
 # In the order `lab bench strategies` runs them and `lab choose` prefers them.
-STRATEGIES: dict[str, StrategyRow] = {s.name: s for s in (
-    StrategyRow("ddp", "lab.training.strategies.ddp.DDPStrategy",
-                "the whole model on every rank, gradients all-reduced in buckets; at world size 1 no wrapper",
-                bench=(BenchRow("DDP", 2, "DDP"),), chooses={"ddp": ()}),
-    StrategyRow("fsdp", "lab.training.strategies.fsdp.FSDPStrategy", "FSDP2 fully_shard per ResNet stage",
-                refuses=rules.fsdp_refuses, bench=(BenchRow("FSDP", 2, "FSDP full shard"),),
-                chooses={"fsdp-full": (), "fsdp-hybrid": ()}),
-    StrategyRow("deepspeed", "lab.training.strategies.deepspeed.DeepSpeedStrategy",
-                "a DeepSpeed engine with ZeRO stage dist.zero_stage; the [deepspeed] extra",
-                refuses=rules.deepspeed_refuses, zero_stages=(1, 2, 3),
-                bench=(BenchRow("ZeRO-1", 1, "ZeRO-1"), BenchRow("ZeRO-2", 2, "ZeRO-2"),
-                       BenchRow("ZeRO-3", 3, "ZeRO-3")),
-                chooses={"zero-1": ("dist.zero_stage=1",), "zero-2": ("dist.zero_stage=2",)}),
-    StrategyRow("horovod", "lab.training.strategies.horovod.HorovodStrategy",
-                "Horovod's DistributedOptimizer, launched by horovodrun; built by third_party/horovod/build.sh",
-                refuses=rules.horovod_refuses, bench=(BenchRow("Horovod", 2, "DDP"),)),
-)}
+STRATEGIES: dict[str, StrategyRow] = {
+    s.name: s
+    for s in (
+        StrategyRow(
+            "ddp",
+            "lab.training.strategies.ddp.DDPStrategy",
+            "the whole model on every rank, gradients all-reduced in buckets; at world size 1 no wrapper",
+            bench=(BenchRow("DDP", 2, "DDP"),),
+            chooses={"ddp": ()},
+        ),
+        StrategyRow(
+            "fsdp",
+            "lab.training.strategies.fsdp.FSDPStrategy",
+            "FSDP2 fully_shard per ResNet stage",
+            refuses=rules.fsdp_refuses,
+            bench=(BenchRow("FSDP", 2, "FSDP full shard"),),
+            chooses={"fsdp-full": (), "fsdp-hybrid": ()},
+        ),
+        StrategyRow(
+            "deepspeed",
+            "lab.training.strategies.deepspeed.DeepSpeedStrategy",
+            "a DeepSpeed engine with ZeRO stage dist.zero_stage; the [deepspeed] extra",
+            refuses=rules.deepspeed_refuses,
+            zero_stages=(1, 2, 3),
+            bench=(BenchRow("ZeRO-1", 1, "ZeRO-1"), BenchRow("ZeRO-2", 2, "ZeRO-2"), BenchRow("ZeRO-3", 3, "ZeRO-3")),
+            chooses={"zero-1": ("dist.zero_stage=1",), "zero-2": ("dist.zero_stage=2",)},
+        ),
+        StrategyRow(
+            "horovod",
+            "lab.training.strategies.horovod.HorovodStrategy",
+            "Horovod's DistributedOptimizer, launched by horovodrun; built by third_party/horovod/build.sh",
+            refuses=rules.horovod_refuses,
+            bench=(BenchRow("Horovod", 2, "DDP"),),
+        ),
+    )
+}
 
 
 def names() -> dict[str, str]:

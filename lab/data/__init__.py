@@ -1,7 +1,7 @@
 """Data for the lab: real CIFAR-10 or synthetic CIFAR-shaped images, resident on the device.
 
-    dataset = load(cfg.data)                 # cifar10 when found, else synthetic
-    print(dataset.description)               # which one, always said
+dataset = load(cfg.data)                 # cifar10 when found, else synthetic
+print(dataset.description)               # which one, always said
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ class Dataset:
 def check_source(cfg: DataConfig) -> None:
     """Refuse data.source=cifar10 without its files; cheap, so launchers call it before starting processes."""
     if cfg.source == "cifar10" and not cifar.present(cfg.root):
-        raise DataError(f"data.root: no CIFAR-10 under {cifar.folder(cfg.root)}; run "
-                        f"`lab data prepare --root {cfg.root}` or set data.source=synthetic")
+        raise DataError(
+            f"data.root: no CIFAR-10 under {cifar.folder(cfg.root)}; run "
+            f"`lab data prepare --root {cfg.root}` or set data.source=synthetic"
+        )
 
 
 def _reads_files(cfg: DataConfig) -> bool:
@@ -57,9 +59,13 @@ def load(cfg: DataConfig) -> Dataset:
         return from_files(cfg.root)
     train = synthetic.generate(cfg.synthetic_train_size, cfg.synthetic_seed, "train")
     test = synthetic.generate(cfg.synthetic_test_size, cfg.synthetic_seed, "test")
-    return Dataset(*train, *test, source="synthetic",
-                   description=f"synthetic CIFAR-shaped data (seed {cfg.synthetic_seed}, "
-                               f"{len(train[1])} train / {len(test[1])} test images, generated)")
+    return Dataset(
+        *train,
+        *test,
+        source="synthetic",
+        description=f"synthetic CIFAR-shaped data (seed {cfg.synthetic_seed}, "
+        f"{len(train[1])} train / {len(test[1])} test images, generated)",
+    )
 
 
 def from_files(root: str | Path) -> Dataset:
@@ -67,8 +73,14 @@ def from_files(root: str | Path) -> Dataset:
     where = cifar.folder(root)
     counts = f"{len(train_labels)} train / {len(test_labels)} test images"
     if SYNTHETIC_MARK in meta:
-        return Dataset(train_images, train_labels, test_images, test_labels, "synthetic",
-                       f"synthetic CIFAR-shaped data (seed {meta[SYNTHETIC_MARK]}, {counts}, files in {where})")
+        return Dataset(
+            train_images,
+            train_labels,
+            test_images,
+            test_labels,
+            "synthetic",
+            f"synthetic CIFAR-shaped data (seed {meta[SYNTHETIC_MARK]}, {counts}, files in {where})",
+        )
     return Dataset(train_images, train_labels, test_images, test_labels, "cifar10", f"CIFAR-10 ({counts}, {where})")
 
 
@@ -78,5 +90,9 @@ def write_synthetic(root: str | Path, train_size: int, test_size: int, seed: int
         existing = from_files(root)
         if existing.source == "cifar10":
             raise DataError(f"{cifar.folder(root)}: holds real CIFAR-10; refusing to overwrite it with synthetic data")
-    return cifar.write(root, synthetic.generate(train_size, seed, "train"), synthetic.generate(test_size, seed, "test"),
-                       {SYNTHETIC_MARK: seed})
+    return cifar.write(
+        root,
+        synthetic.generate(train_size, seed, "train"),
+        synthetic.generate(test_size, seed, "test"),
+        {SYNTHETIC_MARK: seed},
+    )

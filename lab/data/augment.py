@@ -49,8 +49,14 @@ def _index_table(device: torch.device) -> torch.Tensor:
     side, ar = SIZE + 2 * PAD, torch.arange(SIZE, device=device)
     rows = [(dy + ar) * side for dy in range(2 * PAD + 1)]
     cols = [[dx + ar, dx + SIZE - 1 - ar] for dx in range(2 * PAD + 1)]
-    return torch.stack([(rows[dy][:, None] + cols[dx][flip][None, :]).flatten()
-                        for dy in range(2 * PAD + 1) for dx in range(2 * PAD + 1) for flip in (0, 1)])
+    return torch.stack(
+        [
+            (rows[dy][:, None] + cols[dx][flip][None, :]).flatten()
+            for dy in range(2 * PAD + 1)
+            for dx in range(2 * PAD + 1)
+            for flip in (0, 1)
+        ]
+    )
 
 
 def crop_flip_padded(padded: torch.Tensor, choice_ids: torch.Tensor) -> torch.Tensor:

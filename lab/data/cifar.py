@@ -7,6 +7,7 @@ numpy arrays and plain containers, so a planted file cannot run code.
 from __future__ import annotations
 
 import codecs
+import importlib
 import pickle
 from pathlib import Path
 
@@ -26,10 +27,12 @@ NUM_CLASSES = len(CLASSES)
 IMAGE_SHAPE = (3, 32, 32)
 TRAIN_SIZE = 50_000  # images in the five training batches
 
+# Through importlib: two `from ... import _reconstruct` lines, one per numpy, are a redefinition to mypy.
 try:  # numpy >= 2
-    from numpy._core.multiarray import _reconstruct
+    _multiarray = importlib.import_module("numpy._core.multiarray")
 except ImportError:  # pragma: no cover - numpy 1.x
-    from numpy.core.multiarray import _reconstruct
+    _multiarray = importlib.import_module("numpy.core.multiarray")
+_reconstruct = _multiarray._reconstruct
 
 # The only globals a CIFAR-10 pickle needs (py2-era numpy wrote numpy.core; numpy 2 writes numpy._core).
 _ALLOWED = {
@@ -63,11 +66,14 @@ def _unpickle(path: Path) -> dict:
         with open(path, "rb") as f:
             obj = _ArraysOnly(f, encoding="latin1").load()
     except FileNotFoundError:
-        raise DataError(f"{path}: missing; run `lab data prepare --root {path.parent.parent}` "
-                        f"or use data.source=synthetic") from None
+        raise DataError(
+            f"{path}: missing; run `lab data prepare --root {path.parent.parent}` or use data.source=synthetic"
+        ) from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as exc:
-        raise DataError(f"{path}: truncated or not a CIFAR-10 batch file ({type(exc).__name__}: {exc}); "
-                        f"delete it and run `lab data prepare`") from None
+        raise DataError(
+            f"{path}: truncated or not a CIFAR-10 batch file ({type(exc).__name__}: {exc}); "
+            f"delete it and run `lab data prepare`"
+        ) from None
     if not isinstance(obj, dict):
         raise DataError(f"{path}: expected a pickled dict, got {type(obj).__name__}")
     return obj
@@ -102,8 +108,9 @@ def read(root: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, to
     return train_images, train_labels, test_images, test_labels, meta
 
 
-def write(root: str | Path, train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
-          meta: dict) -> Path:
+def write(
+    root: str | Path, train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor], meta: dict
+) -> Path:
     """Write images in the CIFAR-10 layout (five train batches, one test batch, meta)."""
     base = folder(root)
     base.mkdir(parents=True, exist_ok=True)
@@ -116,8 +123,9 @@ def write(root: str | Path, train: tuple[torch.Tensor, torch.Tensor], test: tupl
 
 
 def _write_batch(path: Path, images: torch.Tensor, labels: torch.Tensor, name: str) -> None:
-    _atomic_pickle(path, {"batch_label": name, "labels": labels.tolist(),
-                          "data": images.reshape(len(images), -1).numpy()})
+    _atomic_pickle(
+        path, {"batch_label": name, "labels": labels.tolist(), "data": images.reshape(len(images), -1).numpy()}
+    )
 
 
 def _atomic_pickle(path: Path, obj: dict) -> None:
@@ -138,7 +146,9 @@ def download(root: str | Path) -> Path:
         CIFAR10(str(root), train=False, download=True)
     except (OSError, RuntimeError) as exc:  # URLError is an OSError
         reason = str(getattr(exc, "reason", exc)).splitlines()[0]
-        raise DataError(f"{root}: could not download CIFAR-10 ({reason}); copy {ARCHIVE} into {root} "
-                        f"and run again, or train on data.source=synthetic") from None
+        raise DataError(
+            f"{root}: could not download CIFAR-10 ({reason}); copy {ARCHIVE} into {root} "
+            f"and run again, or train on data.source=synthetic"
+        ) from None
     read(root)  # the files must also pass the lab's own checks
     return folder(root)

@@ -37,9 +37,22 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class DeviceLoader:
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, *, world_size: int, rank: int,
-                 batch_size: int, seed: int, shuffle: bool, uneven: str, augment: bool,
-                 dtype: torch.dtype, channels_last: bool = False, keep_partial: bool = False) -> None:
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        *,
+        world_size: int,
+        rank: int,
+        batch_size: int,
+        seed: int,
+        shuffle: bool,
+        uneven: str,
+        augment: bool,
+        dtype: torch.dtype,
+        channels_last: bool = False,
+        keep_partial: bool = False,
+    ) -> None:
         # Augmenting: keep the data set zero-padded once (1.56x the bytes) instead of padding every batch.
         self.images = aug.pad(images) if augment else images
         self.labels = labels
@@ -53,8 +66,14 @@ class DeviceLoader:
 
     def batches_per_epoch(self, rank: int | None = None) -> int:
         """Batches `rank` (default: this one) gets per epoch; a pure function, so every rank knows every rank's."""
-        return batch_count(len(self.labels), self.world_size, self.rank if rank is None else rank, self.uneven,
-                           self.batch_size, self.keep_partial)
+        return batch_count(
+            len(self.labels),
+            self.world_size,
+            self.rank if rank is None else rank,
+            self.uneven,
+            self.batch_size,
+            self.keep_partial,
+        )
 
     def indices(self, epoch: int) -> torch.Tensor:
         """This rank's sample indices for `epoch`, in order."""
@@ -71,7 +90,7 @@ class DeviceLoader:
         if self.augment:
             choice_ids = to_device(aug.choices(*aug.plan(len(self.labels), self.seed, epoch)), self.device)
         for i in range(start, self.batches_per_epoch()):
-            sel = idx[i * self.batch_size:(i + 1) * self.batch_size]
+            sel = idx[i * self.batch_size : (i + 1) * self.batch_size]
             # index_select, not tensor[sel]: the same gather, many times faster for whole images on a CPU
             images = torch.index_select(self.images, 0, sel)
             if self.augment:

@@ -41,13 +41,14 @@ def generate(count: int, seed: int, split: str) -> tuple[torch.Tensor, torch.Ten
     labels = (torch.arange(count) % NUM_CLASSES)[torch.randperm(count, generator=g)]
     images = torch.empty(count, *IMAGE_SHAPE, dtype=torch.uint8)
     for start in range(0, count, _CHUNK):
-        y = labels[start:start + _CHUNK]
+        y = labels[start : start + _CHUNK]
         n = len(y)
         contrast = 0.3 + torch.rand(n, 1, 1, 1, generator=g)
         brightness = (torch.rand(n, 3, 1, 1, generator=g) * 2 - 1) * 0.4
-        distractor = F.interpolate(torch.rand(n, 3, 8, 8, generator=g) * 2 - 1, size=IMAGE_SHAPE[1:],
-                                   mode="bilinear", align_corners=False)
+        distractor = F.interpolate(
+            torch.rand(n, 3, 8, 8, generator=g) * 2 - 1, size=IMAGE_SHAPE[1:], mode="bilinear", align_corners=False
+        )
         noise = torch.randn(n, *IMAGE_SHAPE, generator=g) * 0.2
         x = contrast * patterns[y] + brightness + 1.2 * distractor + noise
-        images[start:start + n] = (128 + 64 * x).round().clamp(0, 255).to(torch.uint8)
+        images[start : start + n] = (128 + 64 * x).round().clamp(0, 255).to(torch.uint8)
     return images, labels

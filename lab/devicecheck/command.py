@@ -64,9 +64,30 @@ from pathlib import Path
 from typing import Any
 
 from lab.devicecheck.steps import (  # the steps, named here by the table below (and the tests)
-    Check, DeadlineCut, HOW_TO_GET, MIN_START_SECONDS, Outcome, STEP_LIMIT, STOP_SECONDS, StepFailed,
-    Terminated, all_reduce, bf16_training, data_path, deterministic_and_resume, doctor, fsdp, host_device, host_syncs,
-    levers, lightning_peer, memory, metrics_overhead, one_rank_ddp, strategies, training,
+    HOW_TO_GET,
+    MIN_START_SECONDS,
+    STEP_LIMIT,
+    STOP_SECONDS,
+    Check,
+    DeadlineCut,
+    Outcome,
+    StepFailed,
+    Terminated,
+    all_reduce,
+    bf16_training,
+    data_path,
+    deterministic_and_resume,
+    doctor,
+    fsdp,
+    host_device,
+    host_syncs,
+    levers,
+    lightning_peer,
+    memory,
+    metrics_overhead,
+    one_rank_ddp,
+    strategies,
+    training,
 )
 from lab.errors import LabError
 
@@ -76,15 +97,15 @@ class Step:
     """One row of the check: the line(s) it reports, its expected seconds, what it needs, the function."""
 
     name: str
-    seconds: int                    # expected on one H200 (process starts included)
-    quick_seconds: int              # expected with --quick: toy sizes on a 2-core CPU (on the GPU for GPU steps)
+    seconds: int  # expected on one H200 (process starts included)
+    quick_seconds: int  # expected with --quick: toy sizes on a 2-core CPU (on the GPU for GPU steps)
     run: Callable[[Check], Outcome | list[Outcome]]
-    gpus: int = 0                   # GPUs it needs (1: CUDA only; 2: more than one)
-    no_gpu: str = ""                # why it cannot run on a CPU, when gpus > 0
-    needs: tuple[str, ...] = ()     # modules without which it is skipped, saying so
+    gpus: int = 0  # GPUs it needs (1: CUDA only; 2: more than one)
+    no_gpu: str = ""  # why it cannot run on a CPU, when gpus > 0
+    needs: tuple[str, ...] = ()  # modules without which it is skipped, saying so
     optional: tuple[tuple[str, str], ...] = ()  # (module, what is left out without it): it runs, smaller
-    limit: int = STEP_LIMIT         # seconds each of its children may take at most
-    lines: tuple[str, ...] = ()     # the table's lines, when more than its name
+    limit: int = STEP_LIMIT  # seconds each of its children may take at most
+    lines: tuple[str, ...] = ()  # the table's lines, when more than its name
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -96,25 +117,67 @@ STEPS: tuple[Step, ...] = (
     Step("FSDP", 15, 15, fsdp, limit=120),
     Step("bf16 training", 12, 12, bf16_training, limit=120),
     Step("DDP, 1 rank", 15, 15, lambda c: one_rank_ddp(c, compiled=False), limit=120),
-    Step("host syncs", 25, 20, host_syncs, gpus=1, limit=150,
-         no_gpu="no CUDA device (the CPU tests count syncs and host copies instead)"),
-    Step("host<->device", 5, 5, host_device, gpus=1, limit=60,
-         no_gpu="no CUDA device: the CPU tests run the same copies host memory to host memory"),
+    Step(
+        "host syncs",
+        25,
+        20,
+        host_syncs,
+        gpus=1,
+        limit=150,
+        no_gpu="no CUDA device (the CPU tests count syncs and host copies instead)",
+    ),
+    Step(
+        "host<->device",
+        5,
+        5,
+        host_device,
+        gpus=1,
+        limit=60,
+        no_gpu="no CUDA device: the CPU tests run the same copies host memory to host memory",
+    ),
     Step("training", 20, 15, lambda c: training(c, c.epochs), limit=180),
     Step("data path", 25, 15, data_path, limit=180),
     Step("deterministic", 30, 35, deterministic_and_resume, limit=120, lines=("deterministic", "resume")),
-    Step("memory", 8, 5, memory, gpus=1, limit=90,
-         no_gpu="no CUDA device: the CPU has no allocator counter to measure with"),
-    Step("strategies", 50, 40, strategies, gpus=1, limit=240, optional=(("deepspeed", "the ZeRO-1/2/3 rows"),),
-         no_gpu="no CUDA device: the CPU tests train every strategy on gloo"),
-    Step("levers", 30, 25, levers, gpus=1, limit=180,
-         no_gpu="no CUDA device: the CPU tests run the levers on gloo (no fp16, no NCCL)"),
-    Step("all-reduce", 40, 20, all_reduce, gpus=2, limit=240,
-         no_gpu="no GPU: the CPU tests time all-reduce over gloo"),
+    Step(
+        "memory",
+        8,
+        5,
+        memory,
+        gpus=1,
+        limit=90,
+        no_gpu="no CUDA device: the CPU has no allocator counter to measure with",
+    ),
+    Step(
+        "strategies",
+        50,
+        40,
+        strategies,
+        gpus=1,
+        limit=240,
+        optional=(("deepspeed", "the ZeRO-1/2/3 rows"),),
+        no_gpu="no CUDA device: the CPU tests train every strategy on gloo",
+    ),
+    Step(
+        "levers",
+        30,
+        25,
+        levers,
+        gpus=1,
+        limit=180,
+        no_gpu="no CUDA device: the CPU tests run the levers on gloo (no fp16, no NCCL)",
+    ),
+    Step("all-reduce", 40, 20, all_reduce, gpus=2, limit=240, no_gpu="no GPU: the CPU tests time all-reduce over gloo"),
     Step("metrics", 20, 12, metrics_overhead, needs=("prometheus_client",), limit=150),
     Step("Lightning peer", 30, 20, lightning_peer, needs=("lightning", "lab.bench.train.lightning_peer"), limit=180),
-    Step("DDP + compile", 60, 45, lambda c: one_rank_ddp(c, compiled=True), gpus=1, limit=240,
-         no_gpu="torch.compile on a CPU takes minutes at any size; the GPU check runs it"),
+    Step(
+        "DDP + compile",
+        60,
+        45,
+        lambda c: one_rank_ddp(c, compiled=True),
+        gpus=1,
+        limit=240,
+        no_gpu="torch.compile on a CPU takes minutes at any size; the GPU check runs it",
+    ),
 )
 
 STEP_NAMES = tuple(line for step in STEPS for line in step.names)
@@ -148,10 +211,23 @@ def plan(c: Check, steps: tuple[Step, ...]) -> list[dict[str, Any]]:
     rows = []
     for step in steps:
         skip = skip_reason(step, c)
-        without = [f"{m}: {what} left out ({HOW_TO_GET.get(m, f'pip install {m}')})"
-                   for m, what in step.optional if missing(m)] if not skip else []
-        rows.append({"step": step.name, "expected_seconds": 0 if skip else
-                     (step.quick_seconds if c.quick else step.seconds), "skip": skip, "without": without})
+        without = (
+            [
+                f"{m}: {what} left out ({HOW_TO_GET.get(m, f'pip install {m}')})"
+                for m, what in step.optional
+                if missing(m)
+            ]
+            if not skip
+            else []
+        )
+        rows.append(
+            {
+                "step": step.name,
+                "expected_seconds": 0 if skip else (step.quick_seconds if c.quick else step.seconds),
+                "skip": skip,
+                "without": without,
+            }
+        )
     return rows
 
 
@@ -159,8 +235,10 @@ def render_plan(rows: list[dict[str, Any]], deadline: float, quick: bool) -> str
     total = sum(r["expected_seconds"] for r in rows)
     where = "at toy sizes on a 2-core CPU" if quick else "on one H200"
     width = max(len(r["step"]) for r in rows)
-    lines = [f"gpu-check plan: {sum(not r['skip'] for r in rows)} step(s), about {total} s expected ({where}) "
-             f"of the {deadline:.0f} s deadline"]
+    lines = [
+        f"gpu-check plan: {sum(not r['skip'] for r in rows)} step(s), about {total} s expected ({where}) "
+        f"of the {deadline:.0f} s deadline"
+    ]
     for r in rows:
         what = f"skipped: {r['skip']}" if r["skip"] else f"{r['expected_seconds']:>4} s"
         lines.append(f"  {r['step'].ljust(width)}  {what}" + "".join(f"; without {w}" for w in r["without"]))
@@ -180,10 +258,16 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "runs", ignore_errors=True)  # a rerun must not resume the last check's runs
-    result: dict[str, Any] = {"benchmark": "gpu-check", "gpu": gpu, "versions": provenance.versions(),
-                              "device": torch.cuda.get_device_name(0) if gpu else "cpu",
-                              "gpus": torch.cuda.device_count() if gpu else 0, "quick": args.quick,
-                              "deadline_seconds": args.deadline, "pythonpath": os.environ.get("PYTHONPATH", "")}
+    result: dict[str, Any] = {
+        "benchmark": "gpu-check",
+        "gpu": gpu,
+        "versions": provenance.versions(),
+        "device": torch.cuda.get_device_name(0) if gpu else "cpu",
+        "gpus": torch.cuda.device_count() if gpu else 0,
+        "quick": args.quick,
+        "deadline_seconds": args.deadline,
+        "pythonpath": os.environ.get("PYTHONPATH", ""),
+    }
     unusable = None if gpu else _gpu_torch_cannot_use()
     if unusable:
         result["steps"] = [asdict(Outcome("torch sees the GPU", "failed", unusable))]
@@ -192,16 +276,21 @@ def run(args) -> int:
         return 1
     if not gpu and not args.allow_cpu:
         if not args.skip_without_gpu:
-            raise LabError("gpu-check: no CUDA device is visible; run it on a GPU host (or --skip-without-gpu to "
-                           "report and skip, --quick --allow-cpu to test the command)")
+            raise LabError(
+                "gpu-check: no CUDA device is visible; run it on a GPU host (or --skip-without-gpu to "
+                "report and skip, --quick --allow-cpu to test the command)"
+            )
         result["steps"] = [asdict(Outcome(name, "skipped", "no GPU found")) for name in STEP_NAMES]
         _write(args, out, result)
-        print(f"gpu-check: no GPU found (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
-              f"skipped every step: {'; '.join(STEP_NAMES)}. Run it on a host with an NVIDIA GPU.")
+        print(
+            f"gpu-check: no GPU found (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+            f"skipped every step: {'; '.join(STEP_NAMES)}. Run it on a host with an NVIDIA GPU."
+        )
         print("\n" + render(result), flush=True)
         return 0
-    check = Check(out=out, quick=args.quick, gpu=gpu, gpus=result["gpus"], deadline_at=started + args.deadline,
-                  epochs=args.epochs)
+    check = Check(
+        out=out, quick=args.quick, gpu=gpu, gpus=result["gpus"], deadline_at=started + args.deadline, epochs=args.epochs
+    )
     try:
         outcomes = run_steps(check, STEPS, result, args)
     except Terminated:
@@ -248,7 +337,7 @@ def _one(step: Step, row: dict[str, Any], c: Check, deadline: float) -> list[Out
         done, cut = Outcome(step.name, "failed", str(exc)), True
     except StepFailed as exc:
         done = Outcome(step.name, "failed", str(exc))
-    except Exception as exc:  # noqa: BLE001 - one broken step must not hide the others' results
+    except Exception as exc:
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         done = Outcome(step.name, "failed", f"{type(exc).__name__}: {first}")
     done = done if isinstance(done, list) else [done]
@@ -280,10 +369,12 @@ def _gpu_torch_cannot_use() -> str | None:
     if not nvml.host_has_gpus():
         return None
     count = nvml.device_count()
-    return (f"the host has {count or 'some'} NVIDIA GPU(s) (driver {nvml.driver_version() or 'unknown'}), but torch "
-            f"{torch.__version__} ({sys.executable}; CUDA build: {torch.version.cuda or 'none, a CPU build'}) cannot "
-            f"use them: use a CUDA build of torch that this driver supports (PYTHON=... make gpu-check), or start the "
-            f"container with --gpus all")
+    return (
+        f"the host has {count or 'some'} NVIDIA GPU(s) (driver {nvml.driver_version() or 'unknown'}), but torch "
+        f"{torch.__version__} ({sys.executable}; CUDA build: {torch.version.cuda or 'none, a CPU build'}) cannot "
+        f"use them: use a CUDA build of torch that this driver supports (PYTHON=... make gpu-check), or start the "
+        f"container with --gpus all"
+    )
 
 
 def _write(args, out: Path, result: dict[str, Any]) -> None:
@@ -296,17 +387,25 @@ def _write(args, out: Path, result: dict[str, Any]) -> None:
 
 def render(r: dict[str, Any]) -> str:
     v = r["versions"]
-    head = (f"# lab gpu-check: {r['device']} x {r['gpus']}; driver {v.get('driver')}, CUDA {v.get('cuda')}, "
-            f"NCCL {v.get('nccl')}, torch {v.get('torch')}" if r["gpu"] else
-            f"# lab gpu-check: no GPU (CPU, torch {v.get('torch')})" + (", toy sizes" if r["quick"] else ""))
+    head = (
+        f"# lab gpu-check: {r['device']} x {r['gpus']}; driver {v.get('driver')}, CUDA {v.get('cuda')}, "
+        f"NCCL {v.get('nccl')}, torch {v.get('torch')}"
+        if r["gpu"]
+        else f"# lab gpu-check: no GPU (CPU, torch {v.get('torch')})" + (", toy sizes" if r["quick"] else "")
+    )
     width = max(len(s["step"]) for s in r["steps"])
     lines = [head, *(f"{s['step'].ljust(width)}  {s['status']:<7}  {s['detail']}" for s in r["steps"])]
     failed = sum(s["status"] == "failed" for s in r["steps"])
     ran = sum(s["status"] != "skipped" for s in r["steps"])
     late = sum(s["status"] == "skipped" and s.get("by_deadline", False) for s in r["steps"])
-    lines.append((f"{failed} of {ran} step(s) failed" if failed else
-                  f"{ran} step(s) passed, {len(r['steps']) - ran} skipped" if ran else "nothing checked: no GPU found")
-                 + (f"; {late} not run: the {r['deadline_seconds']} s deadline was spent" if late else ""))
+    lines.append(
+        (
+            f"{failed} of {ran} step(s) failed"
+            if failed
+            else f"{ran} step(s) passed, {len(r['steps']) - ran} skipped"
+            if ran
+            else "nothing checked: no GPU found"
+        )
+        + (f"; {late} not run: the {r['deadline_seconds']} s deadline was spent" if late else "")
+    )
     return "\n".join(lines)
-
-

@@ -31,7 +31,6 @@ def first_host_sync(cfg: Config, steps: int) -> str | None:
     import torch
 
     from lab import data
-
     from lab.cluster import dist
     from lab.training.trainer import Trainer
 
@@ -72,7 +71,8 @@ def sync_path_at_one_rank(model: nn.Module, world_size: int, function: Any = Non
     rerouted = 0
     for module in model.modules():
         if isinstance(module, nn.SyncBatchNorm):
-            module.forward = functools.partial(_synced_forward, module, function, world_size)
+            # this module's forward replaced on purpose (an instance attribute shadowing the class's)
+            module.forward = functools.partial(_synced_forward, module, function, world_size)  # type: ignore[method-assign]
             rerouted += 1
     return rerouted
 
@@ -83,10 +83,20 @@ def _synced_forward(module: nn.SyncBatchNorm, function: Any, world_size: int, in
 
     if not module.training:  # evaluation never syncs, in torch as here
         return nn.SyncBatchNorm.forward(module, input)
+    assert module.num_batches_tracked is not None  # as torch's forward asserts: the lab tracks running statistics
     module.num_batches_tracked.add_(1)  # as torch's forward does; the lab's BatchNorm has momentum 0.1, no .item()
     group = module.process_group or tdist.group.WORLD
-    return function.apply(input, module.weight, module.bias, module.running_mean, module.running_var, module.eps,
-                          module.momentum, group, world_size)
+    return function.apply(
+        input,
+        module.weight,
+        module.bias,
+        module.running_mean,
+        module.running_var,
+        module.eps,
+        module.momentum,
+        group,
+        world_size,
+    )
 
 
 def model_state_bytes(width: int) -> tuple[int, int, int]:
@@ -102,8 +112,8 @@ def _one_step_bytes(width: int) -> tuple[int, int, int]:
 
     import torch
 
-    from lab.training import model as models
     from lab.config import ModelConfig
+    from lab.training import model as models
 
     device = torch.device("cuda", torch.cuda.current_device())
     gc.collect()
@@ -157,8 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     syncs.add_argument("--config", required=True)
     syncs.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     syncs.add_argument("--steps", type=int, default=12, help="guarded steps per variant")
-    syncs.add_argument("--variant", action="append", default=[], metavar="NAME:K=V,K=V",
-                       help="a name and the overrides of one guarded run (repeat)")
+    syncs.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:K=V,K=V",
+        help="a name and the overrides of one guarded run (repeat)",
+    )
     syncs.add_argument("--json", required=True)
     syncs.set_defaults(measure=_host_syncs)
     state = commands.add_parser("model-state", help="model-state bytes after one step, against the estimator")

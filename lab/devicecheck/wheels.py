@@ -33,7 +33,7 @@ def normalize(name: str) -> str:
 
 def parse_wheel_name(filename: str) -> tuple[str, str]:
     """(distribution, version) from a wheel's file name (PEP 427: name-version[-build]-python-abi-platform.whl)."""
-    parts = filename[:-len(".whl")].split("-")
+    parts = filename[: -len(".whl")].split("-")
     if len(parts) < 5:
         raise ValueError(f"{filename}: not a wheel file name (name-version-python-abi-platform.whl)")
     return parts[0], parts[1]
@@ -60,7 +60,9 @@ def requirements(wheel: Path) -> list[str]:
         spec = line.partition(":")[2].strip()
         if "extra ==" in spec.partition(";")[2]:
             continue
-        names.append(normalize(re.match(r"[A-Za-z0-9._-]+", spec).group(0)))
+        name = re.match(r"[A-Za-z0-9._-]+", spec)  # the core metadata spec starts every Requires-Dist with one
+        assert name is not None, f"{wheel.name}: a Requires-Dist line without a name: {line!r}"
+        names.append(normalize(name.group(0)))
     return names
 
 
@@ -89,9 +91,11 @@ def main(argv: list[str]) -> int:
         print(f"gpu-check: {folder}: {exc}", file=sys.stderr)
         return 2
     for name, missing in unmet.items():
-        print(f"gpu-check: {name} from {folder} needs {', '.join(missing)}, which this Python lacks and {folder} "
-              f"does not hold (pip download them into {folder}); steps that import {name} may fail",
-              file=sys.stderr)
+        print(
+            f"gpu-check: {name} from {folder} needs {', '.join(missing)}, which this Python lacks and {folder} "
+            f"does not hold (pip download them into {folder}); steps that import {name} may fail",
+            file=sys.stderr,
+        )
     for wheel in wheels:
         print(wheel)
     return 0

@@ -36,10 +36,15 @@ def read(path: str) -> dict[str, Any]:
         raise LabError(f"--baseline {path!r}: cannot read it ({exc.strerror or exc}); {wanted}") from None
     except ValueError as exc:
         raise LabError(f"--baseline {path!r}: not JSON ({exc}); {wanted}") from None
-    if not isinstance(doc, dict) or doc.get("check") != "validate-baseline" or \
-            not isinstance(doc.get("nodes"), dict) or not isinstance(doc.get("platforms"), dict):
-        raise LabError(f"--baseline {path!r}: not a baseline (no \"check\": \"validate-baseline\" with nodes and "
-                       f"platforms); {wanted}")
+    if (
+        not isinstance(doc, dict)
+        or doc.get("check") != "validate-baseline"
+        or not isinstance(doc.get("nodes"), dict)
+        or not isinstance(doc.get("platforms"), dict)
+    ):
+        raise LabError(
+            f'--baseline {path!r}: not a baseline (no "check": "validate-baseline" with nodes and platforms); {wanted}'
+        )
     for where, figures in [*doc["nodes"].items(), *doc["platforms"].items()]:
         for key, value in figures.items():
             if key != "platform" and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -53,13 +58,15 @@ def parse_fraction(text: str) -> float:
     except ValueError:
         fraction = math.nan
     if not 0 < fraction <= 1:
-        raise LabError(f"--baseline-fraction {text!r}: expected a number in (0, 1], e.g. 0.8 (fail under 80% of "
-                       f"the baseline)")
+        raise LabError(
+            f"--baseline-fraction {text!r}: expected a number in (0, 1], e.g. 0.8 (fail under 80% of the baseline)"
+        )
     return fraction
 
 
-def floor_from(baseline: dict[str, Any], node: str, platform: str, key: str, fraction: float
-               ) -> tuple[float, str] | None:
+def floor_from(
+    baseline: dict[str, Any], node: str, platform: str, key: str, fraction: float
+) -> tuple[float, str] | None:
     """(the floor, where it came from) for `key` of `node` from the baseline, None when it has no such figure."""
     own = baseline["nodes"].get(node, {})
     if key in own and own.get("platform") in (None, platform):
@@ -74,15 +81,18 @@ def all_nodes_floor(baseline: dict[str, Any], world_size: int, fraction: float) 
     recorded = baseline.get("all_nodes") or {}
     if not recorded.get("busbw") or recorded.get("world_size", 0) > world_size:
         return None
-    return fraction * recorded["busbw"], \
-        f"baseline: {fraction:g} x {recorded['busbw']:g} GB/s ({recorded.get('world_size')} ranks)"
+    return fraction * recorded[
+        "busbw"
+    ], f"baseline: {fraction:g} x {recorded['busbw']:g} GB/s ({recorded.get('world_size')} ranks)"
 
 
 def record(doc: dict[str, Any], path: str) -> dict[str, Any]:
     """Write the baseline of a passed verdict `doc` (validate.json's document) to `path`; refuse a failed one."""
     if not doc["ok"]:
-        raise LabError(f"--record-baseline {path!r}: not written: this run has {len(doc['problems'])} problem(s); "
-                       f"a baseline is a healthy cluster's figures (fix them, or waive with --expect, and run again)")
+        raise LabError(
+            f"--record-baseline {path!r}: not written: this run has {len(doc['problems'])} problem(s); "
+            f"a baseline is a healthy cluster's figures (fix them, or waive with --expect, and run again)"
+        )
     nodes: dict[str, dict[str, Any]] = {}
     for name, record_ in doc["nodes"].items():
         figures: dict[str, Any] = {"platform": record_["platform"]["key"]}
@@ -95,11 +105,20 @@ def record(doc: dict[str, Any], path: str) -> dict[str, Any]:
         nodes[name] = figures
     platforms: dict[str, dict[str, float]] = {}
     for key in {figures["platform"] for figures in nodes.values()}:
-        platforms[key] = {figure: statistics.median(values) for figure in FIGURES
-                          if (values := [f[figure] for f in nodes.values() if f["platform"] == key and figure in f])}
+        platforms[key] = {
+            figure: statistics.median(values)
+            for figure in FIGURES
+            if (values := [f[figure] for f in nodes.values() if f["platform"] == key and figure in f])
+        }
     across = doc.get("all_nodes")
-    baseline = {"check": "validate-baseline", "run_id": doc["run_id"], "nodes": nodes, "platforms": platforms,
-                "all_nodes": {"busbw": across["busbw"], "world_size": across["world_size"], "hosts": across["hosts"]}
-                if across and across.get("busbw") else None}
+    baseline = {
+        "check": "validate-baseline",
+        "run_id": doc["run_id"],
+        "nodes": nodes,
+        "platforms": platforms,
+        "all_nodes": {"busbw": across["busbw"], "world_size": across["world_size"], "hosts": across["hosts"]}
+        if across and across.get("busbw")
+        else None,
+    }
     atomic.write_text(path, json.dumps(baseline, indent=2) + "\n")
     return baseline

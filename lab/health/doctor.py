@@ -40,18 +40,18 @@ import socket
 import sys
 import sysconfig
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from lab.cluster import cores, nvml, slurm
-from lab.health import fabric_manager
 from lab.cluster.addresses import is_loopback
-from lab.health.check import Check
-from lab.health.status import FAIL, OK, WARN
-from lab.health.doctor_slurm import check_slurm_job, node_gpu_count
 from lab.errors import LabError
+from lab.health import fabric_manager
+from lab.health.check import Check
+from lab.health.doctor_slurm import check_slurm_job, node_gpu_count
+from lab.health.status import FAIL, OK, WARN
 
 GIB = 1024**3
 DEFAULT_MIN_SHM_BYTES = 1 * GIB  # NCCL and DataLoader workers use /dev/shm; Docker's default is 64 MiB
@@ -109,15 +109,29 @@ def check_interfaces(env: Mapping[str, str], names: list[str]) -> list[Check]:
     nccl = env.get("NCCL_SOCKET_IFNAME")
     if nccl:
         chosen = matching_interfaces(nccl, names)
-        checks.append(Check("nccl-if", OK, f"NCCL_SOCKET_IFNAME={nccl} selects {', '.join(chosen)}") if chosen else
-                      Check("nccl-if", FAIL, f"NCCL_SOCKET_IFNAME={nccl} selects no interface (have: {have})",
-                            "set it to this host's cluster interface"))
+        checks.append(
+            Check("nccl-if", OK, f"NCCL_SOCKET_IFNAME={nccl} selects {', '.join(chosen)}")
+            if chosen
+            else Check(
+                "nccl-if",
+                FAIL,
+                f"NCCL_SOCKET_IFNAME={nccl} selects no interface (have: {have})",
+                "set it to this host's cluster interface",
+            )
+        )
     gloo = env.get("GLOO_SOCKET_IFNAME")
     if gloo:
         missing = [n for n in gloo.split(",") if n and n not in names]
-        checks.append(Check("gloo-if", FAIL, f"GLOO_SOCKET_IFNAME={gloo}: no interface {', '.join(missing)} "
-                            f"(have: {have})", "set it to existing interface names") if missing else
-                      Check("gloo-if", OK, f"GLOO_SOCKET_IFNAME={gloo} exists"))
+        checks.append(
+            Check(
+                "gloo-if",
+                FAIL,
+                f"GLOO_SOCKET_IFNAME={gloo}: no interface {', '.join(missing)} (have: {have})",
+                "set it to existing interface names",
+            )
+            if missing
+            else Check("gloo-if", OK, f"GLOO_SOCKET_IFNAME={gloo} exists")
+        )
     return checks
 
 
@@ -168,11 +182,14 @@ def check_hostname(env: Mapping[str, str], hostname: str | None = None) -> Check
     if nodes <= 1 or (rdzv_host is not None and is_loopback(rdzv_host)):
         return Check("hostname", OK, f"{detail} (loopback: fine while every rank runs on this host)")
     offered = first or "127.0.0.1"
-    return Check("hostname", FAIL,
-                 f"{detail} ({'loopback' if first else 'gloo falls back to the loopback address'}) and "
-                 f"GLOO_SOCKET_IFNAME is unset: in this {nodes}-node run gloo would give {offered} to the other nodes",
-                 "set GLOO_SOCKET_IFNAME to the cluster interface (lab_env in the inventory), or map the host "
-                 "name to its cluster address in /etc/hosts")
+    return Check(
+        "hostname",
+        FAIL,
+        f"{detail} ({'loopback' if first else 'gloo falls back to the loopback address'}) and "
+        f"GLOO_SOCKET_IFNAME is unset: in this {nodes}-node run gloo would give {offered} to the other nodes",
+        "set GLOO_SOCKET_IFNAME to the cluster interface (lab_env in the inventory), or map the host "
+        "name to its cluster address in /etc/hosts",
+    )
 
 
 def check_shm(min_bytes: int, path: str = "/dev/shm") -> tuple[Check, int | None]:
@@ -183,8 +200,12 @@ def check_shm(min_bytes: int, path: str = "/dev/shm") -> tuple[Check, int | None
     size = st.f_blocks * st.f_frsize
     detail = f"{path} is {size / GIB:.1f} GiB"
     if size < min_bytes:
-        return Check("shm", WARN, f"{detail}, below {min_bytes / GIB:.1f} GiB",
-                     "run containers with --ipc host (or --shm-size 16g); NCCL and data workers need it"), size
+        return Check(
+            "shm",
+            WARN,
+            f"{detail}, below {min_bytes / GIB:.1f} GiB",
+            "run containers with --ipc host (or --shm-size 16g); NCCL and data workers need it",
+        ), size
     return Check("shm", OK, detail), size
 
 
@@ -195,8 +216,12 @@ def check_port(port: int) -> Check:
         try:
             s.bind(("", port))
         except OSError as exc:
-            return Check("port", FAIL, f"{port} is in use on this host ({exc.strerror})",
-                         "stop what holds it or choose another port")
+            return Check(
+                "port",
+                FAIL,
+                f"{port} is in use on this host ({exc.strerror})",
+                "stop what holds it or choose another port",
+            )
     return Check("port", OK, f"{port} is free")
 
 
@@ -206,8 +231,12 @@ def check_output_dir(path: str) -> Check:
     existing = next((p for p in (target, *target.parents) if p.exists()), None)
     if existing is not None and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
         return Check("output", OK, f"{target} is writable" + ("" if existing == target else " (will be created)"))
-    return Check("output", FAIL, f"{target} is not writable (checked {existing})",
-                 "choose a writable run.output_dir or fix its permissions")
+    return Check(
+        "output",
+        FAIL,
+        f"{target} is not writable (checked {existing})",
+        "choose a writable run.output_dir or fix its permissions",
+    )
 
 
 def c_compiler(env: Mapping[str, str]) -> str | None:
@@ -223,12 +252,17 @@ def check_compile(env: Mapping[str, str], include_dir: str | None = None) -> Che
     include = Path(include_dir or sysconfig.get_paths()["include"])
     compiler = c_compiler(env)
     missing = ([] if compiler else ["a C compiler (cc/gcc on PATH or $CC)"]) + (
-        [] if (include / "Python.h").is_file() else [f"Python.h (not in {include})"])
+        [] if (include / "Python.h").is_file() else [f"Python.h (not in {include})"]
+    )
     if not missing:
         return Check("compile", OK, f"torch.compile can build kernels: {compiler}, {include / 'Python.h'}")
     dev = f"python{sys.version_info.major}.{sys.version_info.minor}-dev"
-    return Check("compile", WARN, f"torch.compile (model.compile) cannot build kernels: no {' and no '.join(missing)}",
-                 f"on Debian/Ubuntu or in an NGC container: apt-get install -y gcc {dev}")
+    return Check(
+        "compile",
+        WARN,
+        f"torch.compile (model.compile) cannot build kernels: no {' and no '.join(missing)}",
+        f"on Debian/Ubuntu or in an NGC container: apt-get install -y gcc {dev}",
+    )
 
 
 def cuda_init_error(torch: Any) -> str:
@@ -238,21 +272,26 @@ def cuda_init_error(torch: Any) -> str:
         with warnings.catch_warnings():  # is_available() has warned once already
             warnings.simplefilter("ignore")
             torch.cuda.init()
-    except Exception as exc:  # noqa: BLE001 - RuntimeError or AssertionError, whatever this torch raises
+    except Exception as exc:
         text = str(exc)
         found = re.search(r"Error (\d+): ([^(\n]+)", text)
         return f"CUDA error {found.group(1)}: {found.group(2).strip()}" if found else text.strip().split("\n")[0][:200]
     return ""
 
 
-def check_unusable_gpus(cuda_build: str | None, init_error: str,
-                        read_fabric: Callable[[], fabric_manager.Fabric]) -> tuple[Check, dict[str, Any]]:
+def check_unusable_gpus(
+    cuda_build: str | None, init_error: str, read_fabric: Callable[[], fabric_manager.Fabric]
+) -> tuple[Check, dict[str, Any]]:
     """NVIDIA GPUs are here and torch cannot use them: say why. A CPU build of torch needs a CUDA build; a CUDA
     build that cannot start CUDA on an NVSwitch system whose fabric manager is down needs the manager started
     (installing torch again would change nothing); anything else is CUDA's own error with the usual causes."""
     if cuda_build is None:
-        return Check("devices", FAIL, "NVIDIA devices are present but this torch is a CPU build",
-                     "install a CUDA build of torch that matches the driver (or use the lab image)"), {}
+        return Check(
+            "devices",
+            FAIL,
+            "NVIDIA devices are present but this torch is a CPU build",
+            "install a CUDA build of torch that matches the driver (or use the lab image)",
+        ), {}
     fabric = read_fabric()
     facts = {"cuda_error": init_error, "fabric": asdict(fabric)}
     said = f"torch (CUDA build {cuda_build}) cannot start CUDA: {init_error or 'no error given'}"
@@ -262,44 +301,78 @@ def check_unusable_gpus(cuda_build: str | None, init_error: str,
     not_ready = bool(re.search(r"\b802\b|not yet initialized", init_error))
     where = f"this is an NVSwitch system ({fabric.nvswitch})" if fabric.nvswitch else "error 802 is the fabric's"
     if fabric.manager_down and (fabric.nvswitch or not_ready):
-        return Check("devices", FAIL, f"{said}; {where} and {fabric_manager.SERVICE} is {fabric.manager}: the "
-                     f"GPUs cannot join the NVLink fabric", start), facts
+        return Check(
+            "devices",
+            FAIL,
+            f"{said}; {where} and {fabric_manager.SERVICE} is {fabric.manager}: the GPUs cannot join the NVLink fabric",
+            start,
+        ), facts
     if (fabric.nvswitch or not_ready) and fabric.manager is None:
-        return Check("devices", FAIL, f"{said}; {where}, and the fabric manager's state cannot be read here "
-                     f"(systemctl: {fabric.manager_said or 'no answer'})",
-                     f"on the host (not in a container): systemctl status {fabric_manager.SERVICE}; if it is not "
-                     f"active, {start}"), facts
-    return Check("devices", FAIL, said, "check nvidia-smi; a driver older than torch's CUDA build needs a newer "
-                 "driver or a torch built for the driver's CUDA; a container needs --gpus all"), facts
+        return Check(
+            "devices",
+            FAIL,
+            f"{said}; {where}, and the fabric manager's state cannot be read here "
+            f"(systemctl: {fabric.manager_said or 'no answer'})",
+            f"on the host (not in a container): systemctl status {fabric_manager.SERVICE}; if it is not "
+            f"active, {start}",
+        ), facts
+    return Check(
+        "devices",
+        FAIL,
+        said,
+        "check nvidia-smi; a driver older than torch's CUDA build needs a newer "
+        "driver or a torch built for the driver's CUDA; a container needs --gpus all",
+    ), facts
 
 
-def check_torch(expect_gpus: int | None, read_fabric: Callable[[], fabric_manager.Fabric] = fabric_manager.read,
-                ) -> tuple[list[Check], dict[str, Any]]:
+def check_torch(
+    expect_gpus: int | None,
+    read_fabric: Callable[[], fabric_manager.Fabric] = fabric_manager.read,
+) -> tuple[list[Check], dict[str, Any]]:
     """torch, its devices and its collective backends. `read_fabric`: the NVSwitch and fabric-manager facts,
     read only when GPUs are present that torch cannot use."""
     try:
         import torch
         import torch.distributed as dist
-    except Exception as exc:  # noqa: BLE001 - a broken install is a failed check, whatever it raised
+    except Exception as exc:
         return [Check("torch", FAIL, f"cannot import torch ({exc})", "install the lab: pip install -e .")], {}
-    facts: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu_count": 0,
-                             "gpu_names": [], "nccl": None, "driver": None}
-    checks = [Check("torch", OK, f"{torch.__version__} ({'CUDA build ' + torch.version.cuda if torch.version.cuda else 'CPU build'})")]
+    facts: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu_count": 0,
+        "gpu_names": [],
+        "nccl": None,
+        "driver": None,
+    }
+    checks = [
+        Check(
+            "torch",
+            OK,
+            f"{torch.__version__} ({'CUDA build ' + torch.version.cuda if torch.version.cuda else 'CPU build'})",
+        )
+    ]
     if torch.cuda.is_available():
         facts["gpu_count"] = torch.cuda.device_count()
         facts["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(facts["gpu_count"])]
         names = sorted(set(facts["gpu_names"]))
         checks.append(Check("devices", OK, f"{facts['gpu_count']} x {', '.join(names)}"))
     elif nvml.host_has_gpus():
-        unusable, found = check_unusable_gpus(torch.version.cuda, cuda_init_error(torch) if torch.version.cuda
-                                              else "", read_fabric)
+        unusable, found = check_unusable_gpus(
+            torch.version.cuda, cuda_init_error(torch) if torch.version.cuda else "", read_fabric
+        )
         checks.append(unusable)
         facts.update(found)
     else:
         checks.append(Check("devices", OK, f"no CUDA GPU; {cores.available()} CPU cores (gloo on the CPU)"))
     if expect_gpus is not None and facts["gpu_count"] != expect_gpus:
-        checks.append(Check("devices", FAIL, f"{facts['gpu_count']} GPUs, expected {expect_gpus}",
-                            "check nvidia-smi and CUDA_VISIBLE_DEVICES, or change the expected count"))
+        checks.append(
+            Check(
+                "devices",
+                FAIL,
+                f"{facts['gpu_count']} GPUs, expected {expect_gpus}",
+                "check nvidia-smi and CUDA_VISIBLE_DEVICES, or change the expected count",
+            )
+        )
     if facts["gpu_count"]:
         facts["driver"] = nvml.driver_version()
         checks.append(Check("driver", OK, facts["driver"] or "not read (install nvidia-ml-py to read it)"))
@@ -308,14 +381,21 @@ def check_torch(expect_gpus: int | None, read_fabric: Callable[[], fabric_manage
             checks.append(Check("nccl", OK, facts["nccl"]))
         else:
             checks.append(Check("nccl", FAIL, "torch has no NCCL", "use a CUDA build of torch with NCCL"))
-    checks.append(Check("gloo", OK, "available") if dist.is_gloo_available() else
-                  Check("gloo", FAIL, "torch has no gloo backend", "install a standard torch build"))
+    checks.append(
+        Check("gloo", OK, "available")
+        if dist.is_gloo_available()
+        else Check("gloo", FAIL, "torch has no gloo backend", "install a standard torch build")
+    )
     return checks, facts
 
 
-def run_checks(ports: list[int], output_dir: str, expect_gpus: int | None = None,
-               min_shm_bytes: int = DEFAULT_MIN_SHM_BYTES,
-               env: Mapping[str, str] | None = None) -> tuple[list[Check], dict[str, Any]]:
+def run_checks(
+    ports: list[int],
+    output_dir: str,
+    expect_gpus: int | None = None,
+    min_shm_bytes: int = DEFAULT_MIN_SHM_BYTES,
+    env: Mapping[str, str] | None = None,
+) -> tuple[list[Check], dict[str, Any]]:
     env = os.environ if env is None else env
     checks = [Check("python", OK, f"{platform.python_version()} ({sys.executable})")]
     torch_checks, facts = check_torch(expect_gpus)
@@ -346,12 +426,25 @@ def run(ports: list[str], output_dir: str, expect_gpus: int | None, min_shm_gib:
     for c in checks:
         print(c.line(), file=out)
     warned = sum(c.status == WARN for c in checks)
-    print(f"doctor: {len(failed)} of {len(checks)} checks failed, {warned} warned" if failed else
-          f"doctor: {len(checks)} checks passed, {warned} warned", file=out, flush=True)
+    print(
+        f"doctor: {len(failed)} of {len(checks)} checks failed, {warned} warned"
+        if failed
+        else f"doctor: {len(checks)} checks passed, {warned} warned",
+        file=out,
+        flush=True,
+    )
     if json_path:
-        doc = json.dumps({"ok": not failed, "host": facts["host"], "slurm": facts["slurm"],
-                          "checks": [{**asdict(c), "line": c.line()} for c in checks],
-                          "facts": facts}, indent=2, sort_keys=True)
+        doc = json.dumps(
+            {
+                "ok": not failed,
+                "host": facts["host"],
+                "slurm": facts["slurm"],
+                "checks": [{**asdict(c), "line": c.line()} for c in checks],
+                "facts": facts,
+            },
+            indent=2,
+            sort_keys=True,
+        )
         if json_path == "-":
             print(doc, flush=True)
         else:

@@ -54,20 +54,37 @@ def step_gpu_pool(job: slurm.Allocation, node_gpus: int | None) -> int | None:
 
 def slurm_facts(job: slurm.Allocation, visible: str | None, node_gpus: int | None) -> dict[str, Any]:
     """What the JSON's "slurm" key holds: the allocation, and the GPUs this task sees."""
-    return {"job_id": job.job_id, "cluster": job.cluster, "nodes": job.nodes, "node_count": len(job.nodes),
-            "node_name": job.node_name, "node_id": job.node_id, "in_step": job.in_step,
-            "step_tasks": job.step_tasks, "tasks_on_this_node": job.tasks_on_this_node, "task_id": job.task_id,
-            "local_id": job.local_id, "gpus_on_node": job.gpus_on_node, "job_gpus": job.job_gpus,
-            "cuda_visible_devices": visible, "gpus_seen": seen_gpus(visible, node_gpus), "node_gpus": node_gpus}
+    return {
+        "job_id": job.job_id,
+        "cluster": job.cluster,
+        "nodes": job.nodes,
+        "node_count": len(job.nodes),
+        "node_name": job.node_name,
+        "node_id": job.node_id,
+        "in_step": job.in_step,
+        "step_tasks": job.step_tasks,
+        "tasks_on_this_node": job.tasks_on_this_node,
+        "task_id": job.task_id,
+        "local_id": job.local_id,
+        "gpus_on_node": job.gpus_on_node,
+        "job_gpus": job.job_gpus,
+        "cuda_visible_devices": visible,
+        "gpus_seen": seen_gpus(visible, node_gpus),
+        "node_gpus": node_gpus,
+    }
 
 
 def check_slurm(job: slurm.Allocation, visible: str | None, node_gpus: int | None) -> Check:
     """The allocation in one line: Slurm's own description, the GPUs given here, the GPUs this task sees."""
     given = f"SLURM_STEP_GPUS/SLURM_JOB_GPUS={job.job_gpus}" if job.job_gpus else "no GPU indices from Slurm"
     seen = seen_gpus(visible, node_gpus)
-    sees = (f"CUDA_VISIBLE_DEVICES={visible} ({seen} GPU(s))" if visible is not None else
-            f"CUDA_VISIBLE_DEVICES unset: all {seen} GPU(s) of the node" if seen else
-            "no GPU (CUDA_VISIBLE_DEVICES unset, none found on the node)")
+    sees = (
+        f"CUDA_VISIBLE_DEVICES={visible} ({seen} GPU(s))"
+        if visible is not None
+        else f"CUDA_VISIBLE_DEVICES unset: all {seen} GPU(s) of the node"
+        if seen
+        else "no GPU (CUDA_VISIBLE_DEVICES unset, none found on the node)"
+    )
     return Check("slurm", OK, f"{job.describe()} ({given}); this task sees {sees}")
 
 
@@ -89,28 +106,41 @@ def check_gpu_share(job: slurm.Allocation, visible: str | None, node_gpus: int |
     if not job.in_step:
         return Check("gpu-share", OK, "does not apply: this is the batch script, one process (no srun step)")
     if tasks <= 1:
-        return Check("gpu-share", OK, f"does not apply: one task of the step on {job.node_name}, no sibling "
-                                        f"to share a GPU with")
+        return Check(
+            "gpu-share", OK, f"does not apply: one task of the step on {job.node_name}, no sibling to share a GPU with"
+        )
     if seen == 0:
         return Check("gpu-share", OK, f"does not apply: this task sees no GPU ({shown})")
     pool = step_gpu_pool(job, node_gpus)
     if not pool:
-        return Check("gpu-share", WARN, f"cannot tell whether {tasks} tasks on {job.node_name} share GPUs: "
-                     f"each sees {seen} ({shown}), but the node's GPU count is unknown",
-                     "request GPUs through Slurm (--gpus-per-node, --gres=gpu:N) so SLURM_GPUS_ON_NODE is set, "
-                     "or install nvidia-ml-py")
+        return Check(
+            "gpu-share",
+            WARN,
+            f"cannot tell whether {tasks} tasks on {job.node_name} share GPUs: "
+            f"each sees {seen} ({shown}), but the node's GPU count is unknown",
+            "request GPUs through Slurm (--gpus-per-node, --gres=gpu:N) so SLURM_GPUS_ON_NODE is set, "
+            "or install nvidia-ml-py",
+        )
     if tasks * seen > pool:
-        return Check("gpu-share", FAIL,
-                     f"{tasks} tasks of this step on {job.node_name} each see {seen} GPU(s) ({shown}) out of "
-                     f"{pool}: {tasks} x {seen} > {pool}, so some GPU is seen by more than one task",
-                     "give each task its own GPU with `srun --gpus-per-task=1`, or run one task per node that "
-                     "gives each rank its own GPU: `srun --ntasks-per-node=1 lab launch --slurm ...`")
-    return Check("gpu-share", OK, f"{tasks} tasks on {job.node_name} each see {seen} GPU(s) ({shown}) out of "
-                                    f"{pool}: {tasks} x {seen} <= {pool}, no GPU need be seen twice")
+        return Check(
+            "gpu-share",
+            FAIL,
+            f"{tasks} tasks of this step on {job.node_name} each see {seen} GPU(s) ({shown}) out of "
+            f"{pool}: {tasks} x {seen} > {pool}, so some GPU is seen by more than one task",
+            "give each task its own GPU with `srun --gpus-per-task=1`, or run one task per node that "
+            "gives each rank its own GPU: `srun --ntasks-per-node=1 lab launch --slurm ...`",
+        )
+    return Check(
+        "gpu-share",
+        OK,
+        f"{tasks} tasks on {job.node_name} each see {seen} GPU(s) ({shown}) out of "
+        f"{pool}: {tasks} x {seen} <= {pool}, no GPU need be seen twice",
+    )
 
 
-def check_slurm_job(job: slurm.Allocation | None, visible: str | None,
-                    node_gpus: int | None) -> tuple[list[Check], dict[str, Any] | None]:
+def check_slurm_job(
+    job: slurm.Allocation | None, visible: str | None, node_gpus: int | None
+) -> tuple[list[Check], dict[str, Any] | None]:
     """The `slurm` and `gpu-share` lines and the JSON's "slurm" facts; no line and None outside Slurm.
     A pure function of the facts, so a test can give it any node (this machine may have no GPU)."""
     if job is None:

@@ -88,14 +88,19 @@ def fabric_state(fact: Fact) -> tuple[dict[str, str], list[str]]:
     if not fact.ok:
         return _missing("fabric-state", fact)
     gpus = nf.query_fabric(fact.text)["gpus"]
-    bad = [f"{gpu['bus_id']}: State {gpu['state']}, Status {gpu['status']}" for gpu in gpus
-           if gpu["state"] != "Completed" or gpu["status"] != "Success"]
+    bad = [
+        f"{gpu['bus_id']}: State {gpu['state']}, Status {gpu['status']}"
+        for gpu in gpus
+        if gpu["state"] != "Completed" or gpu["status"] != "Success"
+    ]
     if not gpus:
-        return check("fabric-state", UNREADABLE, "nvidia-smi -q lists no GPU"), \
-            ["fabric-state: nvidia-smi -q lists no GPU"]
+        return check("fabric-state", UNREADABLE, "nvidia-smi -q lists no GPU"), [
+            "fabric-state: nvidia-smi -q lists no GPU"
+        ]
     if bad:
-        return check("fabric-state", FAIL, "; ".join(bad)), \
-            [f"fabric-state: GPU fabric not completed ({'; '.join(bad)}): is nvidia-fabricmanager running?"]
+        return check("fabric-state", FAIL, "; ".join(bad)), [
+            f"fabric-state: GPU fabric not completed ({'; '.join(bad)}): is nvidia-fabricmanager running?"
+        ]
     return check("fabric-state", OK, f"{len(gpus)} GPU(s): State Completed, Status Success"), []
 
 
@@ -106,17 +111,20 @@ def fabric_manager(fact: Fact, driver: str | None = None) -> tuple[dict[str, str
         return _missing("fabric-manager", fact)
     state = manager_state(fact.text)
     if state is None:
-        return check("fabric-manager", UNREADABLE, f"systemctl: {fact.text.strip()[:120] or 'no answer'}"), \
-            [f"fabric-manager: its state cannot be read from the node's record (systemctl: "
-             f"{fact.text.strip()[:120] or 'no answer'}); run scripts/node-facts.sh on the host, not in a container"]
+        return check("fabric-manager", UNREADABLE, f"systemctl: {fact.text.strip()[:120] or 'no answer'}"), [
+            f"fabric-manager: its state cannot be read from the node's record (systemctl: "
+            f"{fact.text.strip()[:120] or 'no answer'}); run scripts/node-facts.sh on the host, not in a container"
+        ]
     if state != "active":
-        return check("fabric-manager", FAIL, f"{SERVICE} is {state}"), \
-            [f"fabric-manager: {SERVICE} is {state} on an NVSwitch system; {start_advice(driver)}"]
+        return check("fabric-manager", FAIL, f"{SERVICE} is {state}"), [
+            f"fabric-manager: {SERVICE} is {state} on an NVSwitch system; {start_advice(driver)}"
+        ]
     return check("fabric-manager", OK, f"{SERVICE} is active"), []
 
 
-def infiniband(ibstat: Fact, ib_width: Fact, want: tuple[int, float, str | None] | None
-               ) -> tuple[dict[str, str], list[str], list[dict[str, Any]]]:
+def infiniband(
+    ibstat: Fact, ib_width: Fact, want: tuple[int, float, str | None] | None
+) -> tuple[dict[str, str], list[str], list[dict[str, Any]]]:
     """(check, problems, the Active InfiniBand ports): `want` (ports, Gb/s, width) Active at that rate and width, and
     every InfiniBand port below it named. With nothing expected the ports are reported only."""
     ports, source = nf.ib_ports(ibstat, ib_width)
@@ -124,36 +132,55 @@ def infiniband(ibstat: Fact, ib_width: Fact, want: tuple[int, float, str | None]
     if not source:
         if want and want[0] > 0:
             fact = ib_width if ib_width.status != nf.NOT_PRESENT else ibstat
-            return check("infiniband", fact.status, f"{ibstat.why()}; {ib_width.why()}"), \
-                [f"infiniband: {ibstat.why()}; {ib_width.why()}; {want[0]} port(s) expected"], []
+            return (
+                check("infiniband", fact.status, f"{ibstat.why()}; {ib_width.why()}"),
+                [f"infiniband: {ibstat.why()}; {ib_width.why()}; {want[0]} port(s) expected"],
+                [],
+            )
         return check("infiniband", NOT_PRESENT, "no ibstat and no /sys/class/infiniband"), [], []
     if not want:
-        return check("infiniband", OK if active else NOT_APPLICABLE,
-                     f"{len(active)} Active InfiniBand port(s) ({source}); none expected by the platform"), [], active
+        return (
+            check(
+                "infiniband",
+                OK if active else NOT_APPLICABLE,
+                f"{len(active)} Active InfiniBand port(s) ({source}); none expected by the platform",
+            ),
+            [],
+            active,
+        )
     count, rate, width = want
 
     def name(port: dict[str, Any]) -> str:
         return f"{port['ca']}/{port['port']}"
 
-    good = [port for port in active if (port["rate_gbps"] or 0) >= rate
-            and (width is None or port.get("width") in (None, width))]
+    good = [
+        port
+        for port in active
+        if (port["rate_gbps"] or 0) >= rate and (width is None or port.get("width") in (None, width))
+    ]
     problems = []
     for port in ports:
         if port in good:
             continue
         if port in active:
-            problems.append(f"{name(port)} Active at {port['rate_gbps']:g} Gb/s {port.get('width') or ''}".rstrip()
-                            + f", expected {rate:g} Gb/s {width or ''}".rstrip())
+            problems.append(
+                f"{name(port)} Active at {port['rate_gbps']:g} Gb/s {port.get('width') or ''}".rstrip()
+                + f", expected {rate:g} Gb/s {width or ''}".rstrip()
+            )
         else:
-            problems.append(f"{name(port)} is {port.get('state') or 'in no known state'}"
-                            + (f" ({port['phys_state']})" if port.get("phys_state") else ""))
-    detail = f"{len(good)} of {count} expected port(s) Active at {rate:g} Gb/s {width or ''}".rstrip() + \
-             f" ({source})"
+            problems.append(
+                f"{name(port)} is {port.get('state') or 'in no known state'}"
+                + (f" ({port['phys_state']})" if port.get("phys_state") else "")
+            )
+    detail = f"{len(good)} of {count} expected port(s) Active at {rate:g} Gb/s {width or ''}".rstrip() + f" ({source})"
     if len(good) < count or (problems and len(good) < len(ports)):
         if len(good) >= count:  # more ports than expected, some below: a storage rail is IB here; name, do not fail
             return check("infiniband", NOTE, f"{detail}; beyond them: {'; '.join(problems)}"), [], active
-        return check("infiniband", FAIL, f"{detail}; {'; '.join(problems) or 'no port'}"), \
-            [f"infiniband: {detail}: {'; '.join(problems) or 'no InfiniBand port found'}"], active
+        return (
+            check("infiniband", FAIL, f"{detail}; {'; '.join(problems) or 'no port'}"),
+            [f"infiniband: {detail}: {'; '.join(problems) or 'no InfiniBand port found'}"],
+            active,
+        )
     return check("infiniband", OK, detail), [], active
 
 
@@ -175,11 +202,13 @@ def gpudirect_support(modules: Fact, kernel: Fact, driver: Fact, query: Fact) ->
         reasons.append("the proprietary kernel module (DMA-BUF needs the open GPU kernel modules)")
     peermem = "nvidia_peermem is not loaded" if modules.ok else f"lsmod: {modules.status}"
     if reasons:
-        return check("gpudirect-support", FAIL, f"{peermem}; DMA-BUF not possible: {'; '.join(reasons)}"), \
-            [f"gpudirect-support: {peermem} and DMA-BUF is not possible: {'; '.join(reasons)}"]
+        return check("gpudirect-support", FAIL, f"{peermem}; DMA-BUF not possible: {'; '.join(reasons)}"), [
+            f"gpudirect-support: {peermem} and DMA-BUF is not possible: {'; '.join(reasons)}"
+        ]
     said = "" if module["open"] else " (open kernel module not confirmed: /proc/driver/nvidia/version unread)"
-    return check("gpudirect-support", OK,
-                 f"DMA-BUF: kernel {kernel.text.strip()}, driver {version}{said}; {peermem}"), []
+    return check(
+        "gpudirect-support", OK, f"DMA-BUF: kernel {kernel.text.strip()}, driver {version}{said}; {peermem}"
+    ), []
 
 
 def dcgm(fact: Fact, level: int | None, waived: bool) -> tuple[dict[str, str], list[str], str]:
@@ -208,13 +237,19 @@ def xid(journal: Fact, kernel_lines: Fact, xid_max: int, waived: bool) -> tuple[
         status = nf.NOT_PRESENT if journal.status == nf.NOT_PRESENT else nf.UNREADABLE
         if waived:
             return check("xid", status, f"{why} (waived: --expect journal=skip)"), [], status
-        return check("xid", status, why), [f"xid: the kernel journal is {status}: {why}; --expect journal=skip "
-                                           f"waives it"], status
+        return (
+            check("xid", status, why),
+            [f"xid: the kernel journal is {status}: {why}; --expect journal=skip waives it"],
+            status,
+        )
     events = nf.xids(journal.text)
     if len(events) > xid_max:
         codes = ", ".join(sorted({f"Xid {event['code']} on {event['pci']}" for event in events}))
-        return check("xid", FAIL, f"{len(events)} XID(s) since boot: {codes}"), \
-            [f"xid: {len(events)} XID(s) since boot (threshold {xid_max}): {codes}"], len(events)
+        return (
+            check("xid", FAIL, f"{len(events)} XID(s) since boot: {codes}"),
+            [f"xid: {len(events)} XID(s) since boot (threshold {xid_max}): {codes}"],
+            len(events),
+        )
     return check("xid", OK, f"{len(events)} XID(s) since boot (threshold {xid_max})"), [], len(events)
 
 
@@ -223,19 +258,25 @@ def row_remap(fact: Fact) -> tuple[dict[str, str], list[str]]:
     if not fact.ok:
         return _missing("row-remap", fact)
     rows = nf.remapped_rows(fact.text)
-    bad = [f"{row['bus_id']}: " + ", ".join(word for word, flag in (("failure", row["failure"]),
-                                                                   ("pending", row["pending"])) if flag)
-           for row in rows if row["failure"] or row["pending"]]
+    bad = [
+        f"{row['bus_id']}: "
+        + ", ".join(word for word, flag in (("failure", row["failure"]), ("pending", row["pending"])) if flag)
+        for row in rows
+        if row["failure"] or row["pending"]
+    ]
     if bad:
-        return check("row-remap", FAIL, "; ".join(bad)), \
-            [f"row-remap: {'; '.join(bad)} (pending: reset the GPU; failure: the GPU needs service)"]
+        return check("row-remap", FAIL, "; ".join(bad)), [
+            f"row-remap: {'; '.join(bad)} (pending: reset the GPU; failure: the GPU needs service)"
+        ]
     return check("row-remap", OK, f"{len(rows)} GPU(s): no remap failure or pending"), []
 
 
 # ----------------------------------------------------------------------------- NCCL's log
 
-CHANNEL = re.compile(r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO Channel .* via "
-                     r"NET/(?P<net>\w+)/\d+(?P<gdr>/GDRDMA)?")
+CHANNEL = re.compile(
+    r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO Channel .* via "
+    r"NET/(?P<net>\w+)/\d+(?P<gdr>/GDRDMA)?"
+)
 DMABUF = re.compile(r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO .*GPU Direct RDMA \(DMABUF\) enabled")
 
 
@@ -260,17 +301,22 @@ def gdrdma(channels: dict[str, dict[str, Any]], names: set[str], log_name: str) 
     GDRDMA passes; any without, or over sockets, fails."""
     mine = [seen for host, seen in channels.items() if host in names or host.split(".")[0] in names]
     if not channels:
-        return check("gdrdma", UNREADABLE, f"{log_name} has no NCCL INFO channel line (run it with "
-                                             f"NCCL_DEBUG=INFO)"), \
-            [f"gdrdma: {log_name} has no NCCL INFO channel line: GPUDirect RDMA not shown (NCCL_DEBUG=INFO)"]
+        return check("gdrdma", UNREADABLE, f"{log_name} has no NCCL INFO channel line (run it with NCCL_DEBUG=INFO)"), [
+            f"gdrdma: {log_name} has no NCCL INFO channel line: GPUDirect RDMA not shown (NCCL_DEBUG=INFO)"
+        ]
     if not mine:
         return check("gdrdma", NOT_RUN, f"{log_name} holds no line of this node (only the head's output)"), []
     total = {key: sum(seen[key] for seen in mine) for key in ("gdrdma", "ib", "socket")}
     how = " (DMA-BUF)" if any(seen["dmabuf"] for seen in mine) else ""
     if total["socket"] or total["ib"] or not total["gdrdma"]:
-        said = (f"{total['socket']} channel(s) over sockets (NET/Socket)" if total["socket"] else
-                f"{total['ib']} InfiniBand channel(s) without GDRDMA" if total["ib"] else "no network channel")
-        return check("gdrdma", FAIL, f"{said}; {total['gdrdma']} with GDRDMA{how}"), \
-            [f"gdrdma: GPUDirect RDMA not used: {log_name} shows {said} (nvidia_peermem or DMA-BUF, "
-             f"NCCL_NET_GDR_LEVEL)"]
+        said = (
+            f"{total['socket']} channel(s) over sockets (NET/Socket)"
+            if total["socket"]
+            else f"{total['ib']} InfiniBand channel(s) without GDRDMA"
+            if total["ib"]
+            else "no network channel"
+        )
+        return check("gdrdma", FAIL, f"{said}; {total['gdrdma']} with GDRDMA{how}"), [
+            f"gdrdma: GPUDirect RDMA not used: {log_name} shows {said} (nvidia_peermem or DMA-BUF, NCCL_NET_GDR_LEVEL)"
+        ]
     return check("gdrdma", OK, f"{total['gdrdma']} InfiniBand channel(s), all via GDRDMA{how}"), []

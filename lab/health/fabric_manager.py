@@ -37,10 +37,10 @@ COMMAND_SECONDS = 20  # nvidia-smi -q on 8 GPUs takes a few seconds; a hung driv
 
 @dataclass(frozen=True)
 class Fabric:
-    nvswitch: str | None              # what shows the switches ("/dev/nvidia-nvswitch0", ...); None: nothing does
-    manager: str | None               # systemctl is-active's answer; None: unreadable here
-    manager_said: str = ""            # systemctl's own words when unreadable
-    driver: str | None = None         # nvidia-smi -q's Driver Version
+    nvswitch: str | None  # what shows the switches ("/dev/nvidia-nvswitch0", ...); None: nothing does
+    manager: str | None  # systemctl is-active's answer; None: unreadable here
+    manager_said: str = ""  # systemctl's own words when unreadable
+    driver: str | None = None  # nvidia-smi -q's Driver Version
     states: list[str] = field(default_factory=list)  # each GPU's fabric state, in nvidia-smi's order
 
     @property
@@ -52,8 +52,9 @@ def run_command(argv: list[str]) -> tuple[int, str]:
     """`argv`'s exit status and output (stdout, then stderr); 127 when it is not installed, 124 past its time."""
     if shutil.which(argv[0]) is None:
         return 127, f"{argv[0]}: command not found"
-    done = runner.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout_seconds=COMMAND_SECONDS,
-                      echo=False)
+    done = runner.run(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout_seconds=COMMAND_SECONDS, echo=False
+    )
     return (124 if done.timed_out else done.returncode), done.stdout
 
 
@@ -92,8 +93,10 @@ def manager_state(said: str) -> str | None:
 def start_advice(driver: str | None) -> str:
     """What to do when the manager is not active."""
     shown = driver or "nvidia-smi shows it"
-    return (f"sudo systemctl start {SERVICE} (its package must be the driver's version, {shown}; B200 and later "
-            f"also need NVLSM), then check that `nvidia-smi -q | grep -A 2 Fabric` says State: Completed")
+    return (
+        f"sudo systemctl start {SERVICE} (its package must be the driver's version, {shown}; B200 and later "
+        f"also need NVLSM), then check that `nvidia-smi -q | grep -A 2 Fabric` says State: Completed"
+    )
 
 
 def read(run: Runner = run_command, dev: Path = Path("/dev")) -> Fabric:
@@ -103,8 +106,13 @@ def read(run: Runner = run_command, dev: Path = Path("/dev")) -> Fabric:
     smi_q = smi_q if code == 0 else ""
     states = fabric_states(smi_q)
     in_fabric = [s for s in states if s.lower() not in NO_FABRIC]
-    nvswitch = (f"{dev}/{switches[0]} exists" if switches else
-                f"nvidia-smi -q: fabric state {in_fabric[0]}" if in_fabric else None)
+    nvswitch = (
+        f"{dev}/{switches[0]} exists"
+        if switches
+        else f"nvidia-smi -q: fabric state {in_fabric[0]}"
+        if in_fabric
+        else None
+    )
     _, said = run(["systemctl", "is-active", SERVICE])
     manager = manager_state(said)
     return Fabric(nvswitch, manager, "" if manager else said.strip()[:120], driver_version(smi_q), states)

@@ -31,6 +31,7 @@ FACT_TAIL_BYTES = 1 << 20  # a DCGM level-3 log or a long journal is not read wh
 class Fact:
     """One fact as the script left it: its text, exit status and what that means ("ok", "not present",
     "unreadable")."""
+
     name: str
     text: str
     rc: int | None
@@ -83,9 +84,18 @@ def gpu_rows(text: str) -> list[dict[str, Any]]:
         cells = [cell.strip() for cell in line.split(",")]
         if len(cells) != 8 or _int(cells[0]) is None:
             continue
-        rows.append({"index": int(cells[0]), "name": cells[1], "uuid": cells[2], "memory_mib": _int(cells[3]),
-                     "pcie_gen_current": _int(cells[4]), "pcie_gen_max": _int(cells[5]),
-                     "pcie_width_current": _int(cells[6]), "pcie_width_max": _int(cells[7])})
+        rows.append(
+            {
+                "index": int(cells[0]),
+                "name": cells[1],
+                "uuid": cells[2],
+                "memory_mib": _int(cells[3]),
+                "pcie_gen_current": _int(cells[4]),
+                "pcie_gen_max": _int(cells[5]),
+                "pcie_width_current": _int(cells[6]),
+                "pcie_width_max": _int(cells[7]),
+            }
+        )
     return rows
 
 
@@ -107,6 +117,7 @@ def query_fabric(text: str) -> dict[str, Any]:
         if in_fabric and line.strip() and indent <= fabric_indent:
             in_fabric = False
         if in_fabric and ":" in line:
+            assert current is not None  # in_fabric is only set inside a GPU's section
             key, _, value = (part.strip() for part in line.partition(":"))
             if key in ("State", "Status") and current[key.lower()] is None:
                 current[key.lower()] = value
@@ -126,7 +137,7 @@ def topo_links(text: str) -> dict[str, Any]:
         cells = line.split()
         if not cells or cells[0] not in gpus or cells[0] == line.strip():
             continue
-        for column, link in zip(gpus, cells[1:1 + len(gpus)]):
+        for column, link in zip(gpus, cells[1 : 1 + len(gpus)]):
             i, j = int(cells[0][3:]), int(column[3:])
             if i < j:
                 pairs[f"{i},{j}"] = link
@@ -143,17 +154,29 @@ def remapped_rows(text: str) -> list[dict[str, Any]]:
         cells = [cell.strip() for cell in line.split(",")]
         if len(cells) != 5 or not re.match(r"[0-9A-Fa-f]{4,8}:", cells[0]):
             continue
+
         def flag(value: str) -> bool | None:
             return {"yes": True, "1": True, "no": False, "0": False}.get(value.lower())
-        rows.append({"bus_id": cells[0], "correctable": _int(cells[1]), "uncorrectable": _int(cells[2]),
-                     "pending": flag(cells[3]), "failure": flag(cells[4])})
+
+        rows.append(
+            {
+                "bus_id": cells[0],
+                "correctable": _int(cells[1]),
+                "uncorrectable": _int(cells[2]),
+                "pending": flag(cells[3]),
+                "failure": flag(cells[4]),
+            }
+        )
     return rows
 
 
 def ecc_rows(text: str) -> dict[str, str]:
     """nvidia-smi --query-gpu=index,ecc.errors.uncorrected.volatile.total: GPU index -> count (or "[N/A]")."""
-    return {cells[0]: cells[1] for line in text.splitlines()
-            if len(cells := [cell.strip() for cell in line.split(",")]) == 2 and cells[0].isdigit()}
+    return {
+        cells[0]: cells[1]
+        for line in text.splitlines()
+        if len(cells := [cell.strip() for cell in line.split(",")]) == 2 and cells[0].isdigit()
+    }
 
 
 # ----------------------------------------------------------------------------- InfiniBand
@@ -167,8 +190,14 @@ def ibstat_ports(text: str) -> list[dict[str, Any]]:
             ca, port = match.group(1), None
             continue
         if match := re.match(r"^\s*Port (\d+):\s*$", line):
-            port = {"ca": ca, "port": int(match.group(1)), "state": None, "phys_state": None, "rate_gbps": None,
-                    "link_layer": None}
+            port = {
+                "ca": ca,
+                "port": int(match.group(1)),
+                "state": None,
+                "phys_state": None,
+                "rate_gbps": None,
+                "link_layer": None,
+            }
             ports.append(port)
             continue
         if port is not None and ":" in line:
@@ -194,11 +223,17 @@ def ib_width_rows(text: str) -> list[dict[str, Any]]:
         fields = dict(part.strip().partition("=")[::2] for part in match.group(3).split(";"))
         rate = re.match(r"\s*(\d+(?:\.\d+)?) Gb/sec(?: \((\d+X)(?: (\w+))?\))?", fields.get("rate", ""))
         state = fields.get("state", "")
-        rows.append({"ca": match.group(1), "port": int(match.group(2)),
-                     "state": state.split(":", 1)[-1].strip().capitalize() if state else None,
-                     "rate_gbps": float(rate.group(1)) if rate else None,
-                     "width": rate.group(2) if rate else None, "speed": rate.group(3) if rate else None,
-                     "link_layer": fields.get("link_layer") or None})
+        rows.append(
+            {
+                "ca": match.group(1),
+                "port": int(match.group(2)),
+                "state": state.split(":", 1)[-1].strip().capitalize() if state else None,
+                "rate_gbps": float(rate.group(1)) if rate else None,
+                "width": rate.group(2) if rate else None,
+                "speed": rate.group(3) if rate else None,
+                "link_layer": fields.get("link_layer") or None,
+            }
+        )
     return rows
 
 
@@ -284,9 +319,25 @@ def driver_module(text: str) -> dict[str, Any]:
     return {"version": version.group(1) if version else None, "open": "Open Kernel Module" in text}
 
 
-FACT_NAMES = ("hostname", "kernel", "nvidia-smi-gpus", "nvidia-smi-q", "nvidia-smi-topo", "remapped-rows", "ecc",
-              "ibstat", "ib-width", "modules", "fabricmanager", "dcgmi-version", "dcgmi-diag", "journal-xid",
-              "journal-kernel-lines", "driver-version", "nvswitch")
+FACT_NAMES = (
+    "hostname",
+    "kernel",
+    "nvidia-smi-gpus",
+    "nvidia-smi-q",
+    "nvidia-smi-topo",
+    "remapped-rows",
+    "ecc",
+    "ibstat",
+    "ib-width",
+    "modules",
+    "fabricmanager",
+    "dcgmi-version",
+    "dcgmi-diag",
+    "journal-xid",
+    "journal-kernel-lines",
+    "driver-version",
+    "nvswitch",
+)
 
 
 def read_all(folder: Path) -> dict[str, Fact]:

@@ -30,11 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-FLOOR_FRACTION = 0.8        # of a cited healthy figure
-NIC_EFFICIENCY = 0.94       # all-nodes busbw / the NICs' line rate on a healthy fabric (cited above)
+FLOOR_FRACTION = 0.8  # of a cited healthy figure
+NIC_EFFICIENCY = 0.94  # all-nodes busbw / the NICs' line rate on a healthy fabric (cited above)
 HOST_DEVICE_FRACTION = 0.6  # of the PCIe link's rate: under a link trained to half its lanes or a generation down
 PCIE_LOOSE_FRACTION = 0.25  # of the PCIe link's rate, for an all-reduce where no figure is published
-CPU_FLOOR = 0.01            # GB/s: two gloo processes (or CPU nodes) show the flow works, not a bandwidth
+CPU_FLOOR = 0.01  # GB/s: two gloo processes (or CPU nodes) show the flow works, not a bandwidth
 
 # GB/s per lane and direction after encoding (8b/10b to Gen2, 128b/130b from Gen3)
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
@@ -55,33 +55,103 @@ def nodes_floor(nic_count: int, rate_gbps: float) -> float:
 class Platform:
     key: str
     name: str
-    gpu_models: tuple[str, ...]       # substrings of nvidia-smi's GPU name; () matches any
-    gpu_count: int | None             # None: any count
-    nvswitch: bool | None             # True: every GPU pair on NVLink; False: not; None: either
-    node_healthy_gbps: float | None   # all GPUs of the node, cited; None: derived from the PCIe link
+    gpu_models: tuple[str, ...]  # substrings of nvidia-smi's GPU name; () matches any
+    gpu_count: int | None  # None: any count
+    nvswitch: bool | None  # True: every GPU pair on NVLink; False: not; None: either
+    node_healthy_gbps: float | None  # all GPUs of the node, cited; None: derived from the PCIe link
     node_source: str
-    pair_floor_gbps: float | None     # one GPU pair (only run on request where NVSwitch is); None: as the node
-    pcie: tuple[int, int] | None      # (gen, width) each GPU should have
+    pair_floor_gbps: float | None  # one GPU pair (only run on request where NVSwitch is); None: as the node
+    pcie: tuple[int, int] | None  # (gen, width) each GPU should have
     ib: tuple[int, float, str] | None  # (ports, Gb/s, width) the node should have; None: what it has
-    fabric_manager: bool              # NVSwitch boards need nvidia-fabricmanager running
-    runs_pairs: bool                  # pairs are the primary test (no NVSwitch)
+    fabric_manager: bool  # NVSwitch boards need nvidia-fabricmanager running
+    runs_pairs: bool  # pairs are the primary test (no NVSwitch)
 
 
 PLATFORMS: tuple[Platform, ...] = (
-    Platform("h100-sxm-8", "DGX H100 / HGX H100 (8 x H100 SXM, NVSwitch)", ("H100",), 8, True, 470.0,
-             f"8 x H200 nccl-tests, median at 1-8 GiB ({BEKMAN}); the same NVLink 4 and NVSwitch", 200.0, (5, 16),
-             (8, 400.0, "4X"), True, False),
-    Platform("h200-sxm-8", "DGX H200 / HGX H200 (8 x H200 SXM, NVSwitch)", ("H200",), 8, True, 470.0,
-             f"8 x H200 nccl-tests, median at 1-8 GiB ({BEKMAN})", 200.0, (5, 16), (8, 400.0, "4X"), True, False),
-    Platform("a100-sxm-8", "DGX A100 / HGX A100 (8 x A100 SXM4, NVSwitch)", ("A100-SXM", "A100 SXM"), 8, True,
-             235.0, "A100 node nccl-tests (stas00/ml-engineering network/README.md)", 135.0, (4, 16),
-             (8, 200.0, "4X"), True, False),
-    Platform("pcie", "PCIe GPUs without NVSwitch", (), None, False, None,
-             "no published figure: derived from each GPU's PCIe link", None, None, None, False, True),
-    Platform("gpu", "GPUs the table does not name", (), None, None, None,
-             "no published figure: derived from each GPU's PCIe link", None, None, None, False, True),
-    Platform("cpu", "CPU only (no NVIDIA GPU)", (), 0, None, None, "two gloo processes show the flow works",
-             CPU_FLOOR, None, None, False, True),
+    Platform(
+        "h100-sxm-8",
+        "DGX H100 / HGX H100 (8 x H100 SXM, NVSwitch)",
+        ("H100",),
+        8,
+        True,
+        470.0,
+        f"8 x H200 nccl-tests, median at 1-8 GiB ({BEKMAN}); the same NVLink 4 and NVSwitch",
+        200.0,
+        (5, 16),
+        (8, 400.0, "4X"),
+        True,
+        False,
+    ),
+    Platform(
+        "h200-sxm-8",
+        "DGX H200 / HGX H200 (8 x H200 SXM, NVSwitch)",
+        ("H200",),
+        8,
+        True,
+        470.0,
+        f"8 x H200 nccl-tests, median at 1-8 GiB ({BEKMAN})",
+        200.0,
+        (5, 16),
+        (8, 400.0, "4X"),
+        True,
+        False,
+    ),
+    Platform(
+        "a100-sxm-8",
+        "DGX A100 / HGX A100 (8 x A100 SXM4, NVSwitch)",
+        ("A100-SXM", "A100 SXM"),
+        8,
+        True,
+        235.0,
+        "A100 node nccl-tests (stas00/ml-engineering network/README.md)",
+        135.0,
+        (4, 16),
+        (8, 200.0, "4X"),
+        True,
+        False,
+    ),
+    Platform(
+        "pcie",
+        "PCIe GPUs without NVSwitch",
+        (),
+        None,
+        False,
+        None,
+        "no published figure: derived from each GPU's PCIe link",
+        None,
+        None,
+        None,
+        False,
+        True,
+    ),
+    Platform(
+        "gpu",
+        "GPUs the table does not name",
+        (),
+        None,
+        None,
+        None,
+        "no published figure: derived from each GPU's PCIe link",
+        None,
+        None,
+        None,
+        False,
+        True,
+    ),
+    Platform(
+        "cpu",
+        "CPU only (no NVIDIA GPU)",
+        (),
+        0,
+        None,
+        None,
+        "two gloo processes show the flow works",
+        CPU_FLOOR,
+        None,
+        None,
+        False,
+        True,
+    ),
 )
 BY_KEY = {platform.key: platform for platform in PLATFORMS}
 
@@ -97,27 +167,37 @@ def pick(gpus: list[dict[str, Any]], all_nvlink: bool) -> tuple[Platform, str]:
     if not gpus:
         return BY_KEY["cpu"], "no NVIDIA GPU listed by nvidia-smi"
     names = sorted({gpu["name"] for gpu in gpus})
-    seen = f"{len(gpus)} x {', '.join(names)}, " + ("NVLink between every pair" if all_nvlink else
-                                                       "not every pair on NVLink")
+    seen = f"{len(gpus)} x {', '.join(names)}, " + (
+        "NVLink between every pair" if all_nvlink else "not every pair on NVLink"
+    )
     for platform in PLATFORMS[:3]:
-        if len(gpus) == platform.gpu_count and all_nvlink and len(names) == 1 and not _excluded(names[0]) \
-                and any(model in names[0] for model in platform.gpu_models):
+        if (
+            len(gpus) == platform.gpu_count
+            and all_nvlink
+            and len(names) == 1
+            and not _excluded(names[0])
+            and any(model in names[0] for model in platform.gpu_models)
+        ):
             return platform, seen
     if not all_nvlink:
         return BY_KEY["pcie"], seen
     return BY_KEY["gpu"], seen + " (not a platform of the table)"
 
 
-def floors(platform: Platform, gpus: list[dict[str, Any]], active_ib: list[dict[str, Any]]
-           ) -> tuple[dict[str, float], dict[str, str]]:
+def floors(
+    platform: Platform, gpus: list[dict[str, Any]], active_ib: list[dict[str, Any]]
+) -> tuple[dict[str, float], dict[str, str]]:
     """(floor per key, where each came from) for a node of `platform` with these GPUs and active IB ports.
     Keys: node (all its GPUs), pair (one pair / two CPU processes), nodes (all nodes together; ring pairs),
     host_device (pinned copies, each direction, per GPU). Table-named platforms scale the all-nodes floor by the
     NICs they should have, others by the ports found Active (a missing rail there lowers its own floor)."""
     if platform.key == "cpu":
         source = "platform cpu: two gloo processes show the flow works"
-        return {"node": CPU_FLOOR, "pair": CPU_FLOOR, "nodes": CPU_FLOOR}, \
-            {"node": source, "pair": source, "nodes": source}
+        return {"node": CPU_FLOOR, "pair": CPU_FLOOR, "nodes": CPU_FLOOR}, {
+            "node": source,
+            "pair": source,
+            "nodes": source,
+        }
     out: dict[str, float] = {}
     sources: dict[str, str] = {}
     gen, width = platform.pcie or _found_link(gpus)
@@ -127,12 +207,16 @@ def floors(platform: Platform, gpus: list[dict[str, Any]], active_ib: list[dict[
         sources["node"] = f"{FLOOR_FRACTION:g} x {platform.node_healthy_gbps:g} GB/s ({platform.node_source})"
     else:
         out["node"] = PCIE_LOOSE_FRACTION * link
-        sources["node"] = f"{PCIE_LOOSE_FRACTION:g} x the PCIe Gen{gen} x{width} link ({link:.3g} GB/s): " \
-                          f"{platform.node_source}; record a baseline"
+        sources["node"] = (
+            f"{PCIE_LOOSE_FRACTION:g} x the PCIe Gen{gen} x{width} link ({link:.3g} GB/s): "
+            f"{platform.node_source}; record a baseline"
+        )
     if platform.pair_floor_gbps is not None:
         out["pair"] = platform.pair_floor_gbps
-        sources["pair"] = "0.45 x the NVLink bandwidth per GPU and direction (450 GB/s NVLink 4, 300 NVLink 3; " \
-                          "stas00/ml-engineering network/README.md)"
+        sources["pair"] = (
+            "0.45 x the NVLink bandwidth per GPU and direction (450 GB/s NVLink 4, 300 NVLink 3; "
+            "stas00/ml-engineering network/README.md)"
+        )
     else:
         out["pair"], sources["pair"] = out["node"], sources["node"]
     if platform.ib is not None:
@@ -149,19 +233,33 @@ def floors(platform: Platform, gpus: list[dict[str, Any]], active_ib: list[dict[
         out["nodes"] = CPU_FLOOR
         sources["nodes"] = "no InfiniBand port: only that the all-reduce across nodes works"
     out["host_device"] = HOST_DEVICE_FRACTION * link
-    sources["host_device"] = f"{HOST_DEVICE_FRACTION:g} x the PCIe Gen{gen} x{width} link ({link:.3g} GB/s per " \
-                             f"direction) each GPU {'should have' if platform.pcie else 'reports as its maximum'}"
+    sources["host_device"] = (
+        f"{HOST_DEVICE_FRACTION:g} x the PCIe Gen{gen} x{width} link ({link:.3g} GB/s per "
+        f"direction) each GPU {'should have' if platform.pcie else 'reports as its maximum'}"
+    )
     return {key: round(value, 1) for key, value in out.items()}, sources  # GB/s to 0.1: floors, not measurements
 
 
 def _found_link(gpus: list[dict[str, Any]]) -> tuple[int, int]:
     """The best link any GPU reports it can have (nvidia-smi's max), Gen3 x16 when none says."""
-    links = [(gpu["pcie_gen_max"], gpu["pcie_width_max"]) for gpu in gpus
-             if gpu.get("pcie_gen_max") and gpu.get("pcie_width_max")]
+    links = [
+        (gpu["pcie_gen_max"], gpu["pcie_width_max"])
+        for gpu in gpus
+        if gpu.get("pcie_gen_max") and gpu.get("pcie_width_max")
+    ]
     return max(links, default=(3, 16))
 
 
 def describe() -> list[dict[str, Any]]:
     """The table for docs and validate.json's definitions: each platform with its floors before any override."""
-    return [{"key": p.key, "name": p.name, "node_healthy_gbps": p.node_healthy_gbps, "source": p.node_source,
-             "pcie": p.pcie, "ib": p.ib} for p in PLATFORMS]
+    return [
+        {
+            "key": p.key,
+            "name": p.name,
+            "node_healthy_gbps": p.node_healthy_gbps,
+            "source": p.node_source,
+            "pcie": p.pcie,
+            "ib": p.ib,
+        }
+        for p in PLATFORMS
+    ]

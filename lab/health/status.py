@@ -9,13 +9,13 @@ is a problem, said by name, and an operator who knowingly lacks the tool waives 
 
 from __future__ import annotations
 
-OK = "ok"                          # looked, and it holds
-WARN = "warn"                      # holds, with something a user should fix (a small /dev/shm)
-NOTE = "note"                      # reported, not judged (a GPU's PCIe generation lowered while idle)
-FAIL = "fail"                      # looked, and it does not hold
-NOT_PRESENT = "not present"        # the tool that would tell is not installed
-UNREADABLE = "unreadable"          # the tool ran, or its record exists, and nothing readable came of it
-NOT_RUN = "not run"                # not asked for (no DCGM level given)
+OK = "ok"  # looked, and it holds
+WARN = "warn"  # holds, with something a user should fix (a small /dev/shm)
+NOTE = "note"  # reported, not judged (a GPU's PCIe generation lowered while idle)
+FAIL = "fail"  # looked, and it does not hold
+NOT_PRESENT = "not present"  # the tool that would tell is not installed
+UNREADABLE = "unreadable"  # the tool ran, or its record exists, and nothing readable came of it
+NOT_RUN = "not run"  # not asked for (no DCGM level given)
 NOT_APPLICABLE = "not applicable"  # does not apply to this node (InfiniBand on a CPU node)
 
 STATUSES = (OK, WARN, NOTE, FAIL, NOT_PRESENT, UNREADABLE, NOT_RUN, NOT_APPLICABLE)

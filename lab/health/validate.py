@@ -45,26 +45,38 @@ from pathlib import Path
 from typing import Any
 
 from lab import atomic
-from lab.health import baseline as fabric_baseline, fabric_checks
+from lab.errors import EXIT_FAILED, EXIT_OK, LabError
+from lab.health import baseline as fabric_baseline
+from lab.health import fabric_checks
 from lab.health import node_facts as nf
-from lab.health.validate_input import (  # noqa: F401 (parse_* and describe_pair: the module's doctest, tests)
-    FLOOR_KEYS, _folder, _result, _shortfall, _why_missing, describe_pair, judged_busbw, last_line, on_gpus,
-    parse_expect, parse_floors, parse_nodes, wrong_elements,
-)
 from lab.health import platforms as table
 from lab.health.status import NOT_APPLICABLE, NOT_PRESENT, UNREADABLE
-from lab.errors import EXIT_FAILED, EXIT_OK, LabError
+from lab.health.validate_input import (
+    FLOOR_KEYS,
+    _folder,
+    _result,
+    _shortfall,
+    _why_missing,
+    describe_pair,
+    judged_busbw,
+    last_line,
+    on_gpus,
+    parse_expect,
+    parse_floors,
+    parse_nodes,
+    wrong_elements,
+)
 
-NCCL_LOG_BYTES = 32 << 20    # an NCCL_DEBUG=INFO log of many nodes; its channel lines come first
+NCCL_LOG_BYTES = 32 << 20  # an NCCL_DEBUG=INFO log of many nodes; its channel lines come first
 
 DEFINITIONS = {
     "busbw": "nccl-tests' bus bandwidth of all_reduce, algbw * 2 (n-1) / n, GB/s (1e9); per size the better of "
-             "out-of-place and in-place",
+    "out-of-place and in-place",
     "judged": "the median busbw of the sizes >= 1 GiB (where inter-node bandwidth peaks); a run with no size that "
-              "large is judged at its largest size, and says so in judged_at",
+    "large is judged at its largest size, and says so in judged_at",
     "floor": "per node from its platform (lab.health.platforms: a fraction of a cited healthy figure), replaced by "
-             "--baseline FILE (--baseline-fraction of the recorded figure), replaced by --floor [NODE:]KEY=GBPS; "
-             "a check across nodes takes the highest nodes floor among them",
+    "--baseline FILE (--baseline-fraction of the recorded figure), replaced by --floor [NODE:]KEY=GBPS; "
+    "a check across nodes takes the highest nodes floor among them",
     "host_device": "pinned host->device and device->host copies per GPU (lab bench hostdevice), GB/s (1e9)",
 }
 
@@ -75,9 +87,15 @@ DEFINITIONS = {
 class Settings:
     """What the command line asks beyond the folder: floors, expectations, the baseline."""
 
-    def __init__(self, floors: dict[str, dict[str, float]] | None = None,
-                 expect: dict[str, dict[str, Any]] | None = None, baseline: dict[str, Any] | None = None,
-                 baseline_file: str | None = None, fraction: float = 0.8, dcgm_level: int | None = None):
+    def __init__(
+        self,
+        floors: dict[str, dict[str, float]] | None = None,
+        expect: dict[str, dict[str, Any]] | None = None,
+        baseline: dict[str, Any] | None = None,
+        baseline_file: str | None = None,
+        fraction: float = 0.8,
+        dcgm_level: int | None = None,
+    ):
         self.floors, self.expect = floors or {}, expect or {}
         self.baseline, self.baseline_file, self.fraction = baseline, baseline_file, fraction
         self.dcgm_level = dcgm_level
@@ -85,8 +103,7 @@ class Settings:
     def expected(self, node: str) -> dict[str, Any]:
         return {**self.expect.get("", {}), **self.expect.get(node, {})}
 
-    def floor(self, node: str, platform: str, key: str, default: float | None, source: str
-              ) -> tuple[float | None, str]:
+    def floor(self, node: str, platform: str, key: str, default: float | None, source: str) -> tuple[float | None, str]:
         """The floor of `key` for `node`: --floor NODE: over --floor over the baseline over the platform."""
         for scope, said in ((node, f"--floor {node}:{key}"), ("", f"--floor {key}")):
             if key in self.floors.get(scope, {}):
@@ -102,21 +119,38 @@ def _platform(facts: dict[str, nf.Fact], like: dict[str, Any] | None) -> tuple[t
     """(platform, why, the GPUs, the topology) from the facts, or from the all-reduce result's device names when
     the facts say nothing of GPUs."""
     gpus = nf.gpu_rows(facts["nvidia-smi-gpus"].text) if facts["nvidia-smi-gpus"].ok else []
-    topo = nf.topo_links(facts["nvidia-smi-topo"].text) if facts["nvidia-smi-topo"].ok else \
-        {"gpus": 0, "pairs": {}, "all_nvlink": False, "min_nvlinks": None}
+    topo = (
+        nf.topo_links(facts["nvidia-smi-topo"].text)
+        if facts["nvidia-smi-topo"].ok
+        else {"gpus": 0, "pairs": {}, "all_nvlink": False, "min_nvlinks": None}
+    )
     if not gpus and like is not None and on_gpus(like) and not facts["nvidia-smi-gpus"].ok:
         names = [name for name in like.get("devices") or [] if name != "cpu"]
-        gpus = [{"index": i, "name": name, "pcie_gen_max": None, "pcie_width_max": None, "pcie_gen_current": None,
-                 "pcie_width_current": None} for i, name in enumerate(names)]
+        gpus = [
+            {
+                "index": i,
+                "name": name,
+                "pcie_gen_max": None,
+                "pcie_width_max": None,
+                "pcie_gen_current": None,
+                "pcie_width_current": None,
+            }
+            for i, name in enumerate(names)
+        ]
         platform, why = table.pick(gpus, all_nvlink=False)
         return platform, why + " (from the all-reduce's devices: no nvidia-smi facts)", gpus, topo
     platform, why = table.pick(gpus, topo["all_nvlink"])
     return platform, why, gpus, topo
 
 
-def node_record(folder: Path, name: str, settings: Settings, like: dict[str, Any] | None,
-                channels: dict[str, dict[str, Any]], multi_node: bool
-                ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+def node_record(
+    folder: Path,
+    name: str,
+    settings: Settings,
+    like: dict[str, Any] | None,
+    channels: dict[str, dict[str, Any]],
+    multi_node: bool,
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(nodes[name], runs[name]["node"], its problems). `like`: a node's result, for what a node that wrote none
     was asked to run (one job asks every node for the same)."""
     facts_dir = folder / f"facts-{name}"
@@ -132,18 +166,28 @@ def node_record(folder: Path, name: str, settings: Settings, like: dict[str, Any
         checks.append(result[0])
         fact_problems.extend(result[1])
 
-    health: dict[str, Any] = {"dcgm_diag": NOT_APPLICABLE, "xid_events": NOT_APPLICABLE,
-                              "ecc_uncorrected": NOT_APPLICABLE}
+    health: dict[str, Any] = {
+        "dcgm_diag": NOT_APPLICABLE,
+        "xid_events": NOT_APPLICABLE,
+        "ecc_uncorrected": NOT_APPLICABLE,
+    }
     if not facts_dir.is_dir():
         checks.append(fabric_checks.check("facts", NOT_PRESENT, f"no facts-{name}/ in DIR"))
         if platform.key != "cpu":
-            fact_problems.append(f"facts: no facts-{name}/ (scripts/node-facts.sh did not run on it): its GPUs, "
-                                 f"links and health are unchecked")
+            fact_problems.append(
+                f"facts: no facts-{name}/ (scripts/node-facts.sh did not run on it): its GPUs, "
+                f"links and health are unchecked"
+            )
     if platform.key != "cpu":
         ib_want = _ib_expected(platform, expect)
-        pcie_want = (expect.get("pcie_gen", (platform.pcie or (0, 0))[0]),
-                     expect.get("pcie_width", (platform.pcie or (0, 0))[1])) \
-            if platform.pcie or "pcie_gen" in expect or "pcie_width" in expect else None
+        pcie_want = (
+            (
+                expect.get("pcie_gen", (platform.pcie or (0, 0))[0]),
+                expect.get("pcie_width", (platform.pcie or (0, 0))[1]),
+            )
+            if platform.pcie or "pcie_gen" in expect or "pcie_width" in expect
+            else None
+        )
         if facts["nvidia-smi-gpus"].ok:
             add(fabric_checks.pcie(gpus, pcie_want))
         else:
@@ -156,18 +200,25 @@ def node_record(folder: Path, name: str, settings: Settings, like: dict[str, Any
         add((ib_check, ib_problems))
         has_ib = bool(active_ib) or bool(ib_want and ib_want[0])
         if has_ib:
-            add(fabric_checks.gpudirect_support(facts["modules"], facts["kernel"], facts["driver-version"],
-                                                facts["nvidia-smi-q"]))
+            add(
+                fabric_checks.gpudirect_support(
+                    facts["modules"], facts["kernel"], facts["driver-version"], facts["nvidia-smi-q"]
+                )
+            )
         if has_ib and multi_node and expect.get("gdrdma", "yes") == "yes":
             names = {name, name.split(".")[0], facts["hostname"].text.strip()} - {""}
             add(fabric_checks.gdrdma(channels, names, "nodes.log"))
         level = settings.dcgm_level if settings.dcgm_level is not None else nf.dcgm_level(facts_dir)
-        chk, problems, health["dcgm_diag"] = fabric_checks.dcgm(facts["dcgmi-diag"], level,
-                                                                expect.get("dcgm") == "skip")
+        chk, problems, health["dcgm_diag"] = fabric_checks.dcgm(
+            facts["dcgmi-diag"], level, expect.get("dcgm") == "skip"
+        )
         add((chk, problems))
-        chk, problems, health["xid_events"] = fabric_checks.xid(facts["journal-xid"], facts["journal-kernel-lines"],
-                                                                expect.get("xid_max", 0),
-                                                                expect.get("journal") == "skip")
+        chk, problems, health["xid_events"] = fabric_checks.xid(
+            facts["journal-xid"],
+            facts["journal-kernel-lines"],
+            expect.get("xid_max", 0),
+            expect.get("journal") == "skip",
+        )
         add((chk, problems))
         add(fabric_checks.row_remap(facts["remapped-rows"]))
         health["ecc_uncorrected"] = nf.ecc_rows(facts["ecc"].text) if facts["ecc"].ok else facts["ecc"].status
@@ -175,8 +226,11 @@ def node_record(folder: Path, name: str, settings: Settings, like: dict[str, Any
             health["dcgm_level"] = level
     else:
         readable, reason = nf.journal_readable(facts["journal-xid"], facts["journal-kernel-lines"])
-        health["xid_events"] = len(nf.xids(facts["journal-xid"].text)) if readable else \
-            (NOT_PRESENT if facts["journal-xid"].status == NOT_PRESENT else UNREADABLE)
+        health["xid_events"] = (
+            len(nf.xids(facts["journal-xid"].text))
+            if readable
+            else (NOT_PRESENT if facts["journal-xid"].status == NOT_PRESENT else UNREADABLE)
+        )
         checks.append(fabric_checks.check("gpu-checks", NOT_APPLICABLE, f"no NVIDIA GPU ({why})"))
 
     defaults, sources = table.floors(platform, gpus, active_ib)
@@ -191,12 +245,22 @@ def node_record(folder: Path, name: str, settings: Settings, like: dict[str, Any
     pairs = [_node_allreduce(folder, name, doc, unreadable, like, floors, floor_sources, platform, problems)]
     pairs += _pairs(folder, name, floors, floor_sources, problems)
     hostdevice = _hostdevice(folder, name, floors, floor_sources, platform, problems)
-    record = {"gpus": len(gpus) if gpus else (0 if platform.key == "cpu" else None),
-              "platform": {"key": platform.key, "name": platform.name, "why": why},
-              "floors": floors, "floor_sources": floor_sources, "pairs": pairs, "hostdevice": hostdevice,
-              "facts": _parsed(facts, gpus, topo, active_ib), "checks": checks, "health": health}
-    run = {"result": f"node-{name}.json" if doc else None, "log": f"node-{name}.log",
-           "last_line": last_line(folder / f"node-{name}.log")}
+    record = {
+        "gpus": len(gpus) if gpus else (0 if platform.key == "cpu" else None),
+        "platform": {"key": platform.key, "name": platform.name, "why": why},
+        "floors": floors,
+        "floor_sources": floor_sources,
+        "pairs": pairs,
+        "hostdevice": hostdevice,
+        "facts": _parsed(facts, gpus, topo, active_ib),
+        "checks": checks,
+        "health": health,
+    }
+    run = {
+        "result": f"node-{name}.json" if doc else None,
+        "log": f"node-{name}.log",
+        "last_line": last_line(folder / f"node-{name}.log"),
+    }
     return record, run, problems
 
 
@@ -207,16 +271,32 @@ def _ib_expected(platform: table.Platform, expect: dict[str, Any]) -> tuple[int,
     return expect.get("ib_ports", count), expect.get("ib_rate", rate), expect.get("ib_width", width)
 
 
-def _node_allreduce(folder: Path, name: str, doc: dict[str, Any] | None, unreadable: str | None,
-                    like: dict[str, Any] | None, floors: dict[str, float], sources: dict[str, str],
-                    platform: table.Platform, problems: list[str]) -> dict[str, Any]:
+def _node_allreduce(
+    folder: Path,
+    name: str,
+    doc: dict[str, Any] | None,
+    unreadable: str | None,
+    like: dict[str, Any] | None,
+    floors: dict[str, float],
+    sources: dict[str, str],
+    platform: table.Platform,
+    problems: list[str],
+) -> dict[str, Any]:
     """The node's all-reduce over all its GPUs (or two CPU processes) against its node floor."""
     shape = doc or like
     gpus = (shape["world_size"] if on_gpus(shape) else 0) if shape else None
     pair = ("cpu" if gpus == 0 else ",".join(map(str, range(gpus)))) if gpus is not None else "all"
     key = "pair" if pair == "cpu" else "node"
-    entry: dict[str, Any] = {"pair": pair, "rc": None, "avg_busbw": None, "busbw": None, "judged_at": None,
-                             "floor": floors[key], "ok": False, "error": None}
+    entry: dict[str, Any] = {
+        "pair": pair,
+        "rc": None,
+        "avg_busbw": None,
+        "busbw": None,
+        "judged_at": None,
+        "floor": floors[key],
+        "ok": False,
+        "error": None,
+    }
     what = f"{name}: all-reduce of {describe_pair(pair)}"
     if doc is None:
         entry["error"] = _why_missing(folder, f"node-{name}", unreadable)
@@ -224,11 +304,11 @@ def _node_allreduce(folder: Path, name: str, doc: dict[str, Any] | None, unreada
         return entry
     busbw, at = judged_busbw(doc)
     wrong = wrong_elements(doc)
-    entry.update(avg_busbw=doc["avg_busbw"], busbw=busbw, judged_at=at, wrong=wrong,
-                 ok=wrong == 0 and busbw >= floors[key])
+    entry.update(
+        avg_busbw=doc["avg_busbw"], busbw=busbw, judged_at=at, wrong=wrong, ok=wrong == 0 and busbw >= floors[key]
+    )
     if not entry["ok"]:
-        hint = " (NVLS off, an NVLink down or the fabric manager?)" if platform.nvswitch and busbw < floors[key] \
-            else ""
+        hint = " (NVLS off, an NVLink down or the fabric manager?)" if platform.nvswitch and busbw < floors[key] else ""
         problems.append(f"{what}: {_shortfall(busbw, floors[key], wrong, sources[key])}{hint}")
     return entry
 
@@ -236,33 +316,58 @@ def _node_allreduce(folder: Path, name: str, doc: dict[str, Any] | None, unreada
 PAIR_FILE = re.compile(r"^pair-(?P<node>.+)-(?P<i>\d+)-(?P<j>\d+)\.json$")
 
 
-def _pairs(folder: Path, name: str, floors: dict[str, float], sources: dict[str, str], problems: list[str]
-           ) -> list[dict[str, Any]]:
+def _pairs(
+    folder: Path, name: str, floors: dict[str, float], sources: dict[str, str], problems: list[str]
+) -> list[dict[str, Any]]:
     """The node's GPU pairs, where they were run (pair-NAME-I-J.json)."""
     entries = []
-    found = sorted((int(m["i"]), int(m["j"]), path) for path in folder.glob(f"pair-{name}-*-*.json")
-                   if (m := PAIR_FILE.match(path.name)) and m["node"] == name)
+    found = sorted(
+        (int(m["i"]), int(m["j"]), path)
+        for path in folder.glob(f"pair-{name}-*-*.json")
+        if (m := PAIR_FILE.match(path.name)) and m["node"] == name
+    )
     for i, j, path in found:
         doc, unreadable = _result(path)
         pair = f"{i},{j}"
-        entry: dict[str, Any] = {"pair": pair, "rc": None, "avg_busbw": None, "busbw": None, "judged_at": None,
-                                 "floor": floors["pair"], "ok": False, "error": unreadable}
+        entry: dict[str, Any] = {
+            "pair": pair,
+            "rc": None,
+            "avg_busbw": None,
+            "busbw": None,
+            "judged_at": None,
+            "floor": floors["pair"],
+            "ok": False,
+            "error": unreadable,
+        }
         if doc is None:
             problems.append(f"{name}: all-reduce of GPU pair {pair}: no result: {unreadable}")
         else:
             busbw, at = judged_busbw(doc)
             wrong = wrong_elements(doc)
-            entry.update(avg_busbw=doc["avg_busbw"], busbw=busbw, judged_at=at, wrong=wrong,
-                         ok=wrong == 0 and busbw >= floors["pair"])
+            entry.update(
+                avg_busbw=doc["avg_busbw"],
+                busbw=busbw,
+                judged_at=at,
+                wrong=wrong,
+                ok=wrong == 0 and busbw >= floors["pair"],
+            )
             if not entry["ok"]:
-                problems.append(f"{name}: all-reduce of GPU pair {pair}: "
-                                f"{_shortfall(busbw, floors['pair'], wrong, sources['pair'])}")
+                problems.append(
+                    f"{name}: all-reduce of GPU pair {pair}: "
+                    f"{_shortfall(busbw, floors['pair'], wrong, sources['pair'])}"
+                )
         entries.append(entry)
     return entries
 
 
-def _hostdevice(folder: Path, name: str, floors: dict[str, float], sources: dict[str, str],
-                platform: table.Platform, problems: list[str]) -> dict[str, Any] | None:
+def _hostdevice(
+    folder: Path,
+    name: str,
+    floors: dict[str, float],
+    sources: dict[str, str],
+    platform: table.Platform,
+    problems: list[str],
+) -> dict[str, Any] | None:
     """hostdevice-NAME.json (lab bench hostdevice): each GPU's pinned copies against host_device, the
     device-to-device copies against d2d where a floor is set."""
     stem = f"hostdevice-{name}"
@@ -284,50 +389,74 @@ def _hostdevice(folder: Path, name: str, floors: dict[str, float], sources: dict
             if floor is not None and (value is None or value < floor):
                 low.append(f"GPU {gpu['index']} {direction} {value if value is None else f'{value:.3g}'} GB/s")
     if low:
-        problems.append(f"{name}: host<->device copies below their floor {floor:g} GB/s: {', '.join(low)} "
-                        f"(a PCIe link trained down?)")
+        problems.append(
+            f"{name}: host<->device copies below their floor {floor:g} GB/s: {', '.join(low)} "
+            f"(a PCIe link trained down?)"
+        )
     d2d_low = []
     if "d2d" in floors:
         for i, row in enumerate(doc["d2d_gbps"]):
             d2d_low += [f"{i}->{j} {value:.3g} GB/s" for j, value in enumerate(row) if i != j and value < floors["d2d"]]
         if d2d_low:
-            problems.append(f"{name}: device-to-device copies below their floor {floors['d2d']:g} GB/s: "
-                            f"{', '.join(d2d_low)}")
-    return {"ok": not low and not d2d_low, "method": doc.get("method"), "device": doc.get("device"),
-            "min_gbps": min(figures) if figures else None, "floor": floor, "below": low + d2d_low,
-            "gpus": doc["gpus"], "d2d_gbps": doc["d2d_gbps"]}
+            problems.append(
+                f"{name}: device-to-device copies below their floor {floors['d2d']:g} GB/s: {', '.join(d2d_low)}"
+            )
+    return {
+        "ok": not low and not d2d_low,
+        "method": doc.get("method"),
+        "device": doc.get("device"),
+        "min_gbps": min(figures) if figures else None,
+        "floor": floor,
+        "below": low + d2d_low,
+        "gpus": doc["gpus"],
+        "d2d_gbps": doc["d2d_gbps"],
+    }
 
 
 def _parsed(facts: dict[str, nf.Fact], gpus: list, topo: dict, active_ib: list) -> dict[str, Any]:
     """The facts as validate.json keeps them: parsed where parsed, each fact's status."""
     query = nf.query_fabric(facts["nvidia-smi-q"].text) if facts["nvidia-smi-q"].ok else None
-    return {"status": {name: fact.status for name, fact in facts.items()},
-            "hostname": facts["hostname"].text.strip() if facts["hostname"].ok else None,
-            "kernel": facts["kernel"].text.strip() if facts["kernel"].ok else None,
-            "driver_version": query["driver_version"] if query else None,
-            "gpus": gpus, "nvlink_all_pairs": topo["all_nvlink"], "min_nvlinks": topo["min_nvlinks"],
-            "fabric": query["gpus"] if query else None, "infiniband_active": active_ib,
-            "nvidia_peermem": "nvidia_peermem" in nf.module_names(facts["modules"].text)
-            if facts["modules"].ok else None,
-            "fabric_manager": facts["fabricmanager"].text.strip() or None,
-            "dcgm_version": facts["dcgmi-version"].text.strip().splitlines()[0][:200]
-            if facts["dcgmi-version"].ok and facts["dcgmi-version"].text.strip() else None}
+    return {
+        "status": {name: fact.status for name, fact in facts.items()},
+        "hostname": facts["hostname"].text.strip() if facts["hostname"].ok else None,
+        "kernel": facts["kernel"].text.strip() if facts["kernel"].ok else None,
+        "driver_version": query["driver_version"] if query else None,
+        "gpus": gpus,
+        "nvlink_all_pairs": topo["all_nvlink"],
+        "min_nvlinks": topo["min_nvlinks"],
+        "fabric": query["gpus"] if query else None,
+        "infiniband_active": active_ib,
+        "nvidia_peermem": "nvidia_peermem" in nf.module_names(facts["modules"].text) if facts["modules"].ok else None,
+        "fabric_manager": facts["fabricmanager"].text.strip() or None,
+        "dcgm_version": facts["dcgmi-version"].text.strip().splitlines()[0][:200]
+        if facts["dcgmi-version"].ok and facts["dcgmi-version"].text.strip()
+        else None,
+    }
 
 
 # ----------------------------------------------------------------------------- across nodes
 
 
-def _across(folder: Path, stem: str, hosts: list[str], floor: float, source: str
-            ) -> tuple[dict[str, Any] | None, str | None]:
+def _across(
+    folder: Path, stem: str, hosts: list[str], floor: float, source: str
+) -> tuple[dict[str, Any] | None, str | None]:
     """(the check of one all-reduce across `hosts`, why there is none)."""
     doc, unreadable = _result(folder / f"{stem}.json")
     if doc is None:
         return None, (unreadable if unreadable else None)
     busbw, at = judged_busbw(doc)
     wrong = wrong_elements(doc)
-    return {"hosts": hosts, "world_size": doc["world_size"], "avg_busbw": doc["avg_busbw"], "busbw": busbw,
-            "judged_at": at, "floor": floor, "floor_source": source, "wrong": wrong,
-            "ok": wrong == 0 and busbw >= floor}, None
+    return {
+        "hosts": hosts,
+        "world_size": doc["world_size"],
+        "avg_busbw": doc["avg_busbw"],
+        "busbw": busbw,
+        "judged_at": at,
+        "floor": floor,
+        "floor_source": source,
+        "wrong": wrong,
+        "ok": wrong == 0 and busbw >= floor,
+    }, None
 
 
 def _highest_nodes_floor(records: dict[str, Any], hosts: list[str]) -> tuple[float, str]:
@@ -340,11 +469,15 @@ def ring_pairs(nodes: list[str]) -> list[tuple[str, str]]:
     return [(a, b) for a, b in zip(nodes, nodes[1:] + nodes[:1])]
 
 
-def all_nodes_check(folder: Path, nodes: list[str], records: dict[str, Any], settings: Settings
-                    ) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any], list[str], list[str], bool]:
+def all_nodes_check(
+    folder: Path, nodes: list[str], records: dict[str, Any], settings: Settings
+) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any], list[str], list[str], bool]:
     """(all_nodes, runs[head]["nodes"], ring, suspects, problems, ring_needed)."""
-    run = {"result": "nodes.json" if (folder / "nodes.json").exists() else None, "log": "nodes.log",
-           "last_line": last_line(folder / "nodes.log")}
+    run = {
+        "result": "nodes.json" if (folder / "nodes.json").exists() else None,
+        "log": "nodes.log",
+        "last_line": last_line(folder / "nodes.log"),
+    }
     floor, source = _highest_nodes_floor(records, nodes)
     check, unreadable = _across(folder, "nodes", nodes, floor, source)
     if check is not None and settings.baseline is not None and not any("nodes" in f for f in settings.floors.values()):
@@ -360,10 +493,18 @@ def all_nodes_check(folder: Path, nodes: list[str], records: dict[str, Any], set
     ring: dict[str, Any] = {}
     for a, b in ring_pairs(nodes) if len(nodes) > 2 else []:
         pair_floor, pair_source = _highest_nodes_floor(records, [a, b])
-        found, why = _across(folder, f"ring-{a}_{b}", [a, b], pair_floor, pair_source)
-        if found is not None or why:
-            ring[f"{a}+{b}"] = found or {"hosts": [a, b], "world_size": None, "avg_busbw": None, "busbw": None,
-                                         "floor": pair_floor, "wrong": 0, "ok": False, "error": why}
+        pair_check, pair_unreadable = _across(folder, f"ring-{a}_{b}", [a, b], pair_floor, pair_source)
+        if pair_check is not None or pair_unreadable:
+            ring[f"{a}+{b}"] = pair_check or {
+                "hosts": [a, b],
+                "world_size": None,
+                "avg_busbw": None,
+                "busbw": None,
+                "floor": pair_floor,
+                "wrong": 0,
+                "ok": False,
+                "error": pair_unreadable,
+            }
     slow = [name for name, pair in ring.items() if not pair["ok"]]
     suspects = [node for node in nodes if sum(node in name.split("+") for name in slow) > 1]
     ring_needed = not check["ok"] and len(nodes) > 2 and not ring
@@ -371,12 +512,17 @@ def all_nodes_check(folder: Path, nodes: list[str], records: dict[str, Any], set
         return check, run, ring, suspects, [], False
     said = f"; slow node: {', '.join(suspects)}" if suspects else (f"; slow pair: {', '.join(slow)}" if slow else "")
     if check["busbw"] < check["floor"]:
-        problem = (f"all nodes: {check['world_size']} ranks: busbw {check['busbw']:.3g} GB/s, below "
-                   f"{check['floor']:g} GB/s, the highest floor among them"
-                   + (f" (and {check['wrong']} wrong elements)" if check["wrong"] else "") + said)
+        problem = (
+            f"all nodes: {check['world_size']} ranks: busbw {check['busbw']:.3g} GB/s, below "
+            f"{check['floor']:g} GB/s, the highest floor among them"
+            + (f" (and {check['wrong']} wrong elements)" if check["wrong"] else "")
+            + said
+        )
     else:
-        problem = f"all nodes: {check['world_size']} ranks: {check['wrong']} wrong elements " \
-                  f"(busbw {check['busbw']:.3g} GB/s, floor {check['floor']:g} GB/s){said}"
+        problem = (
+            f"all nodes: {check['world_size']} ranks: {check['wrong']} wrong elements "
+            f"(busbw {check['busbw']:.3g} GB/s, floor {check['floor']:g} GB/s){said}"
+        )
     return check, run, ring, suspects, [problem], ring_needed
 
 
@@ -391,8 +537,9 @@ def _nccl_log(folder: Path) -> dict[str, dict[str, Any]]:
 # ----------------------------------------------------------------------------- the verdict
 
 
-def verdict(folder: str | Path, nodes: list[str], run_id: str, settings: Settings | None = None,
-            runner: str = "slurm") -> dict[str, Any]:
+def verdict(
+    folder: str | Path, nodes: list[str], run_id: str, settings: Settings | None = None, runner: str = "slurm"
+) -> dict[str, Any]:
     """validate.json's document for the results in `folder`: every node of `nodes` (a node that wrote nothing is
     reported too), all nodes together, the ring where it ran, the problems. Reads files, writes none."""
     folder = _folder(folder)
@@ -413,32 +560,55 @@ def verdict(folder: str | Path, nodes: list[str], run_id: str, settings: Setting
     check, head_run, ring, suspects, across_problems, ring_needed = all_nodes_check(folder, nodes, records, settings)
     runs[nodes[0]]["nodes"] = head_run
     problems += across_problems
-    return {"check": "validate", "platform": runner, "run_id": run_id, "ok": not problems, "problems": problems,
-            "definitions": DEFINITIONS, "judged": DEFINITIONS["judged"], "nodes": records, "all_nodes": check,
-            "ring": ring, "ring_needed": ring_needed, "suspects": suspects,
-            "baseline": {"file": settings.baseline_file, "fraction": settings.fraction}
-            if settings.baseline is not None else None, "runs": runs}
+    return {
+        "check": "validate",
+        "platform": runner,
+        "run_id": run_id,
+        "ok": not problems,
+        "problems": problems,
+        "definitions": DEFINITIONS,
+        "judged": DEFINITIONS["judged"],
+        "nodes": records,
+        "all_nodes": check,
+        "ring": ring,
+        "ring_needed": ring_needed,
+        "suspects": suspects,
+        "baseline": {"file": settings.baseline_file, "fraction": settings.fraction}
+        if settings.baseline is not None
+        else None,
+        "runs": runs,
+    }
 
 
 def run(args) -> int:
     """`lab validate`: write validate.json, print each problem and the verdict; exit 0 passed, 1 failed."""
     nodes = parse_nodes(args.nodes)
     baseline = fabric_baseline.read(args.baseline) if args.baseline else None
-    settings = Settings(parse_floors(args.floor), parse_expect(args.expect), baseline, args.baseline,
-                        fabric_baseline.parse_fraction(args.baseline_fraction), args.dcgm_level)
+    settings = Settings(
+        parse_floors(args.floor),
+        parse_expect(args.expect),
+        baseline,
+        args.baseline,
+        fabric_baseline.parse_fraction(args.baseline_fraction),
+        args.dcgm_level,
+    )
     doc = verdict(args.folder, nodes, args.run_id, settings, args.runner)
     atomic.write_text(args.out, json.dumps(doc, indent=2) + "\n")
     for problem in doc["problems"]:
         print(problem)
     if doc["ring_needed"]:
-        print(f"validate: all nodes missed their floor; measure the ring's pairs "
-              f"({', '.join(f'ring-{a}_{b}' for a, b in ring_pairs(nodes))}) and validate again to name the slow node")
+        print(
+            f"validate: all nodes missed their floor; measure the ring's pairs "
+            f"({', '.join(f'ring-{a}_{b}' for a, b in ring_pairs(nodes))}) and validate again to name the slow node"
+        )
     if args.record_baseline and doc["ok"]:
         fabric_baseline.record(doc, args.record_baseline)
         print(f"validate: baseline written to {args.record_baseline}")
     elif args.record_baseline:
-        print(f"validate: --record-baseline {args.record_baseline}: not written: a baseline is a healthy "
-              f"cluster's figures and this run has problems (fix them, or waive them with --expect, and rerun)")
+        print(
+            f"validate: --record-baseline {args.record_baseline}: not written: a baseline is a healthy "
+            f"cluster's figures and this run has problems (fix them, or waive them with --expect, and rerun)"
+        )
     count = len(doc["problems"])
     outcome = "passed" if doc["ok"] else f"FAILED ({count} problem{'s' if count > 1 else ''})"
     print(f"validate: {outcome}; every figure: {args.out}")

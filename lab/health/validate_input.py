@@ -10,20 +10,20 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from lab.health import fabric_checks
 from lab.errors import LabError
+from lab.health import fabric_checks
 
 FLOOR_KEYS = ("node", "pair", "nodes", "host_device", "d2d")
 FLOOR_ALIASES = {"gpu_pair": "pair", "cpu_pair": "pair"}  # the validate role's old keys
 JUDGED_FROM_BYTES = 1 << 30  # 1 GiB: inter-node bandwidth peaks at 1-8 GiB; smaller sizes are latency-bound
-LOG_TAIL_BYTES = 65536       # enough for a last line; a long job's log is not read whole
+LOG_TAIL_BYTES = 65536  # enough for a last line; a long job's log is not read whole
 
 
 # ----------------------------------------------------------------------------- input
 
 
 def _split_scoped(option: str, item: str) -> tuple[str, str, str]:
-    """"[NODE:]KEY=VALUE" -> (NODE or "", KEY, VALUE)."""
+    """ "[NODE:]KEY=VALUE" -> (NODE or "", KEY, VALUE)."""
     scoped, equals, value = item.partition("=")
     if not equals:
         raise LabError(f"{option} {item!r}: expected [NODE:]KEY=VALUE, e.g. {option} nodes=300")
@@ -33,8 +33,10 @@ def _split_scoped(option: str, item: str) -> tuple[str, str, str]:
 
 def parse_floors(items: list[str]) -> dict[str, dict[str, float]]:
     """--floor [NODE:]KEY=GBPS (repeatable): {"" (every node) or NODE: {KEY: GB/s}}; a bad item is one line."""
-    wanted = f"expected [NODE:]KEY=GBPS with KEY one of {', '.join(FLOOR_KEYS)} and GBPS a number >= 0, " \
-             f"e.g. --floor node=400 or --floor dgx02:nodes=150"
+    wanted = (
+        f"expected [NODE:]KEY=GBPS with KEY one of {', '.join(FLOOR_KEYS)} and GBPS a number >= 0, "
+        f"e.g. --floor node=400 or --floor dgx02:nodes=150"
+    )
     floors: dict[str, dict[str, float]] = {}
     for item in items:
         node, key, value = _split_scoped("--floor", item) if "=" in item else ("", item, "")
@@ -71,8 +73,14 @@ def _expect_value(item: str, key: str, value: str) -> Any:
         return float(value)
     if key == "ib_width" and re.fullmatch(r"\d+X", value.upper()):
         return value.upper()
-    if (key, value) in {("gdrdma", "yes"), ("gdrdma", "no"), ("journal", "required"), ("journal", "skip"),
-                        ("dcgm", "required"), ("dcgm", "skip")}:
+    if (key, value) in {
+        ("gdrdma", "yes"),
+        ("gdrdma", "no"),
+        ("journal", "required"),
+        ("journal", "skip"),
+        ("dcgm", "required"),
+        ("dcgm", "skip"),
+    }:
         return value
     raise LabError(f"--expect {item!r}: {value!r} is not valid for {key}; expected {wanted}")
 
@@ -90,13 +98,16 @@ def parse_nodes(text: str) -> list[str]:
 def _folder(path: str | Path) -> Path:
     folder = Path(path)
     if not folder.is_dir():
-        raise LabError(f"DIR {str(path)!r}: no such folder; expected the fabric check's folder of facts-NAME/, "
-                       f"node-NAME.json and nodes.json results")
+        raise LabError(
+            f"DIR {str(path)!r}: no such folder; expected the fabric check's folder of facts-NAME/, "
+            f"node-NAME.json and nodes.json results"
+        )
     return folder
 
 
-def _result(path: Path, keys: tuple[str, ...] = ("rows", "avg_busbw", "world_size"),
-            what: str = "`lab bench allreduce --json`") -> tuple[dict[str, Any] | None, str | None]:
+def _result(
+    path: Path, keys: tuple[str, ...] = ("rows", "avg_busbw", "world_size"), what: str = "`lab bench allreduce --json`"
+) -> tuple[dict[str, Any] | None, str | None]:
     """(the JSON, None), or (None, why there is none) when it is missing or not such a result."""
     if not path.exists():
         return None, None
@@ -137,15 +148,18 @@ def wrong_elements(doc: dict[str, Any]) -> int:
 
 def judged_busbw(doc: dict[str, Any]) -> tuple[float, str]:
     """(the busbw judged, at which sizes): the median over sizes >= 1 GiB, else the largest size, said so."""
+
     def best(row: dict[str, Any]) -> float:
         return max(value for value in (row.get("oop_busbw"), row.get("ip_busbw")) if value is not None)
+
     rows = sorted(doc["rows"], key=lambda row: row["size"])
     if not rows:
         return float(doc["avg_busbw"]), "no rows: the run's average"
     large = [row for row in rows if row["size"] >= JUDGED_FROM_BYTES]
     if large:
-        return statistics.median(best(row) for row in large), \
-            f"median of {len(large)} size(s) {_size(large[0]['size'])}-{_size(large[-1]['size'])}"
+        return statistics.median(
+            best(row) for row in large
+        ), f"median of {len(large)} size(s) {_size(large[0]['size'])}-{_size(large[-1]['size'])}"
     return best(rows[-1]), f"largest size {_size(rows[-1]['size'])} (the run had none >= 1 GiB)"
 
 
@@ -172,6 +186,7 @@ def describe_pair(pair: str) -> str:
 def _shortfall(busbw: float, floor: float, wrong: int, source: str) -> str:
     said = f" ({source})" if source.startswith("baseline") or source.startswith("--floor") else ""
     if busbw < floor:
-        return f"busbw {busbw:.3g} GB/s, below its floor {floor:g} GB/s{said}" + \
-            (f" (and {wrong} wrong elements)" if wrong else "")
+        return f"busbw {busbw:.3g} GB/s, below its floor {floor:g} GB/s{said}" + (
+            f" (and {wrong} wrong elements)" if wrong else ""
+        )
     return f"{wrong} wrong elements (busbw {busbw:.3g} GB/s, floor {floor:g} GB/s)"

@@ -60,7 +60,8 @@ def _union(spans: set[tuple[int, int]]) -> int:
 
 
 def summarise_events(events: list[dict[str, Any]]) -> dict[str, Any]:
-    open_spans: dict[int, list[tuple[str, int]]] = {}
+    # keyed by pid; an event without one (never seen from Horovod) shares the None key, so it is not dropped
+    open_spans: dict[int | None, list[tuple[str, int]]] = {}
     spans: dict[str, set[tuple[int, int]]] = {}
     counts: dict[str, int] = {}
     tensors = set()
@@ -74,11 +75,21 @@ def summarise_events(events: list[dict[str, Any]]) -> dict[str, Any]:
             name, start = open_spans[pid].pop()
             spans.setdefault(name, set()).add((start, e["ts"]))
             counts[name] = counts.get(name, 0) + 1
-    phases = {name: {"tensor_spans": counts[name], "operations": len(spans[name]), "wall_us": _union(spans[name]),
-                     "what": WHAT.get(name, "")} for name in spans}
+    phases = {
+        name: {
+            "tensor_spans": counts[name],
+            "operations": len(spans[name]),
+            "wall_us": _union(spans[name]),
+            "what": WHAT.get(name, ""),
+        }
+        for name in spans
+    }
     every = set().union(*spans.values()) if spans else set()
-    return {"tensors": len(tensors), "phases": phases,
-            "span_us": (max(s for _, s in every) - min(s for s, _ in every)) if every else 0}
+    return {
+        "tensors": len(tensors),
+        "phases": phases,
+        "span_us": (max(s for _, s in every) - min(s for s, _ in every)) if every else 0,
+    }
 
 
 def summarise(path: Path, steps: int) -> dict[str, Any]:
@@ -90,17 +101,25 @@ def render(summary: dict[str, Any], run: str) -> list[str]:
     """Markdown lines for the report: one row per phase, in the order an all-reduce goes through them."""
     order = [name for name in WHAT if name in summary["phases"]] + sorted(set(summary["phases"]) - set(WHAT))
     span = max(1, summary["span_us"])
-    lines = [f"Horovod timeline of {run} ({summary['file']}: {summary['tensors']} tensors over the first "
-             f"{summary['steps']} steps, {span / 1e3:.0f} ms; open it in ui.perfetto.dev or chrome://tracing):", "",
-             "| phase | what it is | tensors through it | wall ms | share of the recorded time |",
-             "|---|---|---:|---:|---:|"]
+    lines = [
+        f"Horovod timeline of {run} ({summary['file']}: {summary['tensors']} tensors over the first "
+        f"{summary['steps']} steps, {span / 1e3:.0f} ms; open it in ui.perfetto.dev or chrome://tracing):",
+        "",
+        "| phase | what it is | tensors through it | wall ms | share of the recorded time |",
+        "|---|---|---:|---:|---:|",
+    ]
     for name in order:
         p = summary["phases"][name]
-        lines.append(f"| {name} | {p['what']} | {p['tensor_spans']} | {p['wall_us'] / 1e3:.1f} | "
-                     f"{p['wall_us'] / span:.0%} |")
-    fused, reduced = (summary["phases"].get(k, {}).get("tensor_spans", 0)
-                      for k in ("MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE"))
+        lines.append(
+            f"| {name} | {p['what']} | {p['tensor_spans']} | {p['wall_us'] / 1e3:.1f} | {p['wall_us'] / span:.0%} |"
+        )
+    fused, reduced = (
+        summary["phases"].get(k, {}).get("tensor_spans", 0) for k in ("MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE")
+    )
     if reduced:
-        lines += ["", f"Tensor fusion: {fused} of {reduced} gradient all-reduces went through the fusion buffer "
-                      f"(small tensors reduced together, HOROVOD_FUSION_THRESHOLD); the rest went alone."]
+        lines += [
+            "",
+            f"Tensor fusion: {fused} of {reduced} gradient all-reduces went through the fusion buffer "
+            f"(small tensors reduced together, HOROVOD_FUSION_THRESHOLD); the rest went alone.",
+        ]
     return lines + [""]

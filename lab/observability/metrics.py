@@ -25,8 +25,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lab import __version__, atomic, optional
 from lab.cluster import seat, torchrun_env
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Gauge
 
 LABELS = ("run_id", "rank", "node")
-ROOM_JOB = "lab-room"   # the Pushgateway job of a workshop room's groups (lessons' checks, seats' GPUs)
+ROOM_JOB = "lab-room"  # the Pushgateway job of a workshop room's groups (lessons' checks, seats' GPUs)
 GPU_LABELS = (*LABELS, "gpu")
+Sample = tuple[str, str, dict[str, str], float]  # one pushed gauge: (name, help, labels, value)
 
 
 def _prometheus():
@@ -50,41 +52,55 @@ class _Definitions:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         prometheus = _prometheus()
-        Counter, Gauge, Info = prometheus.Counter, prometheus.Gauge, prometheus.Info
+        Counter, Info = prometheus.Counter, prometheus.Info
 
-        def gauge(name: str, doc: str, labels=LABELS) -> Gauge:
-            return Gauge(name, doc, labels, registry=registry)
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = LABELS) -> Gauge:
+            return prometheus.Gauge(name, doc, labels, registry=registry)
 
-        self.samples_per_second = gauge("lab_train_samples_per_second",
-                                        "Training images per second processed by this rank over the last log interval")
-        self.step_duration = gauge("lab_train_step_duration_seconds",
-                                   "Mean optimizer-step time of this rank over the last log interval")
+        self.samples_per_second = gauge(
+            "lab_train_samples_per_second",
+            "Training images per second processed by this rank over the last log interval",
+        )
+        self.step_duration = gauge(
+            "lab_train_step_duration_seconds", "Mean optimizer-step time of this rank over the last log interval"
+        )
         self.loss = gauge("lab_train_loss", "Training loss (mean over all ranks) over the last log interval")
         self.accuracy = gauge("lab_train_accuracy_ratio", "Training accuracy (all ranks) over the last log interval")
         self.learning_rate = gauge("lab_train_learning_rate", "Learning rate after the last optimizer step")
         self.epoch = gauge("lab_train_epoch", "Current epoch (0-based)")
         self.steps = Counter("lab_train_steps", "Optimizer steps taken by this rank", LABELS, registry=registry)
-        self.samples = Counter("lab_train_samples", "Training images processed by this rank", LABELS,
-                               registry=registry)
+        self.samples = Counter("lab_train_samples", "Training images processed by this rank", LABELS, registry=registry)
         self.eval_loss = gauge("lab_eval_loss", "Test loss at the last evaluation")
         self.eval_accuracy = gauge("lab_eval_accuracy_ratio", "Test accuracy at the last evaluation")
         # On a CPU the device is the host: allocated and reserved hold the process's resident memory, peak its peak.
-        self.memory_allocated = gauge("lab_device_memory_allocated_bytes",
-                                      "Device memory held by tensors (torch.cuda); process resident memory on a CPU")
-        self.memory_reserved = gauge("lab_device_memory_reserved_bytes",
-                                     "Device memory reserved by the caching allocator; process resident memory on a CPU")
-        self.memory_peak = gauge("lab_device_memory_peak_bytes",
-                                 "Peak device memory held by tensors; peak resident memory of the process on a CPU")
+        self.memory_allocated = gauge(
+            "lab_device_memory_allocated_bytes",
+            "Device memory held by tensors (torch.cuda); process resident memory on a CPU",
+        )
+        self.memory_reserved = gauge(
+            "lab_device_memory_reserved_bytes",
+            "Device memory reserved by the caching allocator; process resident memory on a CPU",
+        )
+        self.memory_peak = gauge(
+            "lab_device_memory_peak_bytes",
+            "Peak device memory held by tensors; peak resident memory of the process on a CPU",
+        )
         self.gpu_used = gauge("lab_gpu_memory_used_bytes", "GPU memory in use (NVML, all processes)", GPU_LABELS)
         self.gpu_total = gauge("lab_gpu_memory_total_bytes", "GPU memory in total (NVML)", GPU_LABELS)
-        self.gpu_utilization = gauge("lab_gpu_utilization_ratio", "GPU busy time over the last sample period (NVML)",
-                                     GPU_LABELS)
+        self.gpu_utilization = gauge(
+            "lab_gpu_utilization_ratio", "GPU busy time over the last sample period (NVML)", GPU_LABELS
+        )
         self.heartbeat = gauge("lab_train_last_log_timestamp_seconds", "Unix time of this rank's last log interval")
         self.info = Info("lab_run", "The run's versions and layout", LABELS, registry=registry)
-        self.restarts = Counter("lab_train_restarts", "Times torchrun restarted this run's worker group", LABELS,
-                                registry=registry)
-        self.steps_redone = Counter("lab_train_steps_redone", "Optimizer steps run again after restarts: work lost "
-                                    "between the last checkpoint and a crash", LABELS, registry=registry)
+        self.restarts = Counter(
+            "lab_train_restarts", "Times torchrun restarted this run's worker group", LABELS, registry=registry
+        )
+        self.steps_redone = Counter(
+            "lab_train_steps_redone",
+            "Optimizer steps run again after restarts: work lost between the last checkpoint and a crash",
+            LABELS,
+            registry=registry,
+        )
 
 
 # ----------------------------------------------------------------------------- the per-rank exporter
@@ -93,12 +109,13 @@ class _Definitions:
 class NullExporter:
     """What ranks get when metrics are off: accepts rows, does nothing."""
 
-    endpoint = None
+    endpoint: str | None = None  # a RankExporter's /metrics URL
 
     def __call__(self, row: dict[str, Any]) -> None:
         pass
 
-    def target(self) -> None:
+    def target(self) -> dict[str, Any] | None:
+        """This rank's entry of a Prometheus file_sd target file: none without an exporter."""
         return None
 
     def record_recovery(self, restarts: int, steps_redone: int) -> None:
@@ -109,8 +126,16 @@ class NullExporter:
 
 
 class RankExporter(NullExporter):
-    def __init__(self, port: int, bind_address: str, labels: dict[str, str], device, info: dict[str, str],
-                 say=print, advertise: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        bind_address: str,
+        labels: dict[str, str],
+        device,
+        info: dict[str, str],
+        say=print,
+        advertise: str | None = None,
+    ) -> None:
         """Serve on bind_address:port; `advertise` is the host other machines reach it by (default: the bind
         address, or this host's name for a wildcard)."""
         prometheus = _prometheus()
@@ -187,8 +212,8 @@ class _Nvml:
 
             # By UUID: CUDA_VISIBLE_DEVICES may renumber the GPUs or name them by UUID (Slurm, Kubernetes, Docker).
             gpu = nvml.gpu_of(device.index if device.index is not None else 0)
-            self.pynvml, self.handle, self.gpu = pynvml, gpu.handle, str(gpu.index)
-        except Exception as exc:  # noqa: BLE001 - NVML is optional: one notice, no failure
+            self.pynvml, self.handle, self.gpu = pynvml, gpu.handle, str(gpu.nvml_index)
+        except Exception as exc:
             say(f"metrics: NVML not available ({type(exc).__name__}); per-GPU utilisation is not exported")
 
     def sample(self, series: _Definitions, labels: dict[str, str]) -> None:
@@ -203,9 +228,9 @@ class _Nvml:
 
 
 class Listen(NamedTuple):
-    bind: str        # the address the exporter listens on
-    advertise: str   # the host its file_sd target names: where another host's Prometheus finds it
-    reason: str      # why, when it is not metrics.bind_address as given ('' when it is)
+    bind: str  # the address the exporter listens on
+    advertise: str  # the host its file_sd target names: where another host's Prometheus finds it
+    reason: str  # why, when it is not metrics.bind_address as given ('' when it is)
 
 
 def route_address(peer: str) -> str | None:
@@ -219,8 +244,9 @@ def route_address(peer: str) -> str | None:
         return None
 
 
-def listen_address(bind_address: str, multi_node: bool, head: str,
-                   route: Callable[[str], str | None] | None = None) -> Listen:
+def listen_address(
+    bind_address: str, multi_node: bool, head: str, route: Callable[[str], str | None] | None = None
+) -> Listen:
     """Where a rank's exporter listens and the host its file_sd entry advertises.
 
     `head` is the host the workers rendezvous at (torchrun's MASTER_ADDR). On one node everything stays as
@@ -247,8 +273,11 @@ def listen_address(bind_address: str, multi_node: bool, head: str,
 
     if is_wildcard(bind_address):
         return Listen(bind_address, node_address(), "")
-    return Listen("0.0.0.0", node_address(),
-                  f"metrics.bind_address={bind_address} cannot be scraped from the other nodes of this run")
+    return Listen(
+        "0.0.0.0",
+        node_address(),
+        f"metrics.bind_address={bind_address} cannot be scraped from the other nodes of this run",
+    )
 
 
 def start(cfg, ctx, run_id: str, info: dict[str, str], say=print) -> NullExporter:
@@ -270,8 +299,12 @@ def start(cfg, ctx, run_id: str, info: dict[str, str], say=print) -> NullExporte
     try:
         return RankExporter(port, listen.bind, labels, ctx.device, info, say, advertise=listen.advertise or None)
     except OSError as exc:
-        print(f"warning: metrics: rank {ctx.global_rank} cannot serve on {listen.bind}:{port} ({exc.strerror}); "
-              f"training goes on without its exporter", file=sys.stderr, flush=True)
+        print(
+            f"warning: metrics: rank {ctx.global_rank} cannot serve on {listen.bind}:{port} ({exc.strerror}); "
+            f"training goes on without its exporter",
+            file=sys.stderr,
+            flush=True,
+        )
         return NullExporter()
 
 
@@ -288,8 +321,7 @@ def write_targets(path: Path, targets: list[dict[str, Any] | None]) -> Path | No
 # ----------------------------------------------------------------------------- Pushgateway
 
 
-def push(gateway: str, job: str, grouping: dict[str, str], values: list[tuple[str, str, dict[str, str], float]],
-         what: str) -> bool:
+def push(gateway: str, job: str, grouping: dict[str, str], values: list[Sample], what: str) -> bool:
     """Push gauges (name, help, labels, value) under `grouping`, replacing the group (an HTTP PUT); an
     unreachable gateway costs one warning line, never the run."""
     prometheus = _prometheus()
@@ -302,10 +334,13 @@ def push(gateway: str, job: str, grouping: dict[str, str], values: list[tuple[st
     try:
         prometheus.push_to_gateway(gateway, job=job, grouping_key=grouping, registry=registry, timeout=5)
         return True
-    except Exception as exc:  # noqa: BLE001 - URLError, timeouts, HTTP errors: never the run's failure
+    except Exception as exc:
         reason = getattr(exc, "reason", exc)
-        print(f"warning: metrics: could not push {what} to the Pushgateway at {gateway} ({reason})",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: metrics: could not push {what} to the Pushgateway at {gateway} ({reason})",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
 
 
@@ -315,8 +350,11 @@ def push_run_summary(cfg, run_id: str, summary: dict[str, Any], ranks: list[dict
     label cannot be summed over ranks), and each rank's peak memory (`ranks`: rank, node,
     device_memory_peak_bytes, gathered from every rank) labelled by rank."""
     run_wide = [
-        ("lab_run_samples_per_second", "Training images per second of the whole run (after warm-up)",
-         summary.get("samples_per_second")),
+        (
+            "lab_run_samples_per_second",
+            "Training images per second of the whole run (after warm-up)",
+            summary.get("samples_per_second"),
+        ),
         ("lab_run_final_loss", "Training loss at the last log interval", summary.get("final_loss")),
         ("lab_run_test_accuracy_ratio", "Test accuracy at the end", summary.get("test_accuracy")),
         ("lab_run_wall_time_seconds", "Wall time of the run", summary.get("wall_time_seconds")),
@@ -325,10 +363,18 @@ def push_run_summary(cfg, run_id: str, summary: dict[str, Any], ranks: list[dict
     ]
     if summary.get("status") == "completed":
         run_wide.append(("lab_run_last_success_timestamp_seconds", "Unix time the run last completed", time.time()))
-    values = [(name, doc, {}, value) for name, doc, value in run_wide]
-    values += [("lab_run_device_memory_peak_bytes", "Peak memory of each rank (device, or process on CPU)",
-                {"rank": str(r["rank"]), "node": r["node"]}, r["device_memory_peak_bytes"]) for r in ranks]
-    values = [v for v in values if v[3] is not None]
+    # a figure the run did not reach (None) is left out, not pushed
+    values: list[Sample] = [(name, doc, {}, value) for name, doc, value in run_wide if value is not None]
+    values += [
+        (
+            "lab_run_device_memory_peak_bytes",
+            "Peak memory of each rank (device, or process on CPU)",
+            {"rank": str(r["rank"]), "node": r["node"]},
+            r["device_memory_peak_bytes"],
+        )
+        for r in ranks
+        if r["device_memory_peak_bytes"] is not None
+    ]
     # in a workshop room the seat is part of the group: twenty seats' `run.id=baseline` are twenty groups
     return push(cfg.pushgateway, cfg.job, {"run_id": run_id, **seat.labels()}, values, "the run summary")
 
@@ -336,18 +382,27 @@ def push_run_summary(cfg, run_id: str, summary: dict[str, Any], ranks: list[dict
 def push_lesson_checks(gateway: str, lesson: str, passed: int, failed: int) -> bool:
     """A lesson's "what you should see" checks so far, under (job lab-room, seat, lesson: its number, "01"),
     replacing the lesson's last push: the instructor's room dashboard shows seats by lessons from these."""
-    values = [("lab_lesson_checks_passed", "Checks of the lesson's last run that held", {}, passed),
-              ("lab_lesson_checks_failed", "Checks (or commands) of the lesson's last run that failed", {}, failed),
-              ("lab_lesson_last_check_timestamp_seconds", "Unix time of the lesson's last check", {}, time.time())]
+    values: list[Sample] = [
+        ("lab_lesson_checks_passed", "Checks of the lesson's last run that held", {}, passed),
+        ("lab_lesson_checks_failed", "Checks (or commands) of the lesson's last run that failed", {}, failed),
+        ("lab_lesson_last_check_timestamp_seconds", "Unix time of the lesson's last check", {}, time.time()),
+    ]
     return push(gateway, ROOM_JOB, {"seat": seat.seat() or "none", "lesson": lesson}, values, "the lesson's checks")
 
 
 def push_room_lessons(gateway: str, lessons: list[tuple[str, int]]) -> bool:
     """How many checks each lesson (its number, "01") makes, one group per lesson: a seat's lesson has passed when
     lab_lesson_checks_passed reaches lab_lesson_checks_expected."""
-    return all(push(gateway, ROOM_JOB, {"lesson": number},
-                    [("lab_lesson_checks_expected", "The lesson's checks, all of which hold when it passes", {}, count)],
-                    f"lesson {number}'s check count") for number, count in lessons)
+    return all(
+        push(
+            gateway,
+            ROOM_JOB,
+            {"lesson": number},
+            [("lab_lesson_checks_expected", "The lesson's checks, all of which hold when it passes", {}, count)],
+            f"lesson {number}'s check count",
+        )
+        for number, count in lessons
+    )
 
 
 def push_room_seats(gateway: str, seats: list[tuple[str, list[str]]]) -> bool:
@@ -355,7 +410,9 @@ def push_room_seats(gateway: str, seats: list[tuple[str, list[str]]]) -> bool:
     GPUs' own series (dcgm-exporter's, labelled by `gpu`) to seats through lab_room_seat_gpu_info."""
     done = True
     for name, gpus in seats:
-        values = [("lab_room_seat_gpu_info", "A GPU of the seat (1 per GPU it holds)", {"gpu": gpu}, 1) for gpu in gpus]
+        values: list[Sample] = [
+            ("lab_room_seat_gpu_info", "A GPU of the seat (1 per GPU it holds)", {"gpu": gpu}, 1) for gpu in gpus
+        ]
         values.append(("lab_room_seat_gpus", "GPUs the seat holds", {}, len(gpus)))
         done &= push(gateway, ROOM_JOB, {"seat": name}, values, f"seat {name}'s GPUs")
     return done
@@ -363,16 +420,28 @@ def push_room_seats(gateway: str, seats: list[tuple[str, list[str]]]) -> bool:
 
 def run_info(ctx, versions: dict[str, Any], data_source: str) -> dict[str, str]:
     """The labels of lab_run_info: versions and layout (constant for a run, so bounded)."""
-    return {"lab_version": __version__, "world_size": str(ctx.world_size), "backend": ctx.backend or "none",
-            "data_source": data_source, **{k: str(v) for k, v in versions.items() if v is not None}}
+    return {
+        "lab_version": __version__,
+        "world_size": str(ctx.world_size),
+        "backend": ctx.backend or "none",
+        "data_source": data_source,
+        **{k: str(v) for k, v in versions.items() if v is not None},
+    }
 
 
 def push_allreduce(gateway: str, bench_id: str, rows: list[dict[str, Any]], dtype: str, op: str) -> bool:
     """Bus bandwidth per message size, out-of-place and in-place, in bytes/s (base units)."""
     doc = "All-reduce bus bandwidth (nccl-tests' busbw) by message size"
-    values = [("lab_allreduce_bus_bandwidth_bytes_per_second", doc,
-               {"size_bytes": str(r["size"]), "placement": placement, "dtype": dtype, "op": op}, r[key] * 1e9)
-              for r in rows for placement, key in (("out-of-place", "oop_busbw"), ("in-place", "ip_busbw"))]
+    values = [
+        (
+            "lab_allreduce_bus_bandwidth_bytes_per_second",
+            doc,
+            {"size_bytes": str(r["size"]), "placement": placement, "dtype": dtype, "op": op},
+            r[key] * 1e9,
+        )
+        for r in rows
+        for placement, key in (("out-of-place", "oop_busbw"), ("in-place", "ip_busbw"))
+    ]
     return push(gateway, "lab-bench", {"run_id": bench_id}, values, "all-reduce results")
 
 
@@ -380,7 +449,13 @@ def push_scaling(gateway: str, bench_id: str, rows: list[dict[str, Any]], mode: 
     values = []
     for r in rows:
         labels = {"world_size": str(r["world_size"]), "mode": mode}
-        values.append(("lab_scaling_samples_per_second", "Training images per second at this world size", labels,
-                       r["samples_per_second"]))
+        values.append(
+            (
+                "lab_scaling_samples_per_second",
+                "Training images per second at this world size",
+                labels,
+                r["samples_per_second"],
+            )
+        )
         values.append(("lab_scaling_efficiency_ratio", "thr_N / (N thr_1)", labels, r["efficiency"]))
     return push(gateway, "lab-bench", {"run_id": bench_id}, values, "scaling results")

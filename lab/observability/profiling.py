@@ -33,15 +33,22 @@ def profiler(steps: int, ctx, run_dir: Path, console):
             summary = summarize(prof.key_averages(), steps, ctx.device.type == "cuda")
             summary["trace"] = trace.name
             atomic.write_text(run_dir / "profile-summary.json", json.dumps(summary, indent=2) + "\n")
-            console.say(f"profile: {trace} ({steps} steps); communication {summary['communication_share']:.1%} "
-                        f"of profiled operator time")
+            console.say(
+                f"profile: {trace} ({steps} steps); communication {summary['communication_share']:.1%} "
+                f"of profiled operator time"
+            )
 
-    return profile(activities=activities, schedule=schedule(wait=WAIT, warmup=WARMUP, active=steps, repeat=1),
-                   on_trace_ready=ready, record_shapes=False)
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=WAIT, warmup=WARMUP, active=steps, repeat=1),
+        on_trace_ready=ready,
+        record_shapes=False,
+    )
 
 
 def summarize(events, steps: int, cuda: bool) -> dict[str, Any]:
     """Self time of communication operators vs all others (device time on GPUs, CPU time otherwise)."""
+
     def self_time(e) -> float:
         if cuda:
             return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
@@ -58,6 +65,11 @@ def summarize(events, steps: int, cuda: bool) -> dict[str, Any]:
         top.append((e.key, t))
     top.sort(key=lambda kv: -kv[1])
     total = communication + compute
-    return {"steps": steps, "clock": "device" if cuda else "cpu", "compute_us": compute,
-            "communication_us": communication, "communication_share": communication / total if total else 0.0,
-            "top_operators_us": dict(top[:10])}
+    return {
+        "steps": steps,
+        "clock": "device" if cuda else "cpu",
+        "compute_us": compute,
+        "communication_us": communication,
+        "communication_share": communication / total if total else 0.0,
+        "top_operators_us": dict(top[:10]),
+    }

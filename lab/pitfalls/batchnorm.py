@@ -37,17 +37,27 @@ SYNC_BN_SKIPPED = "SyncBatchNorm needs CUDA in PyTorch; skipped"
 # exactly; the tolerance leaves room for a GPU reduction order that differs between devices (not seen, not tested here).
 SYNC_BN_TOLERANCE = 1e-6
 # (side, norm layer, broadcast_buffers, SyncBatchNorm)
-VARIANTS = [("broken", "batch", False, False), ("broadcast_buffers", "batch", True, False),
-            ("groupnorm", "group", False, False), ("syncbatchnorm", "batch", False, True)]
-COLUMNS = {"broken": "broken: BatchNorm, broadcast_buffers=False", "broadcast_buffers": "fixed: broadcast_buffers=True",
-           "groupnorm": "fixed: GroupNorm", "syncbatchnorm": "fixed: SyncBatchNorm"}
+VARIANTS = [
+    ("broken", "batch", False, False),
+    ("broadcast_buffers", "batch", True, False),
+    ("groupnorm", "group", False, False),
+    ("syncbatchnorm", "batch", False, True),
+]
+COLUMNS = {
+    "broken": "broken: BatchNorm, broadcast_buffers=False",
+    "broadcast_buffers": "fixed: broadcast_buffers=True",
+    "groupnorm": "fixed: GroupNorm",
+    "syncbatchnorm": "fixed: SyncBatchNorm",
+}
 
-WHY = ("BatchNorm's running mean and variance are buffers, not parameters: DDP averages gradients, never buffers. "
-       "With broadcast_buffers=False each rank keeps the statistics of its own shard, so the same weights evaluate "
-       "differently on each rank, and a checkpoint from rank 0 carries rank 0's statistics only. "
-       "broadcast_buffers=True (DDP's default) copies rank 0's buffers to every rank at each forward: identical, "
-       "but still rank 0's shard; SyncBatchNorm computes the batch statistics over all ranks (CUDA); GroupNorm "
-       "has no running statistics to disagree on.")
+WHY = (
+    "BatchNorm's running mean and variance are buffers, not parameters: DDP averages gradients, never buffers. "
+    "With broadcast_buffers=False each rank keeps the statistics of its own shard, so the same weights evaluate "
+    "differently on each rank, and a checkpoint from rank 0 carries rank 0's statistics only. "
+    "broadcast_buffers=True (DDP's default) copies rank 0's buffers to every rank at each forward: identical, "
+    "but still rank 0's shard; SyncBatchNorm computes the batch statistics over all ranks (CUDA); GroupNorm "
+    "has no running statistics to disagree on."
+)
 
 
 def shard_classes(rank: int, world_size: int) -> list[int]:
@@ -71,9 +81,12 @@ def measure(world_size: int) -> dict[str, Any]:
     shown = broken["running_mean_spread"] > 1e-3 and broken["test_loss_spread"] > 0
     bb = fixes["broadcast_buffers"]
     sync_bn = fixes["syncbatchnorm"]
-    fixed_ok = (bb["running_mean_spread"] == 0 and bb["test_loss_spread"] == 0
-                and fixes["groupnorm"]["test_loss_spread"] == 0
-                and (sync_bn.get("skipped") or sync_bn["running_mean_spread"] <= SYNC_BN_TOLERANCE))
+    fixed_ok = (
+        bb["running_mean_spread"] == 0
+        and bb["test_loss_spread"] == 0
+        and fixes["groupnorm"]["test_loss_spread"] == 0
+        and (sync_bn.get("skipped") or sync_bn["running_mean_spread"] <= SYNC_BN_TOLERANCE)
+    )
     demonstrated = shown and fixed_ok
 
     def cell(side: dict[str, Any], key: str, fmt: str) -> str:
@@ -85,27 +98,42 @@ def measure(world_size: int) -> dict[str, Any]:
         return "skipped (CUDA only)" if side.get("skipped") else " / ".join(format(v, fmt) for v in side[key])
 
     order = [broken, *fixes.values()]
-    table = {"columns": [COLUMNS[side] for side, *_ in VARIANTS], "rows": [
-        ["running_mean: max difference between ranks", *(cell(s, "running_mean_spread", ".4f") for s in order)],
-        ["running_var: max difference between ranks", *(cell(s, "running_var_spread", ".4f") for s in order)],
-        ["test loss per rank (same weights, same test set)",
-         *(per_rank(s, "test_loss_per_rank", ".4f") for s in order)],
-        ["test accuracy per rank", *(per_rank(s, "test_accuracy_per_rank", ".1%") for s in order)],
-        ["weights: max difference between ranks", *(cell(s, "weight_spread", ".1g") for s in order)],
-    ]}
+    table = {
+        "columns": [COLUMNS[side] for side, *_ in VARIANTS],
+        "rows": [
+            ["running_mean: max difference between ranks", *(cell(s, "running_mean_spread", ".4f") for s in order)],
+            ["running_var: max difference between ranks", *(cell(s, "running_var_spread", ".4f") for s in order)],
+            [
+                "test loss per rank (same weights, same test set)",
+                *(per_rank(s, "test_loss_per_rank", ".4f") for s in order),
+            ],
+            ["test accuracy per rank", *(per_rank(s, "test_accuracy_per_rank", ".1%") for s in order)],
+            ["weights: max difference between ranks", *(cell(s, "weight_spread", ".1g") for s in order)],
+        ],
+    }
     notes = [SYNC_BN_SKIPPED] if fixes["syncbatchnorm"].get("skipped") else []
-    accuracy_note = ("" if broken["test_accuracy_spread"] > 0
-                     else "; the accuracies happen to agree, the losses do not")
-    summary = (f"broadcast_buffers=False: running means differ by up to {broken['running_mean_spread']:.3f} between "
-               f"ranks and the test loss by {broken['test_loss_spread']:.4f} (accuracy by "
-               f"{broken['test_accuracy_spread']:.1%}{accuracy_note}); broadcast_buffers=True: "
-               f"{bb['running_mean_spread']:g} and {bb['test_loss_spread']:g}; "
-               f"GroupNorm: test loss differs by {fixes['groupnorm']['test_loss_spread']:g}")
+    accuracy_note = "" if broken["test_accuracy_spread"] > 0 else "; the accuracies happen to agree, the losses do not"
+    summary = (
+        f"broadcast_buffers=False: running means differ by up to {broken['running_mean_spread']:.3f} between "
+        f"ranks and the test loss by {broken['test_loss_spread']:.4f} (accuracy by "
+        f"{broken['test_accuracy_spread']:.1%}{accuracy_note}); broadcast_buffers=True: "
+        f"{bb['running_mean_spread']:g} and {bb['test_loss_spread']:g}; "
+        f"GroupNorm: test loss differs by {fixes['groupnorm']['test_loss_spread']:g}"
+    )
     if not demonstrated:
         summary = "expected a spread > 0 without broadcast and exactly 0 with each fix; measured " + summary
-    return {"pitfall": PITFALL, "world_size": world_size, "device": rank0["device"], "broken": broken,
-            "fixed": fixes, "demonstrated": demonstrated, "summary": summary, "why": WHY, "table": table,
-            "notes": notes}
+    return {
+        "pitfall": PITFALL,
+        "world_size": world_size,
+        "device": rank0["device"],
+        "broken": broken,
+        "fixed": fixes,
+        "demonstrated": demonstrated,
+        "summary": summary,
+        "why": WHY,
+        "table": table,
+        "notes": notes,
+    }
 
 
 def summarize(per_rank: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
@@ -120,11 +148,16 @@ def summarize(per_rank: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]
 
     losses = [r["test_loss"] for r in per_rank]
     accuracies = [r["test_accuracy"] for r in per_rank]
-    return {"running_mean_spread": buffer_spread("running_mean"), "running_var_spread": buffer_spread("running_var"),
-            "weight_spread": spread([r["weights"] for r in per_rank]),
-            "test_loss_per_rank": losses, "test_loss_spread": max(losses) - min(losses),
-            "test_accuracy_per_rank": accuracies, "test_accuracy_spread": max(accuracies) - min(accuracies),
-            "shard_classes_per_rank": [r["classes"] for r in per_rank]}
+    return {
+        "running_mean_spread": buffer_spread("running_mean"),
+        "running_var_spread": buffer_spread("running_var"),
+        "weight_spread": spread([r["weights"] for r in per_rank]),
+        "test_loss_per_rank": losses,
+        "test_loss_spread": max(losses) - min(losses),
+        "test_accuracy_per_rank": accuracies,
+        "test_accuracy_spread": max(accuracies) - min(accuracies),
+        "shard_classes_per_rank": [r["classes"] for r in per_rank],
+    }
 
 
 # ----------------------------------------------------------------------------- the torchrun worker
@@ -135,7 +168,7 @@ def worker(argv: list[str]) -> None:
 
     job = jobs.this_job(argv)
     with workers.process_group(job.params["device"]) as ctx:
-        variants = {}
+        variants: dict[str, dict[str, Any] | list[Any]] = {}  # a skipped variant's reason, or every rank's result
         for side, norm, broadcast_buffers, sync in VARIANTS:
             if sync and ctx.device.type != "cuda":
                 variants[side] = {"skipped": True, "reason": SYNC_BN_SKIPPED}
@@ -158,8 +191,7 @@ def train_and_evaluate(ctx, norm: str, broadcast_buffers: bool, sync: bool) -> d
     if sync:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(ctx.device)
-    ddp = DistributedDataParallel(model, device_ids=ctx.device_ids,
-                                  broadcast_buffers=broadcast_buffers)
+    ddp = DistributedDataParallel(model, device_ids=ctx.device_ids, broadcast_buffers=broadcast_buffers)
     classes = shard_classes(ctx.global_rank, ctx.world_size)
     x, y = (t.to(ctx.device) for t in toy.blobs(TRAIN_PER_RANK, seed=10 + ctx.global_rank, classes=classes))
     test_x, test_y = (t.to(ctx.device) for t in toy.blobs(TEST_SAMPLES, seed=2))
@@ -175,9 +207,13 @@ def train_and_evaluate(ctx, norm: str, broadcast_buffers: bool, sync: bool) -> d
         logits = ddp(test_x)
         loss = cross_entropy(logits, test_y).item()
         accuracy = (logits.argmax(1) == test_y).float().mean().item()
-    return {"classes": classes, "test_loss": loss, "test_accuracy": accuracy,
-            "buffers": {name: b.flatten().tolist() for name, b in model.named_buffers() if "running" in name},
-            "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()}
+    return {
+        "classes": classes,
+        "test_loss": loss,
+        "test_accuracy": accuracy,
+        "buffers": {name: b.flatten().tolist() for name, b in model.named_buffers() if "running" in name},
+        "weights": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),
+    }
 
 
 if __name__ == "__main__":

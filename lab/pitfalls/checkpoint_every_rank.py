@@ -26,16 +26,18 @@ from lab.cluster import jobs
 from lab.pitfalls import module_name, workers
 
 PITFALL = "checkpoint-every-rank"
-ROUNDS = 12           # checkpoints written on each side
+ROUNDS = 12  # checkpoints written on each side
 TRAINING_SECONDS = 0.05  # between checkpoints
 READ_PAUSE_SECONDS = 0.001  # between two loads of the reader: it polls, it does not spin
 STATE_FEATURES = 1024  # two 1024 x 1024 linear layers: 8 MiB of float32 per checkpoint, long enough to race
 
-WHY = ("After a DDP step every rank holds the same weights, so one copy is enough: save from global rank 0 "
-       "only. torch.save into the live path truncates it first, so anyone loading meanwhile reads part of a file; "
-       "write a temporary file beside it and os.replace it over the old one (atomic), then barrier so no rank "
-       "reads before it exists. DDP's state_dict() prefixes every key with 'module.': save ddp.module.state_dict(), "
-       "or strip the prefix with consume_prefix_in_state_dict_if_present, to load into the plain model.")
+WHY = (
+    "After a DDP step every rank holds the same weights, so one copy is enough: save from global rank 0 "
+    "only. torch.save into the live path truncates it first, so anyone loading meanwhile reads part of a file; "
+    "write a temporary file beside it and os.replace it over the old one (atomic), then barrier so no rank "
+    "reads before it exists. DDP's state_dict() prefixes every key with 'module.': save ddp.module.state_dict(), "
+    "or strip the prefix with consume_prefix_in_state_dict_if_present, to load into the plain model."
+)
 
 
 def bytes_ratio(written_per_rank: list[int], rounds: int, file_bytes: int) -> float:
@@ -52,28 +54,40 @@ def measure(world_size: int) -> dict[str, Any]:
     prefix = rank0["module_prefix"]
     broken["module_prefix"], fixed["module_prefix"] = prefix["broken"], prefix["fixed"]
     bytes_shown = abs(broken["bytes_ratio"] - world_size) < 0.01 and abs(fixed["bytes_ratio"] - 1) < 0.01
-    prefix_shown = (prefix["broken"]["missing_keys"] > 0 and prefix["fixed"]["missing_keys"] == 0
-                    and prefix["fixed"]["unexpected_keys"] == 0 and prefix["stripped"]["missing_keys"] == 0)
+    prefix_shown = (
+        prefix["broken"]["missing_keys"] > 0
+        and prefix["fixed"]["missing_keys"] == 0
+        and prefix["fixed"]["unexpected_keys"] == 0
+        and prefix["stripped"]["missing_keys"] == 0
+    )
     clean_fix = fixed["reader"]["torn"] == 0 and fixed["reader"]["wrong_contents"] == 0 and fixed["final_file_loads"]
     demonstrated = bytes_shown and prefix_shown and clean_fix
     torn_broken = broken["reader"]["torn"] + broken["reader"]["wrong_contents"]
-    notes = [f"torn reads: the reader found a partial or mixed file {torn_broken} times out of "
-             f"{broken['reader']['loads']} loads while every rank wrote, {fixed['reader']['torn']} of "
-             f"{fixed['reader']['loads']} with the atomic write" + (
-                 "" if torn_broken else " - none this time: the race is real but depends on timing; run it again")]
+    notes = [
+        f"torn reads: the reader found a partial or mixed file {torn_broken} times out of "
+        f"{broken['reader']['loads']} loads while every rank wrote, {fixed['reader']['torn']} of "
+        f"{fixed['reader']['loads']} with the atomic write"
+        + ("" if torn_broken else " - none this time: the race is real but depends on timing; run it again")
+    ]
     if broken["reader"]["errors"]:
         notes.append(f"what the failed loads raised: {'; '.join(broken['reader']['errors'])}")
     b = prefix["broken"]
-    notes.append(f"load_state_dict(ddp.state_dict()) into the plain model raises RuntimeError: missing "
-                 f"{', '.join(b['missing_examples'])}, ... ({b['missing_keys']}); unexpected "
-                 f"{', '.join(b['unexpected_examples'])}, ... ({b['unexpected_keys']})")
-    summary = (f"{broken['bytes_ratio']:.2f} x the checkpoint written per save by {world_size} ranks vs "
-               f"{fixed['bytes_ratio']:.2f} x by rank 0; {torn_broken} torn reads vs {fixed['reader']['torn']}; "
-               f"DDP state_dict into the plain model: {prefix['broken']['missing_keys']} keys missing vs "
-               f"{prefix['fixed']['missing_keys']}")
+    notes.append(
+        f"load_state_dict(ddp.state_dict()) into the plain model raises RuntimeError: missing "
+        f"{', '.join(b['missing_examples'])}, ... ({b['missing_keys']}); unexpected "
+        f"{', '.join(b['unexpected_examples'])}, ... ({b['unexpected_keys']})"
+    )
+    summary = (
+        f"{broken['bytes_ratio']:.2f} x the checkpoint written per save by {world_size} ranks vs "
+        f"{fixed['bytes_ratio']:.2f} x by rank 0; {torn_broken} torn reads vs {fixed['reader']['torn']}; "
+        f"DDP state_dict into the plain model: {prefix['broken']['missing_keys']} keys missing vs "
+        f"{prefix['fixed']['missing_keys']}"
+    )
     if not demonstrated:
-        summary = ("expected N x vs 1 x the bytes, a missing-key count > 0 vs 0, and no torn read after the fix; "
-                   "measured " + summary)
+        summary = (
+            "expected N x vs 1 x the bytes, a missing-key count > 0 vs 0, and no torn read after the fix; "
+            "measured " + summary
+        )
 
     def reads(side: dict[str, Any]) -> str:
         r = side["reader"]
@@ -83,20 +97,41 @@ def measure(world_size: int) -> dict[str, Any]:
         return f"{result['missing_keys']} / {result['unexpected_keys']}"
 
     mib = 2**20
-    table = {"columns": ["broken: every rank torch.save(path)", "fixed: rank 0, temp file + os.replace + barrier"],
-             "rows": [
-        ["writers per checkpoint", world_size, 1],
-        ["bytes written per checkpoint, all ranks", *(f"{sum(s['bytes_written_per_rank']) / ROUNDS / mib:.1f} MiB "
-                                                      f"({s['bytes_ratio']:.2f} x the file)" for s in (broken, fixed))],
-        ["reader's loads: complete / error / wrong data", reads(broken), reads(fixed)],
-        ["final file loads with the right weights", *("yes" if s["final_file_loads"] and s["final_file_matches"]
-                                                       else "no" for s in (broken, fixed))],
-        ["DDP state_dict -> plain model: missing / unexpected keys", keys(prefix["broken"]),
-         f"{keys(prefix['fixed'])} (ddp.module.state_dict()); {keys(prefix['stripped'])} (prefix stripped)"],
-    ]}
-    return {"pitfall": PITFALL, "world_size": world_size, "device": rank0["device"], "broken": broken,
-            "fixed": {**fixed, "module_prefix_stripped": prefix["stripped"]}, "demonstrated": demonstrated,
-            "summary": summary, "why": WHY, "table": table, "notes": notes}
+    table = {
+        "columns": ["broken: every rank torch.save(path)", "fixed: rank 0, temp file + os.replace + barrier"],
+        "rows": [
+            ["writers per checkpoint", world_size, 1],
+            [
+                "bytes written per checkpoint, all ranks",
+                *(
+                    f"{sum(s['bytes_written_per_rank']) / ROUNDS / mib:.1f} MiB ({s['bytes_ratio']:.2f} x the file)"
+                    for s in (broken, fixed)
+                ),
+            ],
+            ["reader's loads: complete / error / wrong data", reads(broken), reads(fixed)],
+            [
+                "final file loads with the right weights",
+                *("yes" if s["final_file_loads"] and s["final_file_matches"] else "no" for s in (broken, fixed)),
+            ],
+            [
+                "DDP state_dict -> plain model: missing / unexpected keys",
+                keys(prefix["broken"]),
+                f"{keys(prefix['fixed'])} (ddp.module.state_dict()); {keys(prefix['stripped'])} (prefix stripped)",
+            ],
+        ],
+    }
+    return {
+        "pitfall": PITFALL,
+        "world_size": world_size,
+        "device": rank0["device"],
+        "broken": broken,
+        "fixed": {**fixed, "module_prefix_stripped": prefix["stripped"]},
+        "demonstrated": demonstrated,
+        "summary": summary,
+        "why": WHY,
+        "table": table,
+        "notes": notes,
+    }
 
 
 # ----------------------------------------------------------------------------- the torchrun worker
@@ -110,11 +145,14 @@ def worker(argv: list[str]) -> None:
     job = jobs.this_job(argv)
     with workers.process_group(job.params["device"]) as ctx:
         torch.manual_seed(0)  # the same weights on every rank, as after a DDP step
-        model = torch.nn.Sequential(torch.nn.Linear(STATE_FEATURES, STATE_FEATURES),
-                                    torch.nn.Linear(STATE_FEATURES, STATE_FEATURES))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(STATE_FEATURES, STATE_FEATURES), torch.nn.Linear(STATE_FEATURES, STATE_FEATURES)
+        )
         state = {"model": model.state_dict(), "step": 100}
-        sides = {side: save_rounds(ctx, job.folder / f"{side}.pt", state, every_rank=(side == "broken"))
-                 for side in ("broken", "fixed")}
+        sides = {
+            side: save_rounds(ctx, job.folder / f"{side}.pt", state, every_rank=(side == "broken"))
+            for side in ("broken", "fixed")
+        }
         prefix = module_prefix(ctx)
         if ctx.is_primary:
             job.report(ctx.global_rank, {"device": workers.device_name(ctx), **sides, "module_prefix": prefix})
@@ -127,7 +165,6 @@ def save_rounds(ctx, path: Path, state: dict[str, Any], every_rank: bool) -> dic
     import torch
 
     from lab import atomic
-
     from lab.cluster import dist
 
     reader = Reader(path, state) if ctx.global_rank == ctx.world_size - 1 else None
@@ -150,14 +187,17 @@ def save_rounds(ctx, path: Path, state: dict[str, Any], every_rank: bool) -> dic
     dist.barrier(ctx)
     seen = reader.stop() if reader else None
     gathered = dist.all_gather_object(ctx, {"written": written, "reader": seen})
-    result = {"bytes_written_per_rank": [g["written"] for g in gathered], "file_bytes": path.stat().st_size,
-              "reader": next(g["reader"] for g in gathered if g["reader"] is not None)}
+    result = {
+        "bytes_written_per_rank": [g["written"] for g in gathered],
+        "file_bytes": path.stat().st_size,
+        "reader": next(g["reader"] for g in gathered if g["reader"] is not None),
+    }
     if ctx.is_primary:
         result.update(final_file_loads=False, final_file_matches=False)
         try:
             result["final_file_matches"] = same_state(torch.load(path, weights_only=True), state)
             result["final_file_loads"] = True
-        except Exception:  # noqa: BLE001 - a file that does not load is the measurement, not a crash
+        except Exception:
             pass
     return result
 
@@ -192,7 +232,7 @@ class Reader:
             except FileNotFoundError:
                 self.counts["missing"] += 1
                 continue
-            except Exception as exc:  # noqa: BLE001 - whatever a half-written file makes torch.load raise
+            except Exception as exc:
                 self.counts["torn"] += 1
                 message = f"{type(exc).__name__}: {first_sentence(str(exc))}"
                 if message not in self.errors and len(self.errors) < 3:
@@ -215,9 +255,12 @@ def first_sentence(message: str, limit: int = 160) -> str:
 def same_state(loaded: Any, expected: dict[str, Any]) -> bool:
     import torch
 
-    return (isinstance(loaded, dict) and loaded.get("step") == expected["step"]
-            and loaded.get("model", {}).keys() == expected["model"].keys()
-            and all(torch.equal(loaded["model"][k], v) for k, v in expected["model"].items()))
+    return (
+        isinstance(loaded, dict)
+        and loaded.get("step") == expected["step"]
+        and loaded.get("model", {}).keys() == expected["model"].keys()
+        and all(torch.equal(loaded["model"][k], v) for k, v in expected["model"].items())
+    )
 
 
 def bytes_written() -> int:
@@ -239,8 +282,7 @@ def module_prefix(ctx) -> dict[str, Any] | None:
 
     from lab.pitfalls import toy
 
-    ddp = DistributedDataParallel(toy.mlp("batch").to(ctx.device),
-                                  device_ids=ctx.device_ids)
+    ddp = DistributedDataParallel(toy.mlp("batch").to(ctx.device), device_ids=ctx.device_ids)
     if not ctx.is_primary:
         return None
 
@@ -258,15 +300,22 @@ def module_prefix(ctx) -> dict[str, Any] | None:
         except RuntimeError as exc:
             error = first_sentence(" ".join(str(exc).split()))
         keys = plain.load_state_dict(state, strict=False)
-        return {"missing_keys": len(keys.missing_keys), "unexpected_keys": len(keys.unexpected_keys),
-                "strict_error": error, "first_key": next(iter(state)),
-                "missing_examples": keys.missing_keys[:2], "unexpected_examples": keys.unexpected_keys[:2]}
+        return {
+            "missing_keys": len(keys.missing_keys),
+            "unexpected_keys": len(keys.unexpected_keys),
+            "strict_error": error,
+            "first_key": next(iter(state)),
+            "missing_examples": keys.missing_keys[:2],
+            "unexpected_examples": keys.unexpected_keys[:2],
+        }
 
     stripped = saved_and_loaded(ddp.state_dict())
     consume_prefix_in_state_dict_if_present(stripped, "module.")
-    return {"broken": into_plain_model(saved_and_loaded(ddp.state_dict())),
-            "fixed": into_plain_model(saved_and_loaded(ddp.module.state_dict())),
-            "stripped": into_plain_model(stripped)}
+    return {
+        "broken": into_plain_model(saved_and_loaded(ddp.state_dict())),
+        "fixed": into_plain_model(saved_and_loaded(ddp.module.state_dict())),
+        "stripped": into_plain_model(stripped),
+    }
 
 
 if __name__ == "__main__":

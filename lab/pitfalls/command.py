@@ -73,8 +73,11 @@ def render(result: dict[str, Any]) -> str:
         verdict = "demonstrated: yes"
     else:
         verdict = "demonstrated: NO - the symptom did not show as expected in this run"
-    lines = [f"lab pitfall {result['pitfall']}: {PITFALLS[result['pitfall']]}",
-             f"{result['world_size']} ranks on {result['device']}, {result.get('wall_seconds', '?')} s", ""]
+    lines = [
+        f"lab pitfall {result['pitfall']}: {PITFALLS[result['pitfall']]}",
+        f"{result['world_size']} ranks on {result['device']}, {result.get('wall_seconds', '?')} s",
+        "",
+    ]
     if result.get("table"):
         lines += [render_table(result["table"]), ""]
     lines += [f"- {note}" for note in result.get("notes", [])]

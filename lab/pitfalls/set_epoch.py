@@ -14,23 +14,25 @@ DDP training run with each, whose test loss per epoch is printed beside the othe
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 from lab.cluster import jobs
 from lab.pitfalls import module_name, workers
 
 PITFALL = "set-epoch"
 EPOCHS = 5
-SAMPLES = 512          # the training set; the sampler orders its indices
+SAMPLES = 512  # the training set; the sampler orders its indices
 TEST_SAMPLES = 1024
 BATCH_PER_RANK = 16
 LEARNING_RATE = 0.05
 SMALL_LOSS_GAP = 0.05  # relative: below this, the training effect is called small, as it is on this toy
 
-WHY = ("DistributedSampler shuffles with a generator seeded by seed + epoch, and the epoch is whatever "
-       "set_epoch last set: without set_epoch every epoch is epoch 0, so each rank sees the same samples in the "
-       "same order every epoch and the shuffle is lost. Call sampler.set_epoch(epoch) at the top of every epoch, "
-       "on every rank with the same epoch, so the ranks' shards still split one permutation between them.")
+WHY = (
+    "DistributedSampler shuffles with a generator seeded by seed + epoch, and the epoch is whatever "
+    "set_epoch last set: without set_epoch every epoch is epoch 0, so each rank sees the same samples in the "
+    "same order every epoch and the shuffle is lost. Call sampler.set_epoch(epoch) at the top of every epoch, "
+    "on every rank with the same epoch, so the ranks' shards still split one permutation between them."
+)
 
 
 def repeat_share(orders: list[list[int]]) -> float:
@@ -46,34 +48,64 @@ def measure(world_size: int) -> dict[str, Any]:
     broken, fixed = sides["broken"], sides["fixed"]
     demonstrated = broken["repeat_share"] == 1.0 and fixed["repeat_share"] == 0.0
     loss_gap = (broken["final_test_loss"] - fixed["final_test_loss"]) / fixed["final_test_loss"]
-    effect = (f"final test loss {broken['final_test_loss']:.4f} without vs {fixed['final_test_loss']:.4f} with "
-              f"({loss_gap:+.1%})")
-    notes = [f"training effect: {effect}" + (": small on this toy; the repeated order is the bug, the loss "
-                                             "is not how it shows here" if abs(loss_gap) < SMALL_LOSS_GAP else "")]
+    effect = (
+        f"final test loss {broken['final_test_loss']:.4f} without vs {fixed['final_test_loss']:.4f} with "
+        f"({loss_gap:+.1%})"
+    )
+    notes = [
+        f"training effect: {effect}"
+        + (
+            ": small on this toy; the repeated order is the bug, the loss is not how it shows here"
+            if abs(loss_gap) < SMALL_LOSS_GAP
+            else ""
+        )
+    ]
     later = EPOCHS - 1
-    summary = (f"without set_epoch {broken['repeat_share']:.0%} of the {later} later epochs repeated epoch 0's order "
-               f"on every rank; with it {fixed['repeat_share']:.0%}")
+    summary = (
+        f"without set_epoch {broken['repeat_share']:.0%} of the {later} later epochs repeated epoch 0's order "
+        f"on every rank; with it {fixed['repeat_share']:.0%}"
+    )
     if not demonstrated:
         summary = f"expected 100% vs 0%, measured {broken['repeat_share']:.0%} vs {fixed['repeat_share']:.0%}"
 
     def curve(side: dict[str, Any]) -> str:
         return " ".join(f"{loss:.3f}" for loss in side["test_loss_by_epoch"])
 
-    table = {"columns": ["broken: no set_epoch", "fixed: set_epoch(epoch)"], "rows": [
-        ["later epochs repeating epoch 0's order", *(f"{s['repeat_share']:.0%} ({s['repeats']}/{s['compared']})"
-                                                      for s in (broken, fixed))],
-        [f"distinct orders in {EPOCHS} epochs, per rank", *(" / ".join(map(str, s["distinct_orders_per_rank"]))
-                                                            for s in (broken, fixed))],
-        [f"distinct samples rank 0 saw in {EPOCHS} epochs", *(f"{s['rank0_distinct_samples']} of {SAMPLES}"
-                                                              for s in (broken, fixed))],
-        ["samples per epoch, all ranks (distinct)", *(f"{s['samples_per_epoch']} ({s['distinct_per_epoch']})"
-                                                      for s in (broken, fixed))],
-        ["test loss by epoch (DDP training)", curve(broken), curve(fixed)],
-    ]}
-    return {"pitfall": PITFALL, "world_size": world_size, "device": rank0["device"], "broken": broken,
-            "fixed": fixed, "demonstrated": demonstrated, "summary": summary, "why": WHY, "table": table,
-            "notes": notes,
-            "effect_on_training": {"relative_final_loss_gap": loss_gap, "small": abs(loss_gap) < SMALL_LOSS_GAP}}
+    table = {
+        "columns": ["broken: no set_epoch", "fixed: set_epoch(epoch)"],
+        "rows": [
+            [
+                "later epochs repeating epoch 0's order",
+                *(f"{s['repeat_share']:.0%} ({s['repeats']}/{s['compared']})" for s in (broken, fixed)),
+            ],
+            [
+                f"distinct orders in {EPOCHS} epochs, per rank",
+                *(" / ".join(map(str, s["distinct_orders_per_rank"])) for s in (broken, fixed)),
+            ],
+            [
+                f"distinct samples rank 0 saw in {EPOCHS} epochs",
+                *(f"{s['rank0_distinct_samples']} of {SAMPLES}" for s in (broken, fixed)),
+            ],
+            [
+                "samples per epoch, all ranks (distinct)",
+                *(f"{s['samples_per_epoch']} ({s['distinct_per_epoch']})" for s in (broken, fixed)),
+            ],
+            ["test loss by epoch (DDP training)", curve(broken), curve(fixed)],
+        ],
+    }
+    return {
+        "pitfall": PITFALL,
+        "world_size": world_size,
+        "device": rank0["device"],
+        "broken": broken,
+        "fixed": fixed,
+        "demonstrated": demonstrated,
+        "summary": summary,
+        "why": WHY,
+        "table": table,
+        "notes": notes,
+        "effect_on_training": {"relative_final_loss_gap": loss_gap, "small": abs(loss_gap) < SMALL_LOSS_GAP},
+    }
 
 
 def summarize(orders_per_rank: list[list[list[int]]], training: dict[str, Any]) -> dict[str, Any]:
@@ -82,19 +114,25 @@ def summarize(orders_per_rank: list[list[list[int]]], training: dict[str, Any]) 
     compared = sum(len(orders) - 1 for orders in orders_per_rank)
     repeats = round(sum(share * (len(orders) - 1) for share, orders in zip(shares, orders_per_rank)))
     first_epoch = [i for orders in orders_per_rank for i in orders[0]]
-    return {"repeat_share": repeats / compared, "repeats": repeats, "compared": compared,
-            "repeat_share_per_rank": shares,
-            "distinct_orders_per_rank": [len({tuple(o) for o in orders}) for orders in orders_per_rank],
-            "rank0_distinct_samples": len({i for order in orders_per_rank[0] for i in order}),
-            "samples_per_epoch": len(first_epoch), "distinct_per_epoch": len(set(first_epoch)),
-            "epoch0_order_rank0_head": orders_per_rank[0][0][:8], **training}
+    return {
+        "repeat_share": repeats / compared,
+        "repeats": repeats,
+        "compared": compared,
+        "repeat_share_per_rank": shares,
+        "distinct_orders_per_rank": [len({tuple(o) for o in orders}) for orders in orders_per_rank],
+        "rank0_distinct_samples": len({i for order in orders_per_rank[0] for i in order}),
+        "samples_per_epoch": len(first_epoch),
+        "distinct_per_epoch": len(set(first_epoch)),
+        "epoch0_order_rank0_head": orders_per_rank[0][0][:8],
+        **training,
+    }
 
 
 # ----------------------------------------------------------------------------- the torchrun worker
 
 
 def worker(argv: list[str]) -> None:
-    from torch.utils.data import DistributedSampler
+    from torch.utils.data import Dataset, DistributedSampler
 
     from lab.cluster import dist
 
@@ -103,8 +141,13 @@ def worker(argv: list[str]) -> None:
     with workers.process_group(job.params["device"]) as ctx:
         orders, training = {}, {}
         for side, calls_set_epoch in (("broken", False), ("fixed", True)):
-            sampler = DistributedSampler(range(SAMPLES), num_replicas=ctx.world_size, rank=ctx.global_rank,
-                                         shuffle=True, seed=0)
+            sampler: DistributedSampler[int] = DistributedSampler(
+                cast(Dataset[int], range(SAMPLES)),  # the sampler reads only len(): the indices stand for the data
+                num_replicas=ctx.world_size,
+                rank=ctx.global_rank,
+                shuffle=True,
+                seed=0,
+            )
             mine = []
             for epoch in range(epochs):
                 if calls_set_epoch:
@@ -121,7 +164,7 @@ def train(ctx, epochs: int, calls_set_epoch: bool) -> dict[str, Any]:
     import torch
     from torch.nn.functional import cross_entropy
     from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DistributedSampler
+    from torch.utils.data import Dataset, DistributedSampler
 
     from lab.pitfalls import toy
 
@@ -130,8 +173,9 @@ def train(ctx, epochs: int, calls_set_epoch: bool) -> dict[str, Any]:
     model = toy.mlp("none", seed=0).to(ctx.device)
     ddp = DistributedDataParallel(model, device_ids=ctx.device_ids)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE)
-    sampler = DistributedSampler(range(SAMPLES), num_replicas=ctx.world_size, rank=ctx.global_rank, shuffle=True,
-                                 seed=0)
+    sampler: DistributedSampler[int] = DistributedSampler(
+        cast(Dataset[int], range(SAMPLES)), num_replicas=ctx.world_size, rank=ctx.global_rank, shuffle=True, seed=0
+    )
     test_losses = []
     for epoch in range(epochs):
         if calls_set_epoch:

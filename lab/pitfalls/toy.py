@@ -23,8 +23,8 @@ from torch import nn
 FEATURES = 8
 CLASSES = 4
 HIDDEN = 16
-CENTRE_SEED = 1234   # the class centres: one fixed set, whatever the data seed
-CENTRE_SCALE = 2.0   # how far apart the classes sit, in units of the noise
+CENTRE_SEED = 1234  # the class centres: one fixed set, whatever the data seed
+CENTRE_SCALE = 2.0  # how far apart the classes sit, in units of the noise
 
 
 def blobs(n: int, seed: int, classes: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,6 +42,9 @@ def mlp(norm: str = "none", seed: int = 0) -> nn.Sequential:
 
     norm: "none", "batch" (BatchNorm1d: running mean and variance are buffers), "group" (GroupNorm: none)."""
     torch.manual_seed(seed)
-    layers: dict[str, nn.Module] = {"none": nn.Identity(), "batch": nn.BatchNorm1d(HIDDEN),
-                                    "group": nn.GroupNorm(4, HIDDEN)}
+    layers: dict[str, nn.Module] = {
+        "none": nn.Identity(),
+        "batch": nn.BatchNorm1d(HIDDEN),
+        "group": nn.GroupNorm(4, HIDDEN),
+    }
     return nn.Sequential(nn.Linear(FEATURES, HIDDEN), layers[norm], nn.ReLU(), nn.Linear(HIDDEN, CLASSES))

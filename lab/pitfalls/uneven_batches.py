@@ -24,27 +24,33 @@ import math
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from lab.cluster import jobs
 from lab.pitfalls import module_name, workers
 
 PITFALL = "uneven-batches"
 BATCH = 8
-FIRST_SHARD = 37      # rank 0: 4 full batches and one of 5
-OTHER_SHARD = 32      # every other rank: 4 full batches
-TIMEOUT_SECONDS = 5   # the process groups of the lesson: long enough for a step, short enough to wait for
+FIRST_SHARD = 37  # rank 0: 4 full batches and one of 5
+OTHER_SHARD = 32  # every other rank: 4 full batches
+TIMEOUT_SECONDS = 5  # the process groups of the lesson: long enough for a step, short enough to wait for
 LEARNING_RATE = 0.05
 FIXES = ("join", "pad", "drop")
-COLUMNS = {"broken": "broken: plain DDP loop", "join": "fixed: Join([ddp])",
-           "pad": "fixed: DistributedSampler drop_last=False", "drop": "fixed: DistributedSampler drop_last=True"}
+COLUMNS = {
+    "broken": "broken: plain DDP loop",
+    "join": "fixed: Join([ddp])",
+    "pad": "fixed: DistributedSampler drop_last=False",
+    "drop": "fixed: DistributedSampler drop_last=True",
+}
 
-WHY = ("DDP all-reduces the gradients in every backward, and a collective completes only when every rank of the "
-       "group joins it. A rank with one more batch waits in that all_reduce for ranks that have left the loop, "
-       "until the process-group timeout (30 minutes by default on gloo, 10 on NCCL), and the job dies. "
-       "Join([ddp]) lets the ranks that finish shadow the collectives with zeros until the last rank is done; "
-       "DistributedSampler gives every rank the same count, by repeating a few samples (drop_last=False) or "
-       "dropping the tail (drop_last=True).")
+WHY = (
+    "DDP all-reduces the gradients in every backward, and a collective completes only when every rank of the "
+    "group joins it. A rank with one more batch waits in that all_reduce for ranks that have left the loop, "
+    "until the process-group timeout (30 minutes by default on gloo, 10 on NCCL), and the job dies. "
+    "Join([ddp]) lets the ranks that finish shadow the collectives with zeros until the last rank is done; "
+    "DistributedSampler gives every rank the same count, by repeating a few samples (drop_last=False) or "
+    "dropping the tail (drop_last=True)."
+)
 
 
 def shard_bounds(world_size: int) -> list[tuple[int, int]]:
@@ -83,9 +89,15 @@ def measure(world_size: int) -> dict[str, Any]:
     fixes = {fix: fixed_side(reports, fix) for fix in FIXES}
     samples = shard_bounds(world_size)[-1][1]
     evened = all(fix["completed"] and len(set(fix["batches_per_rank"])) == 1 for fix in (fixes["pad"], fixes["drop"]))
-    demonstrated = (broken["timed_out"] and broken["waiting_rank"] == 0 and evened
-                    and fixes["join"]["completed"] and fixes["join"]["weights_equal"]
-                    and fixes["pad"]["samples_repeated"] > 0 and fixes["drop"]["samples_dropped"] > 0)
+    demonstrated = (
+        broken["timed_out"]
+        and broken["waiting_rank"] == 0
+        and evened
+        and fixes["join"]["completed"]
+        and fixes["join"]["weights_equal"]
+        and fixes["pad"]["samples_repeated"] > 0
+        and fixes["drop"]["samples_dropped"] > 0
+    )
 
     def batches(side: dict[str, Any]) -> str:
         return " / ".join(map(str, side["batches_per_rank"]))
@@ -96,45 +108,83 @@ def measure(world_size: int) -> dict[str, Any]:
         return f"completed in {side['seconds']:.2f} s" if side["completed"] else f"failed: {side.get('error')}"
 
     order = [broken, *fixes.values()]
-    table = {"columns": [COLUMNS["broken"], *(COLUMNS[f] for f in FIXES)], "rows": [
-        ["batches per rank", *(batches(s) for s in order)],
-        ["optimizer steps per rank", *(" / ".join(map(str, s["steps_per_rank"])) for s in order)],
-        ["outcome", *(outcome(s) for s in order)],
-        [f"samples repeated / dropped (of {samples})", *(f"{s['samples_repeated']} / {s['samples_dropped']}"
-                                                          for s in order)],
-        ["weights equal across ranks at the end", "-",
-         *("yes" if s["weights_equal"] else "NO" for s in fixes.values())],
-    ]}
+    table = {
+        "columns": [COLUMNS["broken"], *(COLUMNS[f] for f in FIXES)],
+        "rows": [
+            ["batches per rank", *(batches(s) for s in order)],
+            ["optimizer steps per rank", *(" / ".join(map(str, s["steps_per_rank"])) for s in order)],
+            ["outcome", *(outcome(s) for s in order)],
+            [
+                f"samples repeated / dropped (of {samples})",
+                *(f"{s['samples_repeated']} / {s['samples_dropped']}" for s in order),
+            ],
+            [
+                "weights equal across ranks at the end",
+                "-",
+                *("yes" if s["weights_equal"] else "NO" for s in fixes.values()),
+            ],
+        ],
+    }
     notes = [broken["story"]]
     if broken["timed_out"]:
         notes.append(f"rank {broken['waiting_rank']}'s error: {broken['error']}")
-    summary = (f"plain loop: rank {broken['waiting_rank']} waited {broken['waited_seconds']:.1f} s in "
-               f"{broken['collective']} at step {broken['waiting_step']} and timed out; Join completed with "
-               f"{batches(fixes['join'])} steps; the sampler evened the counts by repeating "
-               f"{fixes['pad']['samples_repeated']} or dropping {fixes['drop']['samples_dropped']} sample(s)"
-               if broken["timed_out"] else "the plain loop did not time out: " + broken["story"])
+    summary = (
+        f"plain loop: rank {broken['waiting_rank']} waited {broken['waited_seconds']:.1f} s in "
+        f"{broken['collective']} at step {broken['waiting_step']} and timed out; Join completed with "
+        f"{batches(fixes['join'])} steps; the sampler evened the counts by repeating "
+        f"{fixes['pad']['samples_repeated']} or dropping {fixes['drop']['samples_dropped']} sample(s)"
+        if broken["timed_out"]
+        else "the plain loop did not time out: " + broken["story"]
+    )
     if not demonstrated:
         summary = "expected a timeout in the plain loop and completion with each fix; measured " + summary
-    return {"pitfall": PITFALL, "world_size": world_size, "device": "cpu (gloo)", "broken": broken, "fixed": fixes,
-            "demonstrated": demonstrated, "summary": summary, "why": WHY, "table": table, "notes": notes,
-            "timeout_seconds": TIMEOUT_SECONDS}
+    return {
+        "pitfall": PITFALL,
+        "world_size": world_size,
+        "device": "cpu (gloo)",
+        "broken": broken,
+        "fixed": fixes,
+        "demonstrated": demonstrated,
+        "summary": summary,
+        "why": WHY,
+        "table": table,
+        "notes": notes,
+        "timeout_seconds": TIMEOUT_SECONDS,
+    }
 
 
 def broken_side(reports: list[dict[str, Any]]) -> dict[str, Any]:
     ranks = [r["broken"] for r in reports]
     waiting = [r for r in ranks if r["timed_out"]]
     ran_out = [r for r in ranks if not r["timed_out"]]
-    side = {"batches_per_rank": [r["batches"] for r in ranks], "steps_per_rank": [r["steps"] for r in ranks],
-            "timed_out": bool(waiting), "completed": not waiting, "samples_repeated": 0, "samples_dropped": 0,
-            "waiting_rank": None, "waited_seconds": None, "collective": None, "waiting_step": None, "error": None}
+    side = {
+        "batches_per_rank": [r["batches"] for r in ranks],
+        "steps_per_rank": [r["steps"] for r in ranks],
+        "timed_out": bool(waiting),
+        "completed": not waiting,
+        "samples_repeated": 0,
+        "samples_dropped": 0,
+        "waiting_rank": None,
+        "waited_seconds": None,
+        "collective": None,
+        "waiting_step": None,
+        "error": None,
+    }
     out = ", ".join(f"rank {r['rank']} ran out of batches after {r['steps']} steps" for r in ran_out)
     if waiting:
         w = waiting[0]
-        side.update(waiting_rank=w["rank"], waited_seconds=w["waited_seconds"], collective=w["collective"],
-                    waiting_step=w["steps"] + 1, error=w["error"])
-        side["story"] = (f"{out}; rank {w['rank']}, in step {w['steps'] + 1} of {w['batches']}, waited "
-                         f"{w['waited_seconds']:.1f} s in {w['collective']} for them and gave up "
-                         f"(timeout {TIMEOUT_SECONDS} s)")
+        side.update(
+            waiting_rank=w["rank"],
+            waited_seconds=w["waited_seconds"],
+            collective=w["collective"],
+            waiting_step=w["steps"] + 1,
+            error=w["error"],
+        )
+        side["story"] = (
+            f"{out}; rank {w['rank']}, in step {w['steps'] + 1} of {w['batches']}, waited "
+            f"{w['waited_seconds']:.1f} s in {w['collective']} for them and gave up "
+            f"(timeout {TIMEOUT_SECONDS} s)"
+        )
     else:
         side["story"] = f"{out}; no rank waited: the symptom did not show"
     return side
@@ -144,12 +194,16 @@ def fixed_side(reports: list[dict[str, Any]], fix: str) -> dict[str, Any]:
     ranks = [r[fix] for r in reports]
     served = [i for r in ranks for i in r["indices"]]
     samples = reports[0]["samples"]
-    return {"batches_per_rank": [r["batches"] for r in ranks], "steps_per_rank": [r["steps"] for r in ranks],
-            "completed": all(r["completed"] for r in ranks),
-            "error": next((r["error"] for r in ranks if r["error"]), None),
-            "seconds": max(r["seconds"] for r in ranks),
-            "samples_repeated": len(served) - len(set(served)), "samples_dropped": samples - len(set(served)),
-            "weights_equal": len({tuple(r["weights"]) for r in ranks}) == 1}
+    return {
+        "batches_per_rank": [r["batches"] for r in ranks],
+        "steps_per_rank": [r["steps"] for r in ranks],
+        "completed": all(r["completed"] for r in ranks),
+        "error": next((r["error"] for r in ranks if r["error"]), None),
+        "seconds": max(r["seconds"] for r in ranks),
+        "samples_repeated": len(served) - len(set(served)),
+        "samples_dropped": samples - len(set(served)),
+        "weights_equal": len({tuple(r["weights"]) for r in ranks}) == 1,
+    }
 
 
 # ----------------------------------------------------------------------------- the torchrun worker
@@ -222,10 +276,13 @@ def plain_loop(ctx) -> dict[str, Any]:
         except RuntimeError as exc:
             if not is_collective_timeout(exc):
                 raise
-            result.update(timed_out=True, waited_seconds=round(time.monotonic() - posted["at"], 2),
-                          collective=f"DDP's gradient all_reduce (bucket {posted['bucket']}, "
-                                     f"{posted['elements']} floats)",
-                          error=timeout_message(str(exc)), error_full=" ".join(str(exc).split())[:600])
+            result.update(
+                timed_out=True,
+                waited_seconds=round(time.monotonic() - posted["at"], 2),
+                collective=f"DDP's gradient all_reduce (bucket {posted['bucket']}, {posted['elements']} floats)",
+                error=timeout_message(str(exc)),
+                error_full=" ".join(str(exc).split())[:600],
+            )
             break
         result["steps"] += 1
     return result
@@ -235,7 +292,7 @@ def fixed_loop(ctx, fix: str) -> dict[str, Any]:
     """The same training with one fix; what each rank ran and saw."""
     import torch
     from torch.distributed.algorithms.join import Join
-    from torch.utils.data import DistributedSampler
+    from torch.utils.data import Dataset, DistributedSampler
 
     from lab.pitfalls import toy
 
@@ -245,12 +302,24 @@ def fixed_loop(ctx, fix: str) -> dict[str, Any]:
         start, end = shard_bounds(ctx.world_size)[ctx.global_rank]
         indices = list(range(start, end))
     else:
-        sampler = DistributedSampler(range(samples), num_replicas=ctx.world_size, rank=ctx.global_rank,
-                                     shuffle=True, seed=0, drop_last=(fix == "drop"))
+        sampler: DistributedSampler[int] = DistributedSampler(
+            cast(Dataset[int], range(samples)),  # the sampler reads only len(): the indices stand for the data
+            num_replicas=ctx.world_size,
+            rank=ctx.global_rank,
+            shuffle=True,
+            seed=0,
+            drop_last=(fix == "drop"),
+        )
         indices = list(sampler)
     batches = torch.tensor(indices).split(BATCH)
     ddp, optimizer = _ddp(_group())
-    result = {"batches": len(batches), "steps": 0, "indices": indices, "completed": False, "error": None}
+    result: dict[str, Any] = {
+        "batches": len(batches),
+        "steps": 0,
+        "indices": indices,
+        "completed": False,
+        "error": None,
+    }
     started = time.monotonic()
     try:
         with Join([ddp]) if fix == "join" else _nothing():

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from lab.cluster import cores, jobs
 from lab.cluster.jobs import JobFailed
 
 __all__ = ["JobFailed", "choose_device", "default_world_size", "device_name", "process_group", "run_job"]
 
-JOB_TIMEOUT_SECONDS = 180   # a pitfall takes seconds; a job still running after this is stuck
+JOB_TIMEOUT_SECONDS = 180  # a pitfall takes seconds; a job still running after this is stuck
 
 
 def default_world_size() -> int:
@@ -36,19 +36,27 @@ def choose_device(world_size: int) -> str:
     return "cuda" if cores.gpu_count() >= world_size else "cpu"
 
 
-def run_job(module: str, world_size: int, device: str, params: dict[str, Any] | None = None,
-            reports_expected: int | None = None) -> list[dict[str, Any]]:
+def run_job(
+    module: str, world_size: int, device: str, params: dict[str, Any] | None = None, reports_expected: int | None = None
+) -> list[dict[str, Any]]:
     """Run `module`'s worker on `world_size` ranks with {"device": device, **params}; their reports, in rank order.
     `reports_expected`: how many ranks report (default: all of them)."""
-    return jobs.run(jobs.Job(module, world_size, {"device": device, **(params or {})},
-                             timeout_seconds=JOB_TIMEOUT_SECONDS, reports=reports_expected))
+    return jobs.run(
+        jobs.Job(
+            module,
+            world_size,
+            {"device": device, **(params or {})},
+            timeout_seconds=JOB_TIMEOUT_SECONDS,
+            reports=reports_expected,
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- the worker side
 
 
 @contextlib.contextmanager
-def process_group(device: str, timeout_seconds: float = 60.0) -> Iterator[Any]:
+def process_group(device: Literal["auto", "cpu", "cuda"], timeout_seconds: float = 60.0) -> Iterator[Any]:
     """The lab's process group (lab.cluster.dist) on `device`: nccl on GPUs, gloo on the CPU. The timeout is
     short next to training's: a pitfall that hangs by mistake should fail in a minute, not in ten."""
     from lab.cluster import dist

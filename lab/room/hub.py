@@ -26,7 +26,7 @@ from lab.room import plan as room_plan
 from lab.room import seats
 from lab.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
 
-SEAT_HOME_IN_CONTAINER = "/lab/seat"   # docker: the seat's volume (images/Dockerfile's jupyter stage makes it)
+SEAT_HOME_IN_CONTAINER = "/lab/seat"  # docker: the seat's volume (images/Dockerfile's jupyter stage makes it)
 
 
 class RoomAuthenticator(NativeAuthenticator):
@@ -97,8 +97,11 @@ def configure(c, state_dir: str | os.PathLike | None = None) -> None:
         c.DockerSpawner.remove = True
         c.DockerSpawner.notebook_dir = SEAT_HOME_IN_CONTAINER
         # the seat's copy of the lessons (from the image's /opt/lab/notebooks) on its volume, then its server
-        c.DockerSpawner.cmd = ["sh", "-c", f"lab room prepare-seat {SEAT_HOME_IN_CONTAINER} && exec "
-                               f"jupyterhub-singleuser"]
+        c.DockerSpawner.cmd = [
+            "sh",
+            "-c",
+            f"lab room prepare-seat {SEAT_HOME_IN_CONTAINER} && exec jupyterhub-singleuser",
+        ]
     else:
         c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
         c.SlurmSpawner.req_partition = settings.slurm_partition
@@ -106,19 +109,30 @@ def configure(c, state_dir: str | os.PathLike | None = None) -> None:
         c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
         c.Spawner.notebook_dir = "~"
 
-    culler = [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={settings.idle_timeout_seconds}",
-              f"--cull-every={settings.cull_every_seconds}"]
+    culler = [
+        sys.executable,
+        "-m",
+        "jupyterhub_idle_culler",
+        f"--timeout={settings.idle_timeout_seconds}",
+        f"--cull-every={settings.cull_every_seconds}",
+    ]
     c.JupyterHub.services = [{"name": "idle-culler", "command": culler}]
-    c.JupyterHub.load_roles = [{"name": "idle-culler", "services": ["idle-culler"],
-                                "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]}]
+    c.JupyterHub.load_roles = [
+        {
+            "name": "idle-culler",
+            "services": ["idle-culler"],
+            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+        }
+    ]
 
 
 def landing(handler, admin: str) -> str | None:
     """Where a user lands after logging in: the instructor on the sign-ups to authorize (the instructor runs no
     server), a learner on their seat's JupyterLab (None: JupyterHub's own default, which starts it)."""
     user = handler.current_user  # None on the login form's POST itself: the name is in the form
-    name = user.name if user else handler.get_body_argument("username", None) if handler.request.method == "POST" \
-        else None
+    name = (
+        user.name if user else handler.get_body_argument("username", None) if handler.request.method == "POST" else None
+    )
     return f"{handler.hub.base_url}authorize" if name == admin else None
 
 
@@ -128,16 +142,22 @@ def before_spawn(spawner, plan: room_plan.RoomPlan, settings: RoomSettings) -> N
 
     name = spawner.user.name
     if name not in plan.names:
-        raise web.HTTPError(403, f"{name} has no seat in this room (its seats: {', '.join(plan.names)}); the "
-                                 f"instructor's account manages the room and runs no server")
+        raise web.HTTPError(
+            403,
+            f"{name} has no seat in this room (its seats: {', '.join(plan.names)}); the "
+            f"instructor's account manages the room and runs no server",
+        )
     seat = plan.seat(name)
     if settings.spawner == "docker":
         for trait, value in docker_options(seat, settings).items():
             setattr(spawner, trait, value)
         return
     home = seats.prepare_home(name)
-    spawner.environment = {**spawner.environment, **seats.host_paths(),
-                           **seats.environment(seat, home, settings.pushgateway, settings.prometheus_url)}
+    spawner.environment = {
+        **spawner.environment,
+        **seats.host_paths(),
+        **seats.environment(seat, home, settings.pushgateway, settings.prometheus_url),
+    }
     if settings.spawner == "slurm":  # SlurmSpawner's batch script: --gres, --cpus-per-task, --mem
         spawner.req_gres = f"gpu:{len(seat.devices)}" if seat.devices else ""
         spawner.req_nprocs = str(len(seat.cpus) or max(1, int(seat.cpu_share)))
@@ -153,20 +173,31 @@ def docker_options(seat: room_plan.Seat, settings: RoomSettings) -> dict:
     volume of its own, NCCL's runtime settings (shared memory, memlock, stack), and its environment."""
     from docker.types import DeviceRequest, Ulimit
 
-    host = {"shm_size": "8g", "ulimits": [Ulimit(name="memlock", soft=settings.memlock, hard=settings.memlock),
-                                          Ulimit(name="stack", soft=67108864, hard=67108864)]}
+    host = {
+        "shm_size": "8g",
+        "ulimits": [
+            Ulimit(name="memlock", soft=settings.memlock, hard=settings.memlock),
+            Ulimit(name="stack", soft=67108864, hard=67108864),
+        ],
+    }
     if seat.devices:
-        host["device_requests"] = [DeviceRequest(driver="nvidia", device_ids=list(seat.devices),
-                                                 capabilities=[["gpu"]])]
+        host["device_requests"] = [
+            DeviceRequest(driver="nvidia", device_ids=list(seat.devices), capabilities=[["gpu"]])
+        ]
     if seat.cpus:
         host["cpuset_cpus"] = room_plan.core_list(seat.cpus)
     # not seats.host_paths(): the image's PATH and JupyterLab settings are its own (its ENV)
     env = seats.environment(seat, Path(SEAT_HOME_IN_CONTAINER), settings.pushgateway, settings.prometheus_url)
     # inside the container the GPUs it was given are its 0..N-1: the device request already narrowed them
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(seat.devices)))
-    return {"image": settings.image, "mem_limit": seat.memory_bytes, "cpu_limit": seat.cpu_share,
-            # the image's entry point with --exec (NGC's set-up, then the command): the lab and hub images' own
-            # would run `lab CMD`
-            "extra_create_kwargs": {"entrypoint": ["/usr/local/bin/lab-entrypoint", "--exec"]},
-            "extra_host_config": host, "volumes": {f"lab-room-{seat.name}": SEAT_HOME_IN_CONTAINER},
-            "environment": {"JUPYTERHUB_ACTIVITY_INTERVAL": str(settings.activity_interval_seconds), **env}}
+    return {
+        "image": settings.image,
+        "mem_limit": seat.memory_bytes,
+        "cpu_limit": seat.cpu_share,
+        # the image's entry point with --exec (NGC's set-up, then the command): the lab and hub images' own
+        # would run `lab CMD`
+        "extra_create_kwargs": {"entrypoint": ["/usr/local/bin/lab-entrypoint", "--exec"]},
+        "extra_host_config": host,
+        "volumes": {f"lab-room-{seat.name}": SEAT_HOME_IN_CONTAINER},
+        "environment": {"JUPYTERHUB_ACTIVITY_INTERVAL": str(settings.activity_interval_seconds), **env},
+    }

@@ -18,7 +18,8 @@ processes, the device hidden), which the table says.
 [('seat1', '0,1', 8, 57), ('seat2', '2,3', 8, 57), ('seat3', '4,5', 8, 57), ('seat4', '6,7', 8, 57)]
 >>> make_plan(host, seats=16)
 Traceback (most recent call last):
-lab.errors.LabError: 16 seats on 8 GPUs: two seats would share a GPU (each GPU belongs to one seat); at most 8 seats of 1 GPU, or give more devices with --devices
+lab.errors.LabError: 16 seats on 8 GPUs: two seats would share a GPU (each GPU belongs to one seat); at most 8 seats
+of 1 GPU, or give more devices with --devices
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ DEFAULT_PLAN = Path("runs") / "room" / "plan.json"
 class Host:
     """What the room has to hand out."""
 
-    devices: tuple[str, ...]   # CUDA_VISIBLE_DEVICES entries: GPU indices ("0".."7") or MIG UUIDs ("MIG-...")
-    cores: tuple[int, ...]     # CPU core ids (this process's affinity)
+    devices: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries: GPU indices ("0".."7") or MIG UUIDs ("MIG-...")
+    cores: tuple[int, ...]  # CPU core ids (this process's affinity)
     memory_bytes: int
 
     @property
@@ -67,10 +68,10 @@ class Seat:
     """One learner's share of the host."""
 
     name: str
-    devices: tuple[str, ...] = ()   # the seat's CUDA_VISIBLE_DEVICES
-    cpus: tuple[int, ...] = ()      # cores pinned to the seat; () where seats share every core
-    cpu_share: float = 1.0          # cores' worth the seat may use (a container's cpu_limit)
-    memory_bytes: int = 0           # its memory limit
+    devices: tuple[str, ...] = ()  # the seat's CUDA_VISIBLE_DEVICES
+    cpus: tuple[int, ...] = ()  # cores pinned to the seat; () where seats share every core
+    cpu_share: float = 1.0  # cores' worth the seat may use (a container's cpu_limit)
+    memory_bytes: int = 0  # its memory limit
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -106,7 +107,7 @@ class Seat:
 class RoomPlan:
     host: Host
     seats: tuple[Seat, ...]
-    notes: tuple[str, ...] = field(default=())   # what the instructor should know: unused GPUs, shared cores
+    notes: tuple[str, ...] = field(default=())  # what the instructor should know: unused GPUs, shared cores
 
     def seat(self, name: str) -> Seat:
         for seat in self.seats:
@@ -122,8 +123,9 @@ class RoomPlan:
 # ----------------------------------------------------------------------------- the host
 
 
-def this_host(gpus: int | None = None, devices: str | None = None, cores: int | None = None,
-              memory_gib: float | None = None) -> Host:
+def this_host(
+    gpus: int | None = None, devices: str | None = None, cores: int | None = None, memory_gib: float | None = None
+) -> Host:
     """This machine: its GPUs (NVML's count), cores and memory; each can be given instead (`gpus`, a `devices`
     list, `cores`, `memory_gib`), to plan another host from here."""
     from lab.cluster import nvml
@@ -154,8 +156,7 @@ def _memory_bytes(meminfo: str = "/proc/meminfo") -> int:
 # ----------------------------------------------------------------------------- making and checking a plan
 
 
-def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = None,
-              prefix: str = "seat") -> RoomPlan:
+def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = None, prefix: str = "seat") -> RoomPlan:
     """Seats with disjoint GPUs and cores and an even share of memory; LabError when the host cannot hold them.
 
     Defaults: on a GPU host, 2 GPUs a seat (NCCL's smallest DDP), as many seats as that gives; on a CPU host,
@@ -167,11 +168,14 @@ def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = 
     [('seat1', (), 0.67, 7372), ('seat2', (), 0.67, 7372), ('seat3', (), 0.67, 7372)]
     >>> make_plan(cpu, seats=8)
     Traceback (most recent call last):
-    lab.errors.LabError: 8 seats do not fit in 24.0 GiB of memory: 21.6 GiB after the hub's share holds at most 7 seats of 3.0 GiB (lesson 1 the CPU way); use --seats 7 or fewer
+    lab.errors.LabError: 8 seats do not fit in 24.0 GiB of memory: 21.6 GiB after the hub's share holds at most 7
+    seats of 3.0 GiB (lesson 1 the CPU way); use --seats 7 or fewer
     """
     if not SEAT_NAME.match(prefix + "1"):
-        raise LabError(f"--prefix {prefix!r}: a seat's name is a system user name: lower-case letters and digits, "
-                       f"starting with a letter (e.g. seat)")
+        raise LabError(
+            f"--prefix {prefix!r}: a seat's name is a system user name: lower-case letters and digits, "
+            f"starting with a letter (e.g. seat)"
+        )
     devices, notes = host.devices, []
     if seats is not None and seats < 1:
         raise LabError(f"--seats {seats}: a room needs at least one seat")
@@ -183,19 +187,27 @@ def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = 
         if seats is None:
             seats = len(devices) // gpus_per_seat
         if seats > len(devices):
-            raise LabError(f"{seats} seats on {len(devices)} GPUs: two seats would share a GPU (each GPU belongs to "
-                           f"one seat); at most {len(devices)} seats of 1 GPU, or give more devices with --devices")
+            raise LabError(
+                f"{seats} seats on {len(devices)} GPUs: two seats would share a GPU (each GPU belongs to "
+                f"one seat); at most {len(devices)} seats of 1 GPU, or give more devices with --devices"
+            )
         if seats * gpus_per_seat > len(devices):
-            raise LabError(f"{seats} seats of {gpus_per_seat} GPUs need {seats * gpus_per_seat}; this host has "
-                           f"{len(devices)}: at most {len(devices) // gpus_per_seat} seats of {gpus_per_seat}")
-        spare = devices[seats * gpus_per_seat:]
+            raise LabError(
+                f"{seats} seats of {gpus_per_seat} GPUs need {seats * gpus_per_seat}; this host has "
+                f"{len(devices)}: at most {len(devices) // gpus_per_seat} seats of {gpus_per_seat}"
+            )
+        spare = devices[seats * gpus_per_seat :]
         if spare:
-            notes.append(f"{_plural(len(spare), 'GPU')} ({','.join(spare)}) left to no seat: {len(devices)} do not "
-                         f"split evenly into {_plural(seats, 'seat')} of {gpus_per_seat}")
+            notes.append(
+                f"{_plural(len(spare), 'GPU')} ({','.join(spare)}) left to no seat: {len(devices)} do not "
+                f"split evenly into {_plural(seats, 'seat')} of {gpus_per_seat}"
+            )
     else:
         if gpus_per_seat:
-            raise LabError(f"--gpus-per-seat {gpus_per_seat}: this host has no GPU (give --gpus N to plan for a "
-                           f"GPU server from here)")
+            raise LabError(
+                f"--gpus-per-seat {gpus_per_seat}: this host has no GPU (give --gpus N to plan for a "
+                f"GPU server from here)"
+            )
         gpus_per_seat = 0
         seats = seats or max(1, len(host.cores) // 2)
     _check_memory(host, seats, gpus_per_seat)
@@ -203,13 +215,22 @@ def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = 
     cores = host.cores
     pinned = len(cores) // seats if len(cores) >= seats else 0
     if not pinned:
-        notes.append(f"{seats} seats share {len(cores)} cores ({len(cores) / seats:.2f} each): lessons run slower "
-                     f"while seats run at once")
+        notes.append(
+            f"{seats} seats share {len(cores)} cores ({len(cores) / seats:.2f} each): lessons run slower "
+            f"while seats run at once"
+        )
     made = []
     for i in range(seats):
-        mine = cores[i * pinned:(i + 1) * pinned] if pinned else ()
-        made.append(Seat(f"{prefix}{i + 1}", tuple(devices[i * gpus_per_seat:(i + 1) * gpus_per_seat]), mine,
-                         float(pinned) if pinned else len(cores) / seats, memory))
+        mine = cores[i * pinned : (i + 1) * pinned] if pinned else ()
+        made.append(
+            Seat(
+                f"{prefix}{i + 1}",
+                tuple(devices[i * gpus_per_seat : (i + 1) * gpus_per_seat]),
+                mine,
+                float(pinned) if pinned else len(cores) / seats,
+                memory,
+            )
+        )
     return RoomPlan(host, tuple(made), tuple(notes))
 
 
@@ -223,14 +244,20 @@ def _check_memory(host: Host, seats: int, gpus_per_seat: int) -> None:
     if usable // seats >= floor:
         return
     fits = max(0, usable // floor)
-    what = f"{gpus_per_seat} GPU{'s' if gpus_per_seat > 1 else ''} and lesson 1" if gpus_per_seat else \
-        "lesson 1 the CPU way"
+    what = (
+        f"{gpus_per_seat} GPU{'s' if gpus_per_seat > 1 else ''} and lesson 1"
+        if gpus_per_seat
+        else "lesson 1 the CPU way"
+    )
     if not fits:
-        raise LabError(f"this host's {host.memory_bytes / GIB:.1f} GiB cannot hold one seat of {floor / GIB:.1f} GiB "
-                       f"({what})")
-    raise LabError(f"{seats} seats do not fit in {host.memory_bytes / GIB:.1f} GiB of memory: {usable / GIB:.1f} "
-                   f"GiB after the hub's share holds at most {_plural(fits, 'seat')} of {floor / GIB:.1f} GiB "
-                   f"({what}); use --seats {fits} or fewer")
+        raise LabError(
+            f"this host's {host.memory_bytes / GIB:.1f} GiB cannot hold one seat of {floor / GIB:.1f} GiB ({what})"
+        )
+    raise LabError(
+        f"{seats} seats do not fit in {host.memory_bytes / GIB:.1f} GiB of memory: {usable / GIB:.1f} "
+        f"GiB after the hub's share holds at most {_plural(fits, 'seat')} of {floor / GIB:.1f} GiB "
+        f"({what}); use --seats {fits} or fewer"
+    )
 
 
 def check(plan: RoomPlan, source: str) -> RoomPlan:
@@ -240,8 +267,10 @@ def check(plan: RoomPlan, source: str) -> RoomPlan:
     owner: dict[tuple[str, str], str] = {}
     for seat in plan.seats:
         if not SEAT_NAME.match(seat.name):
-            raise LabError(f"{source}: seat {seat.name!r}: a seat's name is a system user name: lower-case letters "
-                           f"and digits, starting with a letter")
+            raise LabError(
+                f"{source}: seat {seat.name!r}: a seat's name is a system user name: lower-case letters "
+                f"and digits, starting with a letter"
+            )
         if seat.name in seen_names:
             raise LabError(f"{source}: two seats are named {seat.name!r}; give each seat its own name")
         seen_names.add(seat.name)
@@ -249,15 +278,19 @@ def check(plan: RoomPlan, source: str) -> RoomPlan:
             for thing in things:
                 other = owner.setdefault((kind, thing), seat.name)
                 if other != seat.name:
-                    raise LabError(f"{source}: seats {other} and {seat.name} both have {kind} {thing}; each {kind} "
-                                   f"belongs to one seat")
+                    raise LabError(
+                        f"{source}: seats {other} and {seat.name} both have {kind} {thing}; each {kind} "
+                        f"belongs to one seat"
+                    )
     if not plan.seats:
         raise LabError(f"{source}: the plan has no seats; make one with lab room plan --seats N")
     total = sum(s.memory_bytes for s in plan.seats)
     usable = plan.host.memory_bytes - plan.host.reserve_bytes
     if total > usable:
-        raise LabError(f"{source}: the seats' memory limits add up to {total / GIB:.1f} GiB, over the "
-                       f"{usable / GIB:.1f} GiB the host has after the hub's share; lower them or seat fewer")
+        raise LabError(
+            f"{source}: the seats' memory limits add up to {total / GIB:.1f} GiB, over the "
+            f"{usable / GIB:.1f} GiB the host has after the hub's share; lower them or seat fewer"
+        )
     return plan
 
 
@@ -274,10 +307,21 @@ def load(path: Path) -> RoomPlan:
     """A plan file written by save() (and perhaps edited): checked as check() does."""
     try:
         raw = json.loads(Path(path).read_text())
-        host = Host(tuple(map(str, raw["host"]["devices"])), tuple(map(int, raw["host"]["cores"])),
-                    int(raw["host"]["memory_bytes"]))
-        seats = tuple(Seat(str(s["name"]), tuple(map(str, s.get("devices", ()))), tuple(map(int, s.get("cpus", ()))),
-                           float(s.get("cpu_share", 1.0)), int(s["memory_bytes"])) for s in raw["seats"])
+        host = Host(
+            tuple(map(str, raw["host"]["devices"])),
+            tuple(map(int, raw["host"]["cores"])),
+            int(raw["host"]["memory_bytes"]),
+        )
+        seats = tuple(
+            Seat(
+                str(s["name"]),
+                tuple(map(str, s.get("devices", ()))),
+                tuple(map(int, s.get("cpus", ()))),
+                float(s.get("cpu_share", 1.0)),
+                int(s["memory_bytes"]),
+            )
+            for s in raw["seats"]
+        )
         plan = RoomPlan(host, seats, tuple(raw.get("notes", ())))
     except FileNotFoundError:
         raise LabError(f"{path}: no room plan there; make one with lab room plan --seats N --out {path}") from None
@@ -294,12 +338,16 @@ def table(plan: RoomPlan) -> str:
     rows = ["| seat | GPUs (CUDA_VISIBLE_DEVICES) | CPU cores | memory limit | the lessons |", "|---|---|---|---:|---|"]
     for s in plan.seats:
         cores = core_list(s.cpus) if s.cpus else f"shared ({s.cpu_share:.2f})"
-        rows.append(f"| {s.name} | {s.cuda_visible_devices or 'none'} | {cores} | "
-                    f"{s.memory_bytes / GIB:.1f} GiB | {s.lessons()} |")
+        rows.append(
+            f"| {s.name} | {s.cuda_visible_devices or 'none'} | {cores} | "
+            f"{s.memory_bytes / GIB:.1f} GiB | {s.lessons()} |"
+        )
     host = plan.host
     rows.append("")
-    rows.append(f"host: {len(host.devices)} GPUs, {len(host.cores)} cores, {host.memory_bytes / GIB:.1f} GiB "
-                f"({host.reserve_bytes / GIB:.1f} GiB kept for the hub and the system)")
+    rows.append(
+        f"host: {len(host.devices)} GPUs, {len(host.cores)} cores, {host.memory_bytes / GIB:.1f} GiB "
+        f"({host.reserve_bytes / GIB:.1f} GiB kept for the hub and the system)"
+    )
     rows += [f"note: {n}" for n in plan.notes]
     return "\n".join(rows)
 

@@ -43,8 +43,10 @@ def lessons_dir() -> Path:
     configured = os.environ.get(LESSONS_ENV)
     folder = Path(configured) if configured else CHECKOUT / "notebooks"
     if not any(folder.glob("[0-9][0-9]_*.py")):
-        raise LabError(f"{folder}: no lessons there (NN_name.py); run from a checkout of the lab or set "
-                       f"{LESSONS_ENV} to the folder that holds them")
+        raise LabError(
+            f"{folder}: no lessons there (NN_name.py); run from a checkout of the lab or set "
+            f"{LESSONS_ENV} to the folder that holds them"
+        )
     return folder
 
 
@@ -79,16 +81,34 @@ def ensure_user(name: str, home_root: Path) -> Path:
     name that a room did not make is refused: its processes and files are someone else's."""
     home = home_of(name)
     if home is not None and not made_by_a_room(name):
-        raise LabError(f"seat {name}: a system user of that name exists and was not made by lab room; give the "
-                       f"seats other names (--prefix)")
+        raise LabError(
+            f"seat {name}: a system user of that name exists and was not made by lab room; give the "
+            f"seats other names (--prefix)"
+        )
     if home is None:
         home = home_root / name
-        done = runner.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/bash",
-                           "--comment", SEAT_COMMENT, "--user-group", name], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, echo=False)
+        done = runner.run(
+            [
+                "useradd",
+                "--create-home",
+                "--home-dir",
+                str(home),
+                "--shell",
+                "/bin/bash",
+                "--comment",
+                SEAT_COMMENT,
+                "--user-group",
+                name,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            echo=False,
+        )
         if done.returncode != 0:
-            raise LabError(f"useradd {name}: {done.stderr.strip() or f'exited {done.returncode}'} (the room's "
-                           f"seats are system users: run lab room serve as root)")
+            raise LabError(
+                f"useradd {name}: {done.stderr.strip() or f'exited {done.returncode}'} (the room's "
+                f"seats are system users: run lab room serve as root)"
+            )
     home.mkdir(parents=True, exist_ok=True)
     user = pwd.getpwnam(name)
     os.chown(home, user.pw_uid, user.pw_gid)
@@ -99,8 +119,7 @@ def ensure_user(name: str, home_root: Path) -> Path:
 def remove_user(name: str) -> None:
     """Delete a seat's system user and its home (tests, and an instructor clearing a room): only one a room made."""
     if made_by_a_room(name):
-        runner.run(["userdel", "--remove", name], stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, echo=False)
+        runner.run(["userdel", "--remove", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, echo=False)
 
 
 def unreachable(name: str, paths: list[Path]) -> str | None:
@@ -110,9 +129,16 @@ def unreachable(name: str, paths: list[Path]) -> str | None:
     folder on the way to each path whose mode gives others no search (x) permission is named."""
     user = pwd.getpwnam(name)
     try:
-        done = runner.run([sys.executable, "-c", "import lab.room, jupyterhub"], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, echo=False, user=user.pw_uid, group=user.pw_gid,
-                          env={**os.environ, "HOME": user.pw_dir}, timeout_seconds=60)
+        done = runner.run(
+            [sys.executable, "-c", "import lab.room, jupyterhub"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            echo=False,
+            user=user.pw_uid,
+            group=user.pw_gid,
+            env={**os.environ, "HOME": user.pw_dir},
+            timeout_seconds=60,
+        )
         failure = None if done.returncode == 0 else done.last_error
     except PermissionError as exc:  # the interpreter itself could not be run
         failure = str(exc)
@@ -122,9 +148,11 @@ def unreachable(name: str, paths: list[Path]) -> str | None:
         for folder in reversed(Path(path).resolve().parents):
             mode = folder.stat().st_mode
             if not mode & stat.S_IXOTH:
-                return (f"seat {name} cannot reach {path}: {folder} is mode {stat.S_IMODE(mode):o}, closed to other "
-                        f"users; run `chmod o+x {folder}` (search only: its listing stays closed), or install the "
-                        f"lab where the seats can reach it (docs/workshop.md)")
+                return (
+                    f"seat {name} cannot reach {path}: {folder} is mode {stat.S_IMODE(mode):o}, closed to other "
+                    f"users; run `chmod o+x {folder}` (search only: its listing stays closed), or install the "
+                    f"lab where the seats can reach it (docs/workshop.md)"
+                )
     return f"seat {name} cannot run {sys.executable} -c 'import lab.room, jupyterhub': {failure}"
 
 
@@ -185,8 +213,7 @@ def runs_dir(home: Path) -> Path:
 
 def environment(seat: Seat, home: Path, pushgateway: str = "", prometheus_url: str = "") -> dict[str, str]:
     """What the seat's server (and every kernel, lesson command and run under it) starts with, on any spawner."""
-    env = {SEAT_ENV: seat.name, "CUDA_VISIBLE_DEVICES": seat.cuda_visible_devices,
-           LESSON_RUNS_ENV: str(runs_dir(home))}
+    env = {SEAT_ENV: seat.name, "CUDA_VISIBLE_DEVICES": seat.cuda_visible_devices, LESSON_RUNS_ENV: str(runs_dir(home))}
     if not seat.cpus:  # shared cores: each process one thread's worth of the seat's share, at least 1
         env["OMP_NUM_THREADS"] = str(seat.threads)
     if pushgateway:

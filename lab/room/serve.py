@@ -20,8 +20,8 @@ from pathlib import Path
 
 from lab import optional
 from lab.cluster import runner
-from lab.observability import metrics
 from lab.errors import LabError
+from lab.observability import metrics
 from lab.room import plan as room_plan
 from lab.room import seats
 from lab.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
@@ -30,22 +30,29 @@ from lab.room.status import lessons
 CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
 # `make room-proxy` installs configurable-http-proxy (npm, pinned by jupyter/proxy/package-lock.json) here
 PROXY_IN_VENV = Path(sys.prefix) / "room-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
-STOP_GRACE_SECONDS = 30   # the hub stops every seat's server before it exits: give it the time
+STOP_GRACE_SECONDS = 30  # the hub stops every seat's server before it exits: give it the time
 
 
 def find_proxy(given: str | None) -> str:
-    for candidate in (given, str(PROXY_IN_VENV) if PROXY_IN_VENV.exists() else None,
-                      shutil.which("configurable-http-proxy")):
+    for candidate in (
+        given,
+        str(PROXY_IN_VENV) if PROXY_IN_VENV.exists() else None,
+        shutil.which("configurable-http-proxy"),
+    ):
         if candidate and (Path(candidate).exists() or shutil.which(candidate)):
             return candidate
-    raise LabError(f"configurable-http-proxy (JupyterHub's proxy, from npm) is not installed: `make room-proxy` "
-                   f"installs it into {PROXY_IN_VENV.parent.parent.parent}, or give its path with --proxy")
+    raise LabError(
+        f"configurable-http-proxy (JupyterHub's proxy, from npm) is not installed: `make room-proxy` "
+        f"installs it into {PROXY_IN_VENV.parent.parent.parent}, or give its path with --proxy"
+    )
 
 
 # What the hub needs, by spawner (the [room] extra has them all): refused in one line before anything starts
-NEEDS = {"local": ("jupyterhub", "nativeauthenticator", "jupyterhub_idle_culler"),
-         "docker": ("jupyterhub", "nativeauthenticator", "jupyterhub_idle_culler", "dockerspawner"),
-         "slurm": ("jupyterhub", "nativeauthenticator", "jupyterhub_idle_culler", "batchspawner")}
+NEEDS = {
+    "local": ("jupyterhub", "nativeauthenticator", "jupyterhub_idle_culler"),
+    "docker": ("jupyterhub", "nativeauthenticator", "jupyterhub_idle_culler", "dockerspawner"),
+    "slurm": ("jupyterhub", "nativeauthenticator", "jupyterhub_idle_culler", "batchspawner"),
+}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,14 +60,24 @@ def run(args: argparse.Namespace) -> int:
         optional.require(module, "lab room serve (pip install -e '.[room]', as make room does)")
     plan = room_plan.from_args(args)
     state = Path(args.room_dir).resolve()
-    settings = RoomSettings(spawner=args.spawner, bind=args.bind, port=args.port, hub_port=args.hub_port,
-                            proxy_api_port=args.proxy_api_port, proxy=find_proxy(args.proxy),
-                            idle_timeout_seconds=args.idle_timeout,
-                            cull_every_seconds=min(300, max(5, args.idle_timeout // 2)),
-                            home_root=args.home_root, pushgateway=args.pushgateway or "",
-                            prometheus_url=args.prometheus_url or "", image=args.image, network=args.network,
-                            hub_bind=args.hub_bind, hub_connect_url=args.hub_connect_url,
-                            memlock=args.memlock)
+    settings = RoomSettings(
+        spawner=args.spawner,
+        bind=args.bind,
+        port=args.port,
+        hub_port=args.hub_port,
+        proxy_api_port=args.proxy_api_port,
+        proxy=find_proxy(args.proxy),
+        idle_timeout_seconds=args.idle_timeout,
+        cull_every_seconds=min(300, max(5, args.idle_timeout // 2)),
+        home_root=args.home_root,
+        pushgateway=args.pushgateway or "",
+        prometheus_url=args.prometheus_url or "",
+        image=args.image,
+        network=args.network,
+        hub_bind=args.hub_bind,
+        hub_connect_url=args.hub_connect_url,
+        memlock=args.memlock,
+    )
     if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
         _make_seats(plan, Path(settings.home_root))
     state.mkdir(parents=True, exist_ok=True)
@@ -71,13 +88,20 @@ def run(args: argparse.Namespace) -> int:
         metrics.push_room_seats(settings.pushgateway, [(s.name, list(s.devices)) for s in plan.seats])
         metrics.push_room_lessons(settings.pushgateway, lessons())
     print(room_plan.table(plan), flush=True)
-    print(f"\nthe room: http://{settings.bind}:{settings.port}/hub/ (learners sign up as "
-          f"{', '.join(plan.names)}; authorize them at /hub/authorize as {settings.admin}, whose password "
-          f"is in {state / PASSWORD_FILE}); Ctrl-C stops the room", flush=True)
+    print(
+        f"\nthe room: http://{settings.bind}:{settings.port}/hub/ (learners sign up as "
+        f"{', '.join(plan.names)}; authorize them at /hub/authorize as {settings.admin}, whose password "
+        f"is in {state / PASSWORD_FILE}); Ctrl-C stops the room",
+        flush=True,
+    )
     env = {**os.environ, STATE_ENV: str(state), "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(32)}
     try:
-        done = runner.run([sys.executable, "-m", "jupyterhub", "-f", str(CONFIG_FILE)], env=env, echo=False,
-                          stop_grace_seconds=STOP_GRACE_SECONDS)
+        done = runner.run(
+            [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG_FILE)],
+            env=env,
+            echo=False,
+            stop_grace_seconds=STOP_GRACE_SECONDS,
+        )
     finally:
         if settings.spawner in ("local", "slurm"):
             for name in plan.names:
@@ -88,8 +112,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _make_seats(plan: room_plan.RoomPlan, home_root: Path) -> None:
     if os.geteuid() != 0:
-        raise LabError("lab room serve: each seat runs as a system user of its own, which only root can start "
-                       "(sudo make room), or use Docker (docker compose --profile room up hub)")
+        raise LabError(
+            "lab room serve: each seat runs as a system user of its own, which only root can start "
+            "(sudo make room), or use Docker (docker compose --profile room up hub)"
+        )
     for seat in plan.seats:
         seats.ensure_user(seat.name, home_root)
     why = seats.unreachable(plan.seats[0].name, [Path(sys.executable), seats.CHECKOUT])

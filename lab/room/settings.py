@@ -17,31 +17,31 @@ from lab.errors import LabError
 
 FILE = "settings.json"
 PASSWORD_FILE = "instructor-password"  # the instructor's first password, beside the hub's state (mode 0600)
-STATE_ENV = "LAB_ROOM_DIR"      # the room's folder, for the hub's configuration
+STATE_ENV = "LAB_ROOM_DIR"  # the room's folder, for the hub's configuration
 SPAWNERS = ("local", "docker", "slurm")
 
 
 @dataclass(frozen=True)
 class RoomSettings:
-    spawner: str = "local"               # local: a process per seat's system user; docker: DockerSpawner; slurm
-    bind: str = "127.0.0.1"              # where the hub's proxy listens for browsers (loopback unless told)
+    spawner: str = "local"  # local: a process per seat's system user; docker: DockerSpawner; slurm
+    bind: str = "127.0.0.1"  # where the hub's proxy listens for browsers (loopback unless told)
     port: int = 8000
-    hub_bind: str = "127.0.0.1"          # the hub's own API, for the proxy and the seats' servers
+    hub_bind: str = "127.0.0.1"  # the hub's own API, for the proxy and the seats' servers
     hub_port: int = 8081
-    hub_connect_url: str = ""            # how a seat reaches the hub when it is not the hub's bind address
+    hub_connect_url: str = ""  # how a seat reaches the hub when it is not the hub's bind address
     proxy_api_port: int = 8001
     proxy: str = "configurable-http-proxy"
     admin: str = "instructor"
-    idle_timeout_seconds: int = 3600     # a seat's server idle this long is stopped (jupyterhub-idle-culler)
+    idle_timeout_seconds: int = 3600  # a seat's server idle this long is stopped (jupyterhub-idle-culler)
     cull_every_seconds: int = 300
-    home_root: str = "/home"             # where seats' system users get their homes (local)
-    pushgateway: str = ""                # host:port: lessons push their checks, the room each seat's GPUs
-    prometheus_url: str = ""             # a Prometheus the seats' lesson 6 uses instead of starting one
-    image: str = "lab-jupyter:0.1.0"     # docker: the seats' image (images/Dockerfile, target jupyter)
-    network: str = "lab-room"            # docker: the network the hub and the seats share
-    memlock: int = -1                    # docker: the seats' memlock limit in bytes (-1: unlimited, for NCCL)
-    slurm_partition: str = ""            # slurm: the partition seats' jobs go to
-    slurm_runtime: str = "8:00:00"       # slurm: a seat's job's time limit
+    home_root: str = "/home"  # where seats' system users get their homes (local)
+    pushgateway: str = ""  # host:port: lessons push their checks, the room each seat's GPUs
+    prometheus_url: str = ""  # a Prometheus the seats' lesson 6 uses instead of starting one
+    image: str = "lab-jupyter:0.1.0"  # docker: the seats' image (images/Dockerfile, target jupyter)
+    network: str = "lab-room"  # docker: the network the hub and the seats share
+    memlock: int = -1  # docker: the seats' memlock limit in bytes (-1: unlimited, for NCCL)
+    slurm_partition: str = ""  # slurm: the partition seats' jobs go to
+    slurm_runtime: str = "8:00:00"  # slurm: a seat's job's time limit
 
     @property
     def activity_interval_seconds(self) -> int:
@@ -62,5 +62,6 @@ class RoomSettings:
             known = {f.name for f in fields(cls)}
             return cls(**{k: v for k, v in raw.items() if k in known})
         except (OSError, ValueError, TypeError) as exc:
-            raise LabError(f"{path}: the room's settings cannot be read ({exc}); start the room with lab room "
-                           f"serve") from None
+            raise LabError(
+                f"{path}: the room's settings cannot be read ({exc}); start the room with lab room serve"
+            ) from None

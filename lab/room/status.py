@@ -61,13 +61,19 @@ def seat_status(seat: room_plan.Seat, home: Path | None, expected: list[tuple[st
                 if record is not None:
                     found[folder.name[:2]] = record
         except PermissionError:
-            raise LabError(f"{runs}: not readable by this user; run lab room status as root (each seat's home is "
-                           f"closed to everyone else)") from None
+            raise LabError(
+                f"{runs}: not readable by this user; run lab room status as root (each seat's home is "
+                f"closed to everyone else)"
+            ) from None
     run = newest_run(runs) if runs is not None and runs.is_dir() else None
-    return {"seat": seat.name, "devices": list(seat.devices),
-            "lessons": {n: lesson_state(found.get(n), count) for n, count in expected},
-            "checks": {n: found[n]["checks"] for n in found},
-            "run": run, "memory": memory_text(seat, run)}
+    return {
+        "seat": seat.name,
+        "devices": list(seat.devices),
+        "lessons": {n: lesson_state(found.get(n), count) for n, count in expected},
+        "checks": {n: found[n]["checks"] for n in found},
+        "run": run,
+        "memory": memory_text(seat, run),
+    }
 
 
 def newest_run(runs: Path) -> dict[str, Any] | None:
@@ -86,8 +92,12 @@ def newest_run(runs: Path) -> dict[str, Any] | None:
             if "device_memory_allocated_bytes" in row:
                 held = row["device_memory_allocated_bytes"]
                 break
-    return {"run_id": folder.name, "path": str(folder), "status": summary.get("status", "running"),
-            "memory_bytes": held}
+    return {
+        "run_id": folder.name,
+        "path": str(folder),
+        "status": summary.get("status", "running"),
+        "memory_bytes": held,
+    }
 
 
 def memory_text(seat: room_plan.Seat, run: dict[str, Any] | None) -> str:
@@ -110,11 +120,14 @@ def gpu_memory_used(devices: tuple[str, ...]) -> int | None:
         pynvml.nvmlInit()
         total = 0
         for device in devices:
-            handle = (pynvml.nvmlDeviceGetHandleByUUID(device) if not device.isdigit()
-                      else pynvml.nvmlDeviceGetHandleByIndex(int(device)))
+            handle = (
+                pynvml.nvmlDeviceGetHandleByUUID(device)
+                if not device.isdigit()
+                else pynvml.nvmlDeviceGetHandleByIndex(int(device))
+            )
             total += int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
         return total
-    except Exception:  # noqa: BLE001 - no nvidia-ml-py, no driver, no such device: nothing to show
+    except Exception:
         return None
 
 
@@ -131,8 +144,9 @@ def table(rows: list[dict[str, Any]], numbers: list[str]) -> str:
     for row in rows:
         run = row["run"]
         newest = f"{run['run_id']} ({run['status']})" if run else "none"
-        lines.append(f"| {row['seat']} | " + " | ".join(row["lessons"][n] for n in numbers) +
-                     f" | {newest} | {row['memory']} |")
+        lines.append(
+            f"| {row['seat']} | " + " | ".join(row["lessons"][n] for n in numbers) + f" | {newest} | {row['memory']} |"
+        )
     return "\n".join(lines)
 
 
@@ -148,8 +162,10 @@ def seat_home(name: str, spawner: str) -> Path | None:
     except docker.errors.NotFound:
         return None  # the seat never started
     except docker.errors.DockerException as exc:
-        raise LabError(f"lab room status: the seats are Docker volumes and the Docker engine cannot be asked where "
-                       f"({exc}); run it on the room's host, as root") from None
+        raise LabError(
+            f"lab room status: the seats are Docker volumes and the Docker engine cannot be asked where "
+            f"({exc}); run it on the room's host, as root"
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:

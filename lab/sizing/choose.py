@@ -34,8 +34,14 @@ from lab.sizing.memory import DEVICES_GB, activation_bytes, estimate
 # Inter-node bandwidth per GPU, GB/s each way, with one NIC per GPU as on NVIDIA's DGX "rails" (GPUs that share a
 # NIC share its rate: divide). DGX H100: 8x ConnectX-7 at 400 Gb/s NDR per node; DGX A100: 8x ConnectX-6 at
 # 200 Gb/s HDR; GB200 NVL72 spec sheet: NVLink 5 at 1.8 TB/s per GPU, both directions together.
-INTERCONNECT_GBPS = {"ib-ndr": 400 / 8, "ib-hdr": 200 / 8, "roce-200": 200 / 8, "ethernet-100": 100 / 8,
-                     "ethernet-25": 25 / 8, "nvlink-nvl72": 900.0}
+INTERCONNECT_GBPS = {
+    "ib-ndr": 400 / 8,
+    "ib-hdr": 200 / 8,
+    "roce-200": 200 / 8,
+    "ethernet-100": 100 / 8,
+    "ethernet-25": 25 / 8,
+    "nvlink-nvl72": 900.0,
+}
 # Full sharding all-gathers the 16-bit parameters in forward and again in backward and reduce-scatters the
 # gradients: 6 bytes per parameter per step, 1.5x DDP's all-reduce (ZeRO paper, section 7). Compute is 6 FLOP per
 # parameter per token, so that traffic hides behind compute only while link GB/s >= achieved FLOP/s / tokens per GPU
@@ -51,8 +57,10 @@ HEADROOM = 0.1
 ZERO1_ROOM = 0.1
 TP_PP_LEFT = 0.1  # note tensor/pipeline parallelism when one layer, or the sharded weights, leave less than this
 # Horovod's memory is DDP's (a whole replica per GPU, gradients averaged): it fits exactly where step 1 does.
-HOROVOD_STATUS = ("last release 0.28.1 (June 2023), built from source against the framework, which current torch "
-                  "needs patched (make horovod): for a new project no fix will come from upstream, so start with DDP")
+HOROVOD_STATUS = (
+    "last release 0.28.1 (June 2023), built from source against the framework, which current torch "
+    "needs patched (make horovod): for a new project no fix will come from upstream, so start with DDP"
+)
 
 
 def horovod_line(ddp_fits: bool) -> str:
@@ -63,12 +71,21 @@ def horovod_line(ddp_fits: bool) -> str:
     """
     if not ddp_fits:
         return f"no: it shards nothing (a whole replica per GPU, as DDP, which does not fit); {HOROVOD_STATUS}"
-    return (f"fits where DDP fits (the same replica per GPU); a fit when code already trains with "
-            f"hvd.DistributedOptimizer, or one horovodrun serves TensorFlow and PyTorch jobs alike: "
-            f"lab train --nproc-per-node N --set dist.strategy=horovod trains it; {HOROVOD_STATUS}")
-LABELS = {"ddp": "DDP", "zero-1": "ZeRO-1 (DeepSpeed stage 1)", "zero-2": "ZeRO-2 (DeepSpeed stage 2)",
-          "fsdp-full": "FSDP FULL_SHARD (ZeRO-3)", "fsdp-hybrid": "FSDP HYBRID_SHARD (full shard in a node, "
-          "replicate across nodes)", "offload": "offload: ZeRO-Infinity / FSDP CPU offload"}
+    return (
+        f"fits where DDP fits (the same replica per GPU); a fit when code already trains with "
+        f"hvd.DistributedOptimizer, or one horovodrun serves TensorFlow and PyTorch jobs alike: "
+        f"lab train --nproc-per-node N --set dist.strategy=horovod trains it; {HOROVOD_STATUS}"
+    )
+
+
+LABELS = {
+    "ddp": "DDP",
+    "zero-1": "ZeRO-1 (DeepSpeed stage 1)",
+    "zero-2": "ZeRO-2 (DeepSpeed stage 2)",
+    "fsdp-full": "FSDP FULL_SHARD (ZeRO-3)",
+    "fsdp-hybrid": "FSDP HYBRID_SHARD (full shard in a node, replicate across nodes)",
+    "offload": "offload: ZeRO-Infinity / FSDP CPU offload",
+}
 _PARAMS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(e[+-]?\d+)? ?([kmbt]?)", re.IGNORECASE)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
@@ -90,6 +107,7 @@ def parse_params(text: str) -> float:
 
 def _float_in(ok, says: str):
     """An argparse type: a finite float that `ok` accepts; argparse's one line names the option."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -98,6 +116,7 @@ def _float_in(ok, says: str):
         if not (math.isfinite(value) and ok(value)):
             raise argparse.ArgumentTypeError(says.format(text))
         return value
+
     parse.__name__ = "number"
     return parse
 
@@ -116,7 +135,7 @@ class Request:
     link_gbps: float = INTERCONNECT_GBPS["ib-ndr"]
     optimizer: str = "adam"
     precision: str = "bf16"
-    activations_bytes: float = 0.0   # all layers', per GPU
+    activations_bytes: float = 0.0  # all layers', per GPU
     layer_activations_bytes: float = 0.0
 
     @property
@@ -161,8 +180,10 @@ def lab_train(strategy: str, gpus_per_node: int, nodes: int) -> str:
     sets = "".join(f" --set {line}" for line in lab_sets(strategy))
     if nodes == 1:
         return f"lab train --config ddp --nproc-per-node {gpus_per_node}{sets}"
-    return (f"lab launch --nnodes {nodes} --nproc-per-node {gpus_per_node} --rdzv-endpoint HEAD:29400 --rdzv-id RUN "
-            f"-- -m lab train --config ddp{sets}")
+    return (
+        f"lab launch --nnodes {nodes} --nproc-per-node {gpus_per_node} --rdzv-endpoint HEAD:29400 --rdzv-id RUN "
+        f"-- -m lab train --config ddp{sets}"
+    )
 
 
 def _gb(value: float) -> str:
@@ -176,34 +197,51 @@ def _fit(row: dict[str, Any], usable: float) -> str:
 
 def decide(req: Request) -> Choice:
     n, usable = req.gpus, req.usable_bytes
-    rows = {r["strategy"].split(" (")[0]: r for r in estimate(req.params, n, req.optimizer, req.precision, "zero",
-                                                               req.gpus_per_node, req.activations_bytes)}
+    rows = {
+        r["strategy"].split(" (")[0]: r
+        for r in estimate(req.params, n, req.optimizer, req.precision, "zero", req.gpus_per_node, req.activations_bytes)
+    }
     # fp32 training has an "FSDP full shard" row apart from ZeRO-3 (DeepSpeed's fp32 master copy): FSDP's is the one
     full = rows.get("ZeRO-3 / FSDP full shard") or rows["FSDP full shard"]
     ddp, zero1, zero2 = rows["DDP"], rows["ZeRO-1"], rows["ZeRO-2"]
     fits = lambda row: row["total_bytes"] <= usable  # noqa: E731
     numbers = lambda row, **more: {"usable_bytes": usable, **row, **more}  # noqa: E731
-    parts = (f" (parameters {_gb(ddp['parameters_bytes'])} + gradients {_gb(ddp['gradients_bytes'])} + optimizer "
-             f"state {_gb(ddp['optimizer_states_bytes'])}"
-             + (f" + activations {_gb(req.activations_bytes)})" if req.activations_bytes else ")"))
-    decisions = [Decision("DDP: does the whole training state fit on each GPU?", _fit(ddp, usable) + parts,
-                          numbers(ddp))]
+    parts = (
+        f" (parameters {_gb(ddp['parameters_bytes'])} + gradients {_gb(ddp['gradients_bytes'])} + optimizer "
+        f"state {_gb(ddp['optimizer_states_bytes'])}"
+        + (f" + activations {_gb(req.activations_bytes)})" if req.activations_bytes else ")")
+    )
+    decisions = [
+        Decision("DDP: does the whole training state fit on each GPU?", _fit(ddp, usable) + parts, numbers(ddp))
+    ]
     notes = _tp_pp_note(req, full)
     if fits(ddp):
         return _choice("ddp", req, decisions, notes)
     left = usable - zero1["total_bytes"]
     room = fits(zero1) and (req.activations_bytes > 0 or left >= ZERO1_ROOM * usable)
-    said = "" if req.activations_bytes or not fits(zero1) else \
-        f", leaving {_gb(left)} for activations ({'>=' if room else '<'} {ZERO1_ROOM:.0%})"
-    decisions.append(Decision(
-        f"ZeRO-1/2: does it fit with the optimizer state (ZeRO-1), or the gradients too (ZeRO-2), sharded over {n} "
-        "GPUs?", f"ZeRO-1 {_fit(zero1, usable)}{said}; ZeRO-2 {_gb(zero2['total_bytes'])}, at DDP's communication "
-        "volume (reduce-scatter + all-gather = all-reduce); FSDP's equivalent is SHARD_GRAD_OP",
-        numbers(zero1, zero2_total_bytes=zero2["total_bytes"], zero1_room=room)))
+    said = (
+        ""
+        if req.activations_bytes or not fits(zero1)
+        else f", leaving {_gb(left)} for activations ({'>=' if room else '<'} {ZERO1_ROOM:.0%})"
+    )
+    decisions.append(
+        Decision(
+            f"ZeRO-1/2: does it fit with the optimizer state (ZeRO-1), or the gradients too (ZeRO-2), sharded over {n} "
+            "GPUs?",
+            f"ZeRO-1 {_fit(zero1, usable)}{said}; ZeRO-2 {_gb(zero2['total_bytes'])}, at DDP's communication "
+            "volume (reduce-scatter + all-gather = all-reduce); FSDP's equivalent is SHARD_GRAD_OP",
+            numbers(zero1, zero2_total_bytes=zero2["total_bytes"], zero1_room=room),
+        )
+    )
     if room or fits(zero2):
         return _choice("zero-1" if room else "zero-2", req, decisions, notes)
-    decisions.append(Decision(f"full shard: does it fit with the parameters sharded too over {n} GPUs (ZeRO-3)?",
-                              _fit(full, usable), numbers(full)))
+    decisions.append(
+        Decision(
+            f"full shard: does it fit with the parameters sharded too over {n} GPUs (ZeRO-3)?",
+            _fit(full, usable),
+            numbers(full),
+        )
+    )
     if not fits(full):
         return _offload(req, full, decisions, notes)
     if req.nodes == 1:
@@ -211,24 +249,36 @@ def decide(req: Request) -> Choice:
     return _across_nodes(req, full, rows.get("FSDP hybrid shard", ddp), decisions, notes)  # 1 GPU a node: as DDP
 
 
-def _across_nodes(req: Request, full: dict[str, Any], hybrid: dict[str, Any], decisions: list[Decision],
-                  notes: list[str]) -> Choice:
+def _across_nodes(
+    req: Request, full: dict[str, Any], hybrid: dict[str, Any], decisions: list[Decision], notes: list[str]
+) -> Choice:
     """Full shard fits over all GPUs; on a slow inter-node link, keep sharding inside a node when that fits."""
     n, usable, link = req.gpus, req.usable_bytes, req.link_gbps * 1e9
     p, g = full["parameters_bytes"] * n, full["gradients_bytes"] * n  # bytes of the whole model
     full_s = (2 * p + g) * (n - 1) / n / link  # 2 all-gathers + a reduce-scatter, per GPU per step
     hybrid_s = 2 * g / req.gpus_per_node * (req.nodes - 1) / req.nodes / link  # all-reduce of a node's shard
     slow, fits = req.link_gbps < SLOW_LINK_GBPS, hybrid["total_bytes"] <= usable
-    decisions.append(Decision(
-        "across nodes: is the link slow next to NVLink, and does hybrid shard fit?",
-        f"link {req.link_gbps:g} GB/s per GPU {'<' if slow else '>='} {SLOW_LINK_GBPS:g} GB/s: "
-        f"{'slow' if slow else 'fast'}; its traffic per step takes >= {full_s:.3g} s under full shard, "
-        f"{hybrid_s:.3g} s under hybrid; hybrid (node of {req.gpus_per_node}) {_fit(hybrid, usable)}",
-        {"usable_bytes": usable, **hybrid, "link_gbps": req.link_gbps, "slow_link_gbps": SLOW_LINK_GBPS,
-         "full_shard_link_seconds": full_s, "hybrid_link_seconds": hybrid_s}))
+    decisions.append(
+        Decision(
+            "across nodes: is the link slow next to NVLink, and does hybrid shard fit?",
+            f"link {req.link_gbps:g} GB/s per GPU {'<' if slow else '>='} {SLOW_LINK_GBPS:g} GB/s: "
+            f"{'slow' if slow else 'fast'}; its traffic per step takes >= {full_s:.3g} s under full shard, "
+            f"{hybrid_s:.3g} s under hybrid; hybrid (node of {req.gpus_per_node}) {_fit(hybrid, usable)}",
+            {
+                "usable_bytes": usable,
+                **hybrid,
+                "link_gbps": req.link_gbps,
+                "slow_link_gbps": SLOW_LINK_GBPS,
+                "full_shard_link_seconds": full_s,
+                "hybrid_link_seconds": hybrid_s,
+            },
+        )
+    )
     if slow and fits:
-        notes.append("the lab's dist.strategy=fsdp full-shards: hybrid sharding needs a 2-D device mesh "
-                     "(nodes x GPUs per node), not a lab key yet")
+        notes.append(
+            "the lab's dist.strategy=fsdp full-shards: hybrid sharding needs a 2-D device mesh "
+            "(nodes x GPUs per node), not a lab key yet"
+        )
         return _choice("fsdp-hybrid", req, decisions, notes)
     return _choice("fsdp-full", req, decisions, notes)
 
@@ -238,10 +288,14 @@ def _offload(req: Request, full: dict[str, Any], decisions: list[Decision], note
     leave, room = full["total_bytes"] - usable, usable - req.activations_bytes
     numbers = {"usable_bytes": usable, "leave_bytes_per_gpu": leave, "full_shard": full}
     if room <= 0:  # activations do not shard over data-parallel ranks, nor leave for the CPU here
-        decisions.append(Decision("offload: how much has to leave each GPU?",
-                                  f"{_gb(leave)} per GPU, but activations alone ({_gb(req.activations_bytes)}) exceed "
-                                  f"{_gb(usable)}: neither offloading the training state nor more GPUs makes room",
-                                  {**numbers, "smallest_gpus": None}))
+        decisions.append(
+            Decision(
+                "offload: how much has to leave each GPU?",
+                f"{_gb(leave)} per GPU, but activations alone ({_gb(req.activations_bytes)}) exceed "
+                f"{_gb(usable)}: neither offloading the training state nor more GPUs makes room",
+                {**numbers, "smallest_gpus": None},
+            )
+        )
         notes.append("no lab train line fits: recompute activations or split layers (tensor/pipeline parallelism)")
         return Choice("offload", None, decisions, notes)
     total = (full["total_bytes"] - req.activations_bytes) * req.gpus  # the training state, all GPUs together
@@ -249,21 +303,33 @@ def _offload(req: Request, full: dict[str, Any], decisions: list[Decision], note
     if gpus > 1 and total / (gpus - 1) <= room:  # float rounding of an exact fit
         gpus -= 1
     nodes = math.ceil(gpus / req.gpus_per_node)
-    what = ("the optimizer state (with its fp32 master weights) to CPU is enough" if full["optimizer_states_bytes"]
-            >= leave else "the optimizer state and the parameters (CPU, then NVMe: ZeRO-Infinity)")
-    decisions.append(Decision("offload: how much has to leave each GPU?",
-                              f"{_gb(leave)} per GPU ({_gb(leave * req.gpus)} in all): {what}; or more GPUs: full "
-                              f"sharding fits at {gpus} GPUs ({nodes} nodes of {req.gpus_per_node})",
-                              {**numbers, "smallest_gpus": gpus}))
+    what = (
+        "the optimizer state (with its fp32 master weights) to CPU is enough"
+        if full["optimizer_states_bytes"] >= leave
+        else "the optimizer state and the parameters (CPU, then NVMe: ZeRO-Infinity)"
+    )
+    decisions.append(
+        Decision(
+            "offload: how much has to leave each GPU?",
+            f"{_gb(leave)} per GPU ({_gb(leave * req.gpus)} in all): {what}; or more GPUs: full "
+            f"sharding fits at {gpus} GPUs ({nodes} nodes of {req.gpus_per_node})",
+            {**numbers, "smallest_gpus": gpus},
+        )
+    )
     notes.append("offload has no lab key: the line is the other way out, full sharding on more GPUs")
     return Choice("offload", lab_train("fsdp-full", req.gpus_per_node, nodes), decisions, notes)
 
 
 def _tp_pp_note(req: Request, full: dict[str, Any]) -> list[str]:
     room = req.device_bytes * (1 - TP_PP_LEFT)
-    why = [f"{what} ({_gb(value)}) leave under {TP_PP_LEFT:.0%} of {_gb(req.device_bytes)}" for what, value in
-           (("one layer's activations", req.layer_activations_bytes),
-            ("the weights per GPU under full sharding", full["parameters_bytes"])) if value > room]
+    why = [
+        f"{what} ({_gb(value)}) leave under {TP_PP_LEFT:.0%} of {_gb(req.device_bytes)}"
+        for what, value in (
+            ("one layer's activations", req.layer_activations_bytes),
+            ("the weights per GPU under full sharding", full["parameters_bytes"]),
+        )
+        if value > room
+    ]
     if req.activations_bytes > req.usable_bytes:
         why.append(f"all layers' activations ({_gb(req.activations_bytes)}) exceed {_gb(req.usable_bytes)} usable")
     return [f"tensor/pipeline parallelism (beyond the lab): {'; '.join(why)}"] if why else []
@@ -290,21 +356,34 @@ def request(args: argparse.Namespace) -> tuple[Request, str]:
         raise LabError("--device and --gpu-memory: give one of them, not both")
     given = [args.seq_len, args.hidden, args.layers]
     if any(v is not None for v in (*given, args.heads)) and None in given:
-        raise LabError("--seq-len, --hidden, --layers: give all three for the activation term (--heads and "
-                       "--micro-batch have defaults), or none")
+        raise LabError(
+            "--seq-len, --hidden, --layers: give all three for the activation term (--heads and "
+            "--micro-batch have defaults), or none"
+        )
     layer = 0.0
     if args.seq_len:
         heads = args.heads or max(1, args.hidden // 128)
         layer = activation_bytes(args.seq_len, args.micro_batch, args.hidden, heads, 1)
     device = args.device or ("GPU" if args.gpu_memory else "h100")
     gb = args.gpu_memory or DEVICES_GB[device]
-    req = Request(args.params, args.gpus_per_node, args.nodes, gb * 1e9, args.headroom,
-                  INTERCONNECT_GBPS[args.interconnect], args.optimizer, args.precision,
-                  layer * (args.layers or 0), layer)
+    req = Request(
+        args.params,
+        args.gpus_per_node,
+        args.nodes,
+        gb * 1e9,
+        args.headroom,
+        INTERCONNECT_GBPS[args.interconnect],
+        args.optimizer,
+        args.precision,
+        layer * (args.layers or 0),
+        layer,
+    )
     said = "" if args.device or args.gpu_memory else " (no --device or --gpu-memory: assuming h100)"
-    return req, (f"{args.params / 1e9:.4g}B parameters on {req.gpus} GPUs ({req.nodes} x {req.gpus_per_node}), {device} "
-                 f"{gb:g} GB{said}, {_gb(req.usable_bytes)} usable after {req.headroom:.0%} headroom; "
-                 f"{req.optimizer}, {req.precision}")
+    return req, (
+        f"{args.params / 1e9:.4g}B parameters on {req.gpus} GPUs ({req.nodes} x {req.gpus_per_node}), {device} "
+        f"{gb:g} GB{said}, {_gb(req.usable_bytes)} usable after {req.headroom:.0%} headroom; "
+        f"{req.optimizer}, {req.precision}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -313,13 +392,30 @@ def run(args: argparse.Namespace) -> int:
     req, summary = request(args)
     choice = decide(req)
     if args.json:  # before printing: a closed pipe (| head) must not lose the file
-        runs.write_json(args.json, {
-            "params": req.params, "gpus": req.gpus, "gpus_per_node": req.gpus_per_node, "nodes": req.nodes,
-            "device_memory_bytes": req.device_bytes, "usable_bytes": req.usable_bytes, "headroom": req.headroom,
-            "interconnect": args.interconnect, "link_gbps": req.link_gbps, "optimizer": req.optimizer,
-            "precision": req.precision, "activations_bytes": req.activations_bytes,
-            "decisions": [asdict(d) for d in choice.decisions], "horovod": horovod_line(choice.strategy == "ddp"),
-            "choice": {"strategy": choice.strategy, "label": LABELS[choice.strategy],
-                       "lab_train": choice.lab_train, "notes": choice.notes}})
+        runs.write_json(
+            args.json,
+            {
+                "params": req.params,
+                "gpus": req.gpus,
+                "gpus_per_node": req.gpus_per_node,
+                "nodes": req.nodes,
+                "device_memory_bytes": req.device_bytes,
+                "usable_bytes": req.usable_bytes,
+                "headroom": req.headroom,
+                "interconnect": args.interconnect,
+                "link_gbps": req.link_gbps,
+                "optimizer": req.optimizer,
+                "precision": req.precision,
+                "activations_bytes": req.activations_bytes,
+                "decisions": [asdict(d) for d in choice.decisions],
+                "horovod": horovod_line(choice.strategy == "ddp"),
+                "choice": {
+                    "strategy": choice.strategy,
+                    "label": LABELS[choice.strategy],
+                    "lab_train": choice.lab_train,
+                    "notes": choice.notes,
+                },
+            },
+        )
     print(f"{summary}\n{render(choice)}")
     return 0

@@ -28,8 +28,8 @@ CONVENTIONS = ("zero", "hf", "deepspeed")  # deepspeed: lab.sizing.deepspeed_est
 
 
 class Part(NamedTuple):
-    column: str        # parameters, gradients or optimizer_states: the estimate table's column
-    bytes: int         # per parameter
+    column: str  # parameters, gradients or optimizer_states: the estimate table's column
+    bytes: int  # per parameter
     sharded_from: int  # the first ZeRO stage that divides it over the ranks (1, 2 or 3)
 
 
@@ -52,8 +52,12 @@ def parts(optimizer: str, precision: str, convention: str, fp32_master_copy: boo
     if convention == "zero":
         return [Part("parameters", 2, 3), Part("gradients", 2, 2), Part("optimizer_states", 4 + state, 1)]
     if convention == "hf":
-        return [Part("parameters", 2, 3), Part("parameters", 4, 1), Part("gradients", 4, 1),
-                Part("optimizer_states", state, 1)]
+        return [
+            Part("parameters", 2, 3),
+            Part("parameters", 4, 1),
+            Part("gradients", 4, 1),
+            Part("optimizer_states", state, 1),
+        ]
     raise ValueError(f"convention {convention!r}: the per-part conventions are zero and hf")
 
 

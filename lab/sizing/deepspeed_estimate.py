@@ -26,8 +26,9 @@ BUFFER_FACTOR = 1.5  # DeepSpeed's additional_buffer_factor default, for the CPU
 GIB = 2**30
 
 
-def zero2(total_params, gpus_per_node: int, nodes: int, cpu_offload: bool,
-          additional_buffer_factor: float = BUFFER_FACTOR) -> tuple[int, int]:
+def zero2(
+    total_params, gpus_per_node: int, nodes: int, cpu_offload: bool, additional_buffer_factor: float = BUFFER_FACTOR
+) -> tuple[int, int]:
     """(per CPU, per GPU) bytes: estimate_zero2_model_states_mem_needs, the same arithmetic in the same order."""
     total_gpus = nodes * gpus_per_node
     if cpu_offload:
@@ -39,9 +40,16 @@ def zero2(total_params, gpus_per_node: int, nodes: int, cpu_offload: bool,
     return int(cpu_mem), int(gpu_mem)
 
 
-def zero3(total_params, largest_layer_params, gpus_per_node: int, nodes: int, cpu_offload: bool,
-          cpu_offload_params: bool, zero_init: bool,
-          additional_buffer_factor: float = BUFFER_FACTOR) -> tuple[int, int, Any]:
+def zero3(
+    total_params,
+    largest_layer_params,
+    gpus_per_node: int,
+    nodes: int,
+    cpu_offload: bool,
+    cpu_offload_params: bool,
+    zero_init: bool,
+    additional_buffer_factor: float = BUFFER_FACTOR,
+) -> tuple[int, int, Any]:
     """(per CPU, per GPU, largest layer) bytes: estimate_zero3_model_states_mem_needs, the same arithmetic."""
     total_gpus = nodes * gpus_per_node
     gpus_factor = 1 / nodes
@@ -73,8 +81,10 @@ def layout(world_size: int, node_size: int | None) -> tuple[int, int]:
     """(GPUs per node, nodes): --node-size is GPUs per node here (default: all on one node)."""
     per_node = node_size or world_size
     if world_size % per_node:
-        raise LabError(f"--world-size {world_size} --node-size {per_node}: DeepSpeed's estimator takes whole nodes; "
-                       f"give a --world-size that is a multiple of --node-size")
+        raise LabError(
+            f"--world-size {world_size} --node-size {per_node}: DeepSpeed's estimator takes whole nodes; "
+            f"give a --world-size that is a multiple of --node-size"
+        )
     return per_node, world_size // per_node
 
 
@@ -94,16 +104,24 @@ def rows(params: float, world_size: int, node_size: int | None, largest_layer: f
                 continue
             for zero_init in (True, False):
                 cpu, gpu, _ = zero3(total, largest, per_node, nodes, offload, offload_params, zero_init)
-                options = (f"offload_param={'cpu' if offload_params else 'none'}, "
-                           f"offload_optimizer={'cpu' if offload else 'none'}, zero_init={int(zero_init)}")
+                options = (
+                    f"offload_param={'cpu' if offload_params else 'none'}, "
+                    f"offload_optimizer={'cpu' if offload else 'none'}, zero_init={int(zero_init)}"
+                )
                 out.append(_row("ZeRO-3", options, cpu, gpu, 3))
     return out
 
 
 def _row(strategy: str, options: str, cpu: int, gpu: int, stage: int) -> dict[str, Any]:
     # total_bytes: what must fit on the device (the recommendation and the fits column read it)
-    return {"strategy": strategy, "zero_stage": stage, "options": options, "gpu_bytes": gpu, "cpu_bytes": cpu,
-            "total_bytes": gpu}
+    return {
+        "strategy": strategy,
+        "zero_stage": stage,
+        "options": options,
+        "gpu_bytes": gpu,
+        "cpu_bytes": cpu,
+        "total_bytes": gpu,
+    }
 
 
 def preference(row: dict[str, Any]) -> tuple[int, int, int]:
@@ -113,13 +131,20 @@ def preference(row: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def render(rows_: list[dict[str, Any]], title: str, usable_bytes: float | None) -> str:
-    lines = [f"DeepSpeed's estimate: {title}.", "", "| ZeRO stage | options | per GPU | per CPU (a node) | fits |",
-             "|---|---|---:|---:|---|"]
+    lines = [
+        f"DeepSpeed's estimate: {title}.",
+        "",
+        "| ZeRO stage | options | per GPU | per CPU (a node) | fits |",
+        "|---|---|---:|---:|---|",
+    ]
     for r in rows_:
         fits = "-" if usable_bytes is None else ("yes" if r["gpu_bytes"] <= usable_bytes else "no")
         lines.append(f"| {r['strategy']} | {r['options']} | {_gib(r['gpu_bytes'])} | {_gib(r['cpu_bytes'])} | {fits} |")
-    lines += ["", "GiB = 2**30 bytes (DeepSpeed prints these GiB labelled \"GB\"); model states only, as DeepSpeed "
-                  "counts them (no activations, no buffers beyond its 1.5 factor on the CPU column)."]
+    lines += [
+        "",
+        'GiB = 2**30 bytes (DeepSpeed prints these GiB labelled "GB"); model states only, as DeepSpeed '
+        "counts them (no activations, no buffers beyond its 1.5 factor on the CPU column).",
+    ]
     return "\n".join(lines)
 
 

@@ -66,9 +66,16 @@ def plans(world_size: int, precision: str, node_size: int | None) -> list[tuple[
     return rows + [("ZeRO-3 / FSDP full shard", 3, n, False, True)]
 
 
-def estimate(params: float, world_size: int, optimizer: str, precision: str, convention: str,
-             node_size: int | None = None, activations: float = 0.0,
-             bucket_bytes: float = BUCKET_MIB * 2**20) -> list[dict[str, Any]]:
+def estimate(
+    params: float,
+    world_size: int,
+    optimizer: str,
+    precision: str,
+    convention: str,
+    node_size: int | None = None,
+    activations: float = 0.0,
+    bucket_bytes: float = BUCKET_MIB * 2**20,
+) -> list[dict[str, Any]]:
     """One row per strategy: bytes per device of each column and their total. `bucket_bytes` (DeepSpeed's IPG
     bucket, reduce_bucket_size) is its own key, not in the total: ZeRO-2 holds it through each backward, ZeRO-1
     from the backward to the step (it reduces in the step), ZeRO-3 for the whole run (measured: lab bench
@@ -76,8 +83,13 @@ def estimate(params: float, world_size: int, optimizer: str, precision: str, con
     copy of the gradients); FSDP2 reduce-scatters one unit's gradients at a time."""
     rows = []
     for name, stage, ranks, master_copy, ipg in plans(world_size, precision, node_size):
-        row = {"strategy": name, "parameters_bytes": 0.0, "gradients_bytes": 0.0, "optimizer_states_bytes": 0.0,
-               "activations_bytes": activations}
+        row: dict[str, Any] = {
+            "strategy": name,
+            "parameters_bytes": 0.0,
+            "gradients_bytes": 0.0,
+            "optimizer_states_bytes": 0.0,
+            "activations_bytes": activations,
+        }
         for part in parts(optimizer, precision, convention, fp32_master_copy=master_copy):
             row[f"{part.column}_bytes"] += params * part.bytes / (ranks if stage >= part.sharded_from else 1)
         row["total_bytes"] = sum(row[k] for k in PARTS)
@@ -98,35 +110,48 @@ def recommend(rows: list[dict[str, Any]], device_bytes: float, headroom: float =
     if rows and "options" in rows[0]:  # DeepSpeed's rows: its stages and offloads
         fitting = sorted((r for r in rows if r["gpu_bytes"] <= room), key=deepspeed_estimate.preference)
         if fitting:
-            return (f"{fitting[0]['strategy']} ({fitting[0]['options']}): the least sharding and offload that fits "
-                    f"in {1 - headroom:.0%} of the device (its per-CPU figure must fit the node's RAM)")
+            return (
+                f"{fitting[0]['strategy']} ({fitting[0]['options']}): the least sharding and offload that fits "
+                f"in {1 - headroom:.0%} of the device (its per-CPU figure must fit the node's RAM)"
+            )
         return "nothing fits, even with every offload: add GPUs, or tensor or pipeline parallelism"
     for row in rows:
         if row["total_bytes"] <= room:
             if row["strategy"] == "DDP":
-                return (f"DDP: the whole training state fits in {1 - headroom:.0%} of each device; no sharding "
-                        "needed")
+                return f"DDP: the whole training state fits in {1 - headroom:.0%} of each device; no sharding needed"
             return f"{row['strategy']}: the least sharding that fits in {1 - headroom:.0%} of the device"
-    return ("nothing fits: add tensor or pipeline parallelism (or activation checkpointing / CPU offload) "
-            "on top of full sharding")
+    return (
+        "nothing fits: add tensor or pipeline parallelism (or activation checkpointing / CPU offload) "
+        "on top of full sharding"
+    )
 
 
 def render(rows: list[dict[str, Any]], title: str, device_bytes: float | None, headroom: float = HEADROOM) -> str:
     room = None if device_bytes is None else usable(device_bytes, headroom)
     if rows and "options" in rows[0]:
         return deepspeed_estimate.render(rows, title, room)
-    lines = [f"Memory per device: {title}.", "", "| strategy | parameters | gradients | optimizer states | activations "
-             "| total per device | fits | bucket buffer (not in total) |", "|---|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        f"Memory per device: {title}.",
+        "",
+        "| strategy | parameters | gradients | optimizer states | activations "
+        "| total per device | fits | bucket buffer (not in total) |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for r in rows:
         fits = "-" if room is None else ("yes" if r["total_bytes"] <= room else "no")
-        lines.append(f"| {r['strategy']} | {_gb(r['parameters_bytes'])} | {_gb(r['gradients_bytes'])} | "
-                     f"{_gb(r['optimizer_states_bytes'])} | {_gb(r['activations_bytes'])} | "
-                     f"{_gb(r['total_bytes'])} | {fits} | {_mib(r.get('bucket_bytes', 0))} |")
+        lines.append(
+            f"| {r['strategy']} | {_gb(r['parameters_bytes'])} | {_gb(r['gradients_bytes'])} | "
+            f"{_gb(r['optimizer_states_bytes'])} | {_gb(r['activations_bytes'])} | "
+            f"{_gb(r['total_bytes'])} | {fits} | {_mib(r.get('bucket_bytes', 0))} |"
+        )
     kept = f"{headroom:.0%}" if room is None else f"{headroom:.0%}: fits = total <= {room:,.0f} bytes"
-    lines += ["", f"GB = 1e9 bytes. Kept free for the CUDA context, allocator fragmentation and NCCL buffers: {kept}. "
-                  "Bucket buffer: DeepSpeed's IPG bucket (reduce_bucket_size, set from dist.bucket_cap_mb), held "
-                  "through each backward at ZeRO-2, until the step at ZeRO-1, for the whole run at ZeRO-3; DDP's "
-                  "buckets are its gradients (gradient_as_bucket_view=true), FSDP2 has none of its own."]
+    lines += [
+        "",
+        f"GB = 1e9 bytes. Kept free for the CUDA context, allocator fragmentation and NCCL buffers: {kept}. "
+        "Bucket buffer: DeepSpeed's IPG bucket (reduce_bucket_size, set from dist.bucket_cap_mb), held "
+        "through each backward at ZeRO-2, until the step at ZeRO-1, for the whole run at ZeRO-3; DDP's "
+        "buckets are its gradients (gradient_as_bucket_view=true), FSDP2 has none of its own.",
+    ]
     return "\n".join(lines)
 
 
@@ -160,36 +185,62 @@ def run(args) -> int:
     device_gb = args.device_memory or (DEVICES_GB[args.device] if args.device else None)
     transformer = [args.seq_len, args.micro_batch, args.hidden, args.heads, args.layers]
     if any(v is not None for v in transformer) and not all(v is not None and v > 0 for v in transformer):
-        raise LabError("--seq-len, --micro-batch, --hidden, --heads, --layers: give all five (positive) for the "
-                       "activation term, or none")
+        raise LabError(
+            "--seq-len, --micro-batch, --hidden, --heads, --layers: give all five (positive) for the "
+            "activation term, or none"
+        )
     activations = activation_bytes(*transformer) if transformer[0] is not None else 0.0
     largest_layer = getattr(args, "largest_layer", None)
     if args.convention == "deepspeed":
         rows, title, per_param = _deepspeed(args, activations, largest_layer)
     else:
         if largest_layer is not None:
-            raise LabError("--largest-layer: only --convention deepspeed uses it (its ZeRO-3 formula); "
-                           "drop it or add --convention deepspeed")
-        rows = estimate(args.params, args.world_size, args.optimizer, args.precision, args.convention,
-                        args.node_size, activations, bucket_mib * 2**20)
+            raise LabError(
+                "--largest-layer: only --convention deepspeed uses it (its ZeRO-3 formula); "
+                "drop it or add --convention deepspeed"
+            )
+        rows = estimate(
+            args.params,
+            args.world_size,
+            args.optimizer,
+            args.precision,
+            args.convention,
+            args.node_size,
+            activations,
+            bucket_mib * 2**20,
+        )
         per_param = sum(bytes_per_parameter(args.optimizer, args.precision, args.convention))
-        title = (f"{args.params:.3g} parameters, {args.world_size} devices, {args.optimizer}, {args.precision}, "
-                 f"{per_param} bytes/parameter ({args.convention} convention)")
+        title = (
+            f"{args.params:.3g} parameters, {args.world_size} devices, {args.optimizer}, {args.precision}, "
+            f"{per_param} bytes/parameter ({args.convention} convention)"
+        )
     device_bytes = device_gb * 1e9 if device_gb else None
     print(render(rows, title, device_bytes, headroom))
     advice = recommend(rows, device_bytes, headroom) if device_bytes else None
     if advice:
+        assert device_bytes is not None  # advice comes only with a device size
         print(f"recommendation for {args.device or 'a device'} ({device_gb:g} GB): {advice}")
         reported = TORCH_REPORTS.get(args.device) if not args.device_memory else None
-        print(f"device: {device_gb:g} GB = {device_bytes:,.0f} bytes (the vendor's decimal GB"
-              + (f"; torch's total_memory reads {reported:,} on an {args.device.upper()}" if reported else "")
-              + f"); {headroom:.0%} kept free: {usable(device_bytes, headroom):,.0f} bytes for the training state")
-    result: dict[str, Any] = {"benchmark": "memory", "title": title, "params": args.params,
-                              "world_size": args.world_size, "optimizer": args.optimizer,
-                              "precision": args.precision, "convention": args.convention,
-                              "bytes_per_parameter": per_param, "rows": rows, "device_memory_gb": device_gb,
-                              "device_memory_bytes": device_bytes, "headroom": headroom,
-                              "recommendation": advice}
+        print(
+            f"device: {device_gb:g} GB = {device_bytes:,.0f} bytes (the vendor's decimal GB"
+            + (f"; torch's total_memory reads {reported:,} on an {args.device.upper()}" if reported else "")
+            + f"); {headroom:.0%} kept free: {usable(device_bytes, headroom):,.0f} bytes for the training state"
+        )
+    result: dict[str, Any] = {
+        "benchmark": "memory",
+        "title": title,
+        "params": args.params,
+        "world_size": args.world_size,
+        "optimizer": args.optimizer,
+        "precision": args.precision,
+        "convention": args.convention,
+        "bytes_per_parameter": per_param,
+        "rows": rows,
+        "device_memory_gb": device_gb,
+        "device_memory_bytes": device_bytes,
+        "headroom": headroom,
+        "recommendation": advice,
+    }
     if args.measure:
         result["measured"] = measure(args.measure_width)
         print(render_measured(result["measured"]))
@@ -203,24 +254,37 @@ def run(args) -> int:
 def _deepspeed(args, activations: float, largest_layer: float | None) -> tuple[list[dict[str, Any]], str, int]:
     """DeepSpeed's rows, after refusing what its estimator does not model."""
     if args.optimizer not in ("adam", "adamw") or args.precision == "fp32":
-        raise LabError(f"--convention deepspeed with --optimizer {args.optimizer} --precision {args.precision}: "
-                       "DeepSpeed's estimator assumes mixed-precision Adam; use --optimizer adam and --precision "
-                       "bf16 or fp16, or --convention zero")
+        raise LabError(
+            f"--convention deepspeed with --optimizer {args.optimizer} --precision {args.precision}: "
+            "DeepSpeed's estimator assumes mixed-precision Adam; use --optimizer adam and --precision "
+            "bf16 or fp16, or --convention zero"
+        )
     if activations:
-        raise LabError("--convention deepspeed: DeepSpeed's estimator counts model states only; drop --seq-len, "
-                       "--micro-batch, --hidden, --heads, --layers, or use --convention zero")
+        raise LabError(
+            "--convention deepspeed: DeepSpeed's estimator counts model states only; drop --seq-len, "
+            "--micro-batch, --hidden, --heads, --layers, or use --convention zero"
+        )
     if args.plot:
-        raise LabError("--plot with --convention deepspeed: the bars split parameters, gradients and optimizer state, "
-                       "which DeepSpeed's estimator does not give; drop --plot or use --convention zero")
+        raise LabError(
+            "--plot with --convention deepspeed: the bars split parameters, gradients and optimizer state, "
+            "which DeepSpeed's estimator does not give; drop --plot or use --convention zero"
+        )
     if largest_layer is not None and not 0 <= largest_layer <= args.params:
-        raise LabError(f"--largest-layer {largest_layer:g}: the parameters of the largest layer, between 0 and "
-                       f"--params ({args.params:g})")
+        raise LabError(
+            f"--largest-layer {largest_layer:g}: the parameters of the largest layer, between 0 and "
+            f"--params ({args.params:g})"
+        )
     rows = deepspeed_estimate.rows(args.params, args.world_size, args.node_size, largest_layer)
     per_node, nodes = deepspeed_estimate.layout(args.world_size, args.node_size)
-    layer = (f"largest layer {largest_layer:.3g} parameters" if largest_layer is not None else
-             "largest layer 0 (not given: --largest-layer PARAMS adds 4 bytes each to ZeRO-3's GPU figure)")
-    title = (f"{args.params:.3g} parameters, {nodes} node(s) x {per_node} GPUs, mixed-precision Adam, "
-             f"2 + 18/N bytes/parameter (deepspeed convention, deepspeed 0.19.8's formulas), {layer}")
+    layer = (
+        f"largest layer {largest_layer:.3g} parameters"
+        if largest_layer is not None
+        else "largest layer 0 (not given: --largest-layer PARAMS adds 4 bytes each to ZeRO-3's GPU figure)"
+    )
+    title = (
+        f"{args.params:.3g} parameters, {nodes} node(s) x {per_node} GPUs, mixed-precision Adam, "
+        f"2 + 18/N bytes/parameter (deepspeed convention, deepspeed 0.19.8's formulas), {layer}"
+    )
     return rows, title, 20  # DeepSpeed's 2 + 18 bytes per parameter, unsharded
 
 
@@ -250,25 +314,36 @@ def measure(width: int) -> dict[str, Any]:
 def render_measured(m: dict[str, Any]) -> str:
     single, params = m["single"], m["single"]["parameter_count"]
     estimate_1 = estimate(params, 1, *MEASURED_RECIPE)[0]["total_bytes"]
-    what = "torch.cuda.max_memory_allocated" if single["device"] == "cuda" else "bytes of parameter, gradient " \
-        "and optimizer-state tensors"
-    lines = [f"Measured: ResNet-18 ({params / 1e6:.2f}M parameters), SGD with momentum, fp32; measured = {what}.", "",
-             f"1 process: estimate {_gb(estimate_1)}, measured {_gb(single['measured_bytes'])}, "
-             f"ratio {single['measured_bytes'] / estimate_1:.2f}"]
+    what = (
+        "torch.cuda.max_memory_allocated"
+        if single["device"] == "cuda"
+        else "bytes of parameter, gradient and optimizer-state tensors"
+    )
+    lines = [
+        f"Measured: ResNet-18 ({params / 1e6:.2f}M parameters), SGD with momentum, fp32; measured = {what}.",
+        "",
+        f"1 process: estimate {_gb(estimate_1)}, measured {_gb(single['measured_bytes'])}, "
+        f"ratio {single['measured_bytes'] / estimate_1:.2f}",
+    ]
     two = m["two_ranks"]
     if "error" in two:
         lines += ["", f"2 ranks: {two['error']}"]
         return "\n".join(lines)
-    lines += ["", "| 2 ranks | parameters | gradients | optimizer states | total per rank | estimate | ratio |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "| 2 ranks | parameters | gradients | optimizer states | total per rank | estimate | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, key in (("DDP", "DDP"), ("FSDP (fully_shard)", "FSDP full shard")):
         if name.startswith("FSDP") and "fsdp_error" in two:
             lines.append(f"| FSDP | {two['fsdp_error']} | | | | | |")
             continue
         r, est = two["ddp" if name == "DDP" else "fsdp"], m["estimate"][key]["total_bytes"]
-        lines.append(f"| {name} | {_gb(r['parameters_bytes'])} | {_gb(r['gradients_bytes'])} | "
-                     f"{_gb(r['optimizer_states_bytes'])} | {_gb(r['total_bytes'])} | {_gb(est)} | "
-                     f"{r['total_bytes'] / est:.2f} |")
+        lines.append(
+            f"| {name} | {_gb(r['parameters_bytes'])} | {_gb(r['gradients_bytes'])} | "
+            f"{_gb(r['optimizer_states_bytes'])} | {_gb(r['total_bytes'])} | {_gb(est)} | "
+            f"{r['total_bytes'] / est:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -288,13 +363,17 @@ def _train_and_count(model, ctx, steps: int = 3) -> dict[str, Any]:
         if _ != steps - 1:
             optimizer.zero_grad()
     params = list(model.parameters())
-    counts = {"parameters_bytes": tensor_bytes(params),
-              "gradients_bytes": tensor_bytes([p.grad for p in params if p.grad is not None]),
-              "optimizer_states_bytes": tensor_bytes([v for s in optimizer.state.values() for v in s.values()
-                                                       if torch.is_tensor(v)])}
+    counts = {
+        "parameters_bytes": tensor_bytes(params),
+        "gradients_bytes": tensor_bytes([p.grad for p in params if p.grad is not None]),
+        "optimizer_states_bytes": tensor_bytes(
+            [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        ),
+    }
     counts["total_bytes"] = sum(counts.values())
-    counts["measured_bytes"] = (torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda"
-                                else counts["total_bytes"])
+    counts["measured_bytes"] = (
+        torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else counts["total_bytes"]
+    )
     return counts
 
 
@@ -317,7 +396,7 @@ def worker(argv: list[str]) -> None:
             return
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        result = {"ddp": _train_and_count(DDP(build()), ctx)}
+        result: dict[str, Any] = {"ddp": _train_and_count(DDP(build()), ctx)}
         try:
             from lab.compat import fully_shard as fully_shard_of_this_torch
 
@@ -327,7 +406,7 @@ def worker(argv: list[str]) -> None:
                 fully_shard(stage)
             fully_shard(sharded)
             result["fsdp"] = _train_and_count(sharded, ctx)
-        except Exception as exc:  # noqa: BLE001 - reported in one line, the DDP figures still stand
+        except Exception as exc:
             result["fsdp_error"] = f"FSDP cannot run here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
         # Every rank holds its own shard; rank 0's figures stand for all (shards are equal up to padding).
         if ctx.is_primary:

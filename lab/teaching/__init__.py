@@ -1,1 +1,2 @@
-"""The course around the measurements: the workshop, the lessons' helpers, the report, comparisons and the checkpoint tour."""
+"""The course around the measurements: the workshop and its benchmarks' parts, the lessons' helpers, the report with
+its sections and figures, comparisons and the checkpoint tour."""

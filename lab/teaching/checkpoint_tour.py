@@ -36,9 +36,9 @@ def describe(path: str | Path) -> dict[str, Any]:
     """The checkpoint's parts with their sizes, its progress, and whether a plain model takes its weights."""
     import torch
 
+    from lab.config import ModelConfig
     from lab.training import checkpoint
     from lab.training import model as models
-    from lab.config import ModelConfig
 
     path = Path(path)
     state = checkpoint.load(path)
@@ -53,10 +53,14 @@ def describe(path: str | Path) -> dict[str, Any]:
         except RuntimeError as exc:
             loads = f"no: {str(exc).splitlines()[0][:160]}"
     return {
-        "path": str(path), "bytes": path.stat().st_size, "progress": state.get("progress"),
-        "world_size": state.get("world_size"), "strategy": state.get("strategy"),
+        "path": str(path),
+        "bytes": path.stat().st_size,
+        "progress": state.get("progress"),
+        "world_size": state.get("world_size"),
+        "strategy": state.get("strategy"),
         "parts": {key: PARTS.get(key, "") for key in state},
-        "model_tensors": len(tensors), "model_values": sum(t.numel() for t in tensors.values()),
+        "model_tensors": len(tensors),
+        "model_values": sum(t.numel() for t in tensors.values()),
         "module_prefix": any(k.startswith("module.") for k in weights),
         "momentum_buffers": sum(1 for s in state["optimizer"]["state"].values() if "momentum_buffer" in s),
         "loads_into_plain_model": loads,
@@ -65,11 +69,19 @@ def describe(path: str | Path) -> dict[str, Any]:
 
 def render(tour: dict[str, Any]) -> str:
     p = tour["progress"] or {}
-    lines = [f"{tour['path']}: {tour['bytes'] / 1e6:.1f} MB, written by rank 0 of {tour['world_size']} "
-             f"({tour['strategy']}) at step {p.get('step')} (epoch {p.get('epoch')}, step {p.get('step_in_epoch')} "
-             f"within it).", "", "| part | what it holds |", "|---|---|"]
+    lines = [
+        f"{tour['path']}: {tour['bytes'] / 1e6:.1f} MB, written by rank 0 of {tour['world_size']} "
+        f"({tour['strategy']}) at step {p.get('step')} (epoch {p.get('epoch')}, step {p.get('step_in_epoch')} "
+        f"within it).",
+        "",
+        "| part | what it holds |",
+        "|---|---|",
+    ]
     lines += [f"| {key} | {what} |" for key, what in tour["parts"].items()]
-    lines += ["", f"model: {tour['model_tensors']} tensors, {tour['model_values']:,} values; keys with a `module.` "
-                  f"prefix: {'yes' if tour['module_prefix'] else 'none'}; loads into a plain ResNet-18 "
-                  f"(strict): {tour['loads_into_plain_model']}. optimizer: {tour['momentum_buffers']} momentum buffers."]
+    lines += [
+        "",
+        f"model: {tour['model_tensors']} tensors, {tour['model_values']:,} values; keys with a `module.` "
+        f"prefix: {'yes' if tour['module_prefix'] else 'none'}; loads into a plain ResNet-18 "
+        f"(strict): {tour['loads_into_plain_model']}. optimizer: {tour['momentum_buffers']} momentum buffers.",
+    ]
     return "\n".join(lines)

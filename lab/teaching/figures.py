@@ -27,8 +27,9 @@ def throughput_bars(values: dict[str, float], context: str, path: Path) -> Path:
     return finish(fig, ax, "Training throughput per run (after warm-up)", context, path)
 
 
-def bus_bandwidth(rows: list[dict[str, Any]], link_gbps: float | None, link: str | None, context: str,
-                  path: Path) -> Path:
+def bus_bandwidth(
+    rows: list[dict[str, Any]], link_gbps: float | None, link: str | None, context: str, path: Path
+) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     sizes = [r["size"] for r in rows]
     ax.plot(sizes, [r["oop_busbw"] for r in rows], marker="o", label="out-of-place busbw")
@@ -61,9 +62,11 @@ def collectives_bus_bandwidth(results: list[dict[str, Any]], context: str, path:
 def step_breakdown(rows: list[dict[str, Any]], context: str, path: Path) -> Path:
     """Where a step's time goes at each world size: compute (forward + backward), the rest of a step
     without communication (optimizer, zeroing, batch slicing), and the communication not hidden."""
-    parts = (("compute_seconds", "forward + backward", "tab:blue"),
-             ("other_seconds", "optimizer and the rest", "tab:green"),
-             ("exposed_communication_seconds", "exposed communication", "tab:red"))
+    parts = (
+        ("compute_seconds", "forward + backward", "tab:blue"),
+        ("other_seconds", "optimizer and the rest", "tab:green"),
+        ("exposed_communication_seconds", "exposed communication", "tab:red"),
+    )
     shown = [r for r in rows if r.get("breakdown")]
     labels = [f"N = {r['world_size']}" for r in shown]
     fig, ax = plt.subplots(figsize=(7, 4))

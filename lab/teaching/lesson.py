@@ -100,11 +100,11 @@ class Plan:
     lesson compares them with the multi-rank ones, and one command (`lab memory --measure`, `lab bench
     scaling`) often runs both."""
 
-    gpus: int              # CUDA devices this machine shows
-    ranks: int             # processes of a multi-rank part: every GPU, or 2 on the CPU
-    gpu: bool              # the commands run on GPUs, at GPU sizes (the `workshop-gpu` config)
-    env: dict[str, str]    # added to every command's environment by run() and start()
-    why: str               # one line for the lesson's first cell
+    gpus: int  # CUDA devices this machine shows
+    ranks: int  # processes of a multi-rank part: every GPU, or 2 on the CPU
+    gpu: bool  # the commands run on GPUs, at GPU sizes (the `workshop-gpu` config)
+    env: dict[str, str]  # added to every command's environment by run() and start()
+    why: str  # one line for the lesson's first cell
 
     @property
     def config(self) -> str:
@@ -136,9 +136,14 @@ def plan(gpus: int | None = None) -> Plan:
     if gpus >= 2:
         return Plan(gpus, ranks, True, {}, f"{gpus} GPUs: one process per GPU (NCCL), GPU sizes")
     if gpus == 1:
-        return Plan(1, ranks, False, {"CUDA_VISIBLE_DEVICES": ""},
-                    "1 GPU: a multi-rank part needs a device per rank, so this lesson runs 2 CPU processes (gloo) "
-                    "at CPU sizes, with the GPU hidden from its commands (CUDA_VISIBLE_DEVICES=)")
+        return Plan(
+            1,
+            ranks,
+            False,
+            {"CUDA_VISIBLE_DEVICES": ""},
+            "1 GPU: a multi-rank part needs a device per rank, so this lesson runs 2 CPU processes (gloo) "
+            "at CPU sizes, with the GPU hidden from its commands (CUDA_VISIBLE_DEVICES=)",
+        )
     return Plan(0, ranks, False, {}, f"no GPU: {ranks} CPU processes (gloo), CPU sizes")
 
 
@@ -188,8 +193,9 @@ def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Fi
         print(line, end="", flush=True)
         lines.append(line)
 
-    done = runner.run(list(args), env=command_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                      each_line=show, echo=False)
+    done = runner.run(
+        list(args), env=command_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, each_line=show, echo=False
+    )
     if check and done.returncode != 0:
         tail = "".join(lines[-15:])
         _record(f"{' '.join(args)} exited {done.returncode}", False)
@@ -234,7 +240,6 @@ def expect(condition: bool, what_you_should_see: str) -> None:
     if not condition:
         raise NotWhatYouShouldSee(what_you_should_see)
     print(f"as expected: {what_you_should_see}")
-
 
 
 def _record(check: str, held: bool) -> None:

@@ -25,13 +25,14 @@ from lab import atomic
 from lab.cluster import seat
 
 RECORD = "checks.json"
-PUSHGATEWAY_ENV = "LAB_PUSHGATEWAY"   # host:port of the room's Pushgateway, where there is one
+PUSHGATEWAY_ENV = "LAB_PUSHGATEWAY"  # host:port of the room's Pushgateway, where there is one
 
 
 def begin(folder: Path, lesson: str) -> None:
     """A lesson started: a record with no checks yet (the room shows it as running)."""
-    _write(folder, {"lesson": lesson, "seat": seat.seat(), "started": time.time(), "checks": [], "passed": 0,
-                    "failed": 0})
+    _write(
+        folder, {"lesson": lesson, "seat": seat.seat(), "started": time.time(), "checks": [], "passed": 0, "failed": 0}
+    )
 
 
 def record(folder: Path, check: str, held: bool) -> None:

@@ -25,11 +25,11 @@ from lab.cluster import launch
 class WorkshopHost:
     """What a benchmark's part of `lab workshop` is sized from: the host, the config, where results go."""
 
-    gpus: int                           # 0 on a CPU host
-    ranks: int                          # the benchmarks' process count on this host
+    gpus: int  # 0 on a CPU host
+    ranks: int  # the benchmarks' process count on this host
     config_name: str
-    set_args: list[str]                 # the workshop's overrides as --set pairs
-    folder: Path                        # the workshop's results folder: each part writes its JSON there
+    set_args: list[str]  # the workshop's overrides as --set pairs
+    folder: Path  # the workshop's results folder: each part writes its JSON there
 
     @property
     def lab(self) -> list[str]:
@@ -38,17 +38,38 @@ class WorkshopHost:
 
 class WorkshopStep(NamedTuple):
     title: str
-    processes: int                      # on this host, for the threads each gets
+    processes: int  # on this host, for the threads each gets
     command: list[str]
 
 
 def allreduce(host: WorkshopHost) -> list[WorkshopStep]:
     """The all-reduce table over the benchmarks' ranks, to 1 GiB on GPUs, 64 MiB on a CPU."""
     on_gpu = host.gpus > 0
-    return [WorkshopStep(f"all-reduce bus bandwidth over {host.ranks} ranks", host.ranks, launch.torchrun_command(
-        host.ranks, ["-m", "lab", "bench", "allreduce", "-b", "8", "-e", "1G" if on_gpu else "64M",
-                     "-n", "20" if on_gpu else "10", "-w", "5" if on_gpu else "2",
-                     "--json", str(host.folder / "allreduce.json")]))]
+    return [
+        WorkshopStep(
+            f"all-reduce bus bandwidth over {host.ranks} ranks",
+            host.ranks,
+            launch.torchrun_command(
+                host.ranks,
+                [
+                    "-m",
+                    "lab",
+                    "bench",
+                    "allreduce",
+                    "-b",
+                    "8",
+                    "-e",
+                    "1G" if on_gpu else "64M",
+                    "-n",
+                    "20" if on_gpu else "10",
+                    "-w",
+                    "5" if on_gpu else "2",
+                    "--json",
+                    str(host.folder / "allreduce.json"),
+                ],
+            ),
+        )
+    ]
 
 
 def scaling(host: WorkshopHost) -> list[WorkshopStep]:
@@ -57,29 +78,87 @@ def scaling(host: WorkshopHost) -> list[WorkshopStep]:
     size."""
     on_gpu = host.gpus > 0
     largest = host.gpus if on_gpu else max(4, host.ranks)
-    return [WorkshopStep(f"{title} over 1..{largest} processes", largest, [
-        *host.lab, "bench", "scaling", "--config", host.config_name, *host.set_args, "--mode", mode,
-        "--max-world-size", str(largest), "--steps", "40" if on_gpu else "4", "--warmup", "10" if on_gpu else "1",
-        "--json", str(host.folder / f"scaling-{mode}.json")])
-        for mode, title in (("strong", "strong scaling (one global batch) with Amdahl's law"),
-                            ("weak", "weak scaling (one batch per process) with Gustafson's law"))]
+    return [
+        WorkshopStep(
+            f"{title} over 1..{largest} processes",
+            largest,
+            [
+                *host.lab,
+                "bench",
+                "scaling",
+                "--config",
+                host.config_name,
+                *host.set_args,
+                "--mode",
+                mode,
+                "--max-world-size",
+                str(largest),
+                "--steps",
+                "40" if on_gpu else "4",
+                "--warmup",
+                "10" if on_gpu else "1",
+                "--json",
+                str(host.folder / f"scaling-{mode}.json"),
+            ],
+        )
+        for mode, title in (
+            ("strong", "strong scaling (one global batch) with Amdahl's law"),
+            ("weak", "weak scaling (one batch per process) with Gustafson's law"),
+        )
+    ]
 
 
 def levers(host: WorkshopHost) -> list[WorkshopStep]:
     """Every lever over the benchmarks' ranks, 2 rounds."""
-    return [WorkshopStep(f"levers over {host.ranks} ranks: precision, accumulation, DDP buckets, NCCL", host.ranks, [
-        *host.lab, "bench", "levers", "--config", host.config_name, *host.set_args, "--nproc-per-node",
-        str(host.ranks), "--steps", "10" if host.gpus else "2", "--rounds", "2", "--warmup", "1",
-        "--json", str(host.folder / "levers.json")])]
+    return [
+        WorkshopStep(
+            f"levers over {host.ranks} ranks: precision, accumulation, DDP buckets, NCCL",
+            host.ranks,
+            [
+                *host.lab,
+                "bench",
+                "levers",
+                "--config",
+                host.config_name,
+                *host.set_args,
+                "--nproc-per-node",
+                str(host.ranks),
+                "--steps",
+                "10" if host.gpus else "2",
+                "--rounds",
+                "2",
+                "--warmup",
+                "1",
+                "--json",
+                str(host.folder / "levers.json"),
+            ],
+        )
+    ]
 
 
 def memory(host: WorkshopHost) -> list[WorkshopStep]:
     """`lab memory` (a command of lab.sizing, not a benchmark): a 7B model over 8 of this host's GPUs (an H100
     unless it has H200s), and ResNet-18 measured."""
     device = "h200" if host.gpus and "H200" in _device_name() else "h100"
-    return [WorkshopStep("memory: a 7B model under DDP vs ZeRO/FSDP, and ResNet-18 measured", 1, [
-        *host.lab, "memory", "--params", "7e9", "--world-size", "8", "--device", device, "--measure",
-        "--json", str(host.folder / "memory.json")])]
+    return [
+        WorkshopStep(
+            "memory: a 7B model under DDP vs ZeRO/FSDP, and ResNet-18 measured",
+            1,
+            [
+                *host.lab,
+                "memory",
+                "--params",
+                "7e9",
+                "--world-size",
+                "8",
+                "--device",
+                device,
+                "--measure",
+                "--json",
+                str(host.folder / "memory.json"),
+            ],
+        )
+    ]
 
 
 def strategies(host: WorkshopHost) -> list[WorkshopStep]:
@@ -87,9 +166,26 @@ def strategies(host: WorkshopHost) -> list[WorkshopStep]:
     from lab.bench.train.strategies import strategy_rows
 
     names = ", ".join(label for label, *_ in strategy_rows())
-    return [WorkshopStep(f"strategies: {names} over {host.ranks} ranks", host.ranks, [
-        *host.lab, "bench", "strategies", "--config", host.config_name, *host.set_args, "--nproc-per-node",
-        str(host.ranks), "--steps", "20" if host.gpus else "6", "--json", str(host.folder / "strategies.json")])]
+    return [
+        WorkshopStep(
+            f"strategies: {names} over {host.ranks} ranks",
+            host.ranks,
+            [
+                *host.lab,
+                "bench",
+                "strategies",
+                "--config",
+                host.config_name,
+                *host.set_args,
+                "--nproc-per-node",
+                str(host.ranks),
+                "--steps",
+                "20" if host.gpus else "6",
+                "--json",
+                str(host.folder / "strategies.json"),
+            ],
+        )
+    ]
 
 
 def _device_name() -> str:
@@ -100,4 +196,9 @@ def _device_name() -> str:
 
 # In the course's order, after the workshop's own parts (training, pitfalls).
 PARTS: dict[str, Callable[[WorkshopHost], list[WorkshopStep]]] = {
-    "allreduce": allreduce, "scaling": scaling, "levers": levers, "memory": memory, "strategies": strategies}
+    "allreduce": allreduce,
+    "scaling": scaling,
+    "levers": levers,
+    "memory": memory,
+    "strategies": strategies,
+}

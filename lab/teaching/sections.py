@@ -23,19 +23,23 @@ from lab.teaching import figures
 
 def _allreduce(result: dict[str, Any], out: Path) -> str:
     devices = ", ".join(sorted(set(result.get("devices", [])))) or "unknown"
-    context = (f"{result['world_size']} ranks, {result['backend']}, {result['dtype']} {result['op']}, "
-               f"devices: {devices}")
+    context = f"{result['world_size']} ranks, {result['backend']}, {result['dtype']} {result['op']}, devices: {devices}"
     figures.bus_bandwidth(result["rows"], result.get("link_gbps"), result.get("link"), context, out / "allreduce.png")
     best = max(result["rows"], key=lambda r: r["ip_busbw"])
-    lines = ["## All-reduce bus bandwidth", "",
-             f"{context}. Average bus bandwidth {result['avg_busbw']:.3g} GB/s over {len(result['rows'])} sizes "
-             f"(nccl-tests' definition: busbw = algbw x 2(n-1)/n); best in-place {best['ip_busbw']:.3g} GB/s "
-             f"at {best['size']} B."]
+    lines = [
+        "## All-reduce bus bandwidth",
+        "",
+        f"{context}. Average bus bandwidth {result['avg_busbw']:.3g} GB/s over {len(result['rows'])} sizes "
+        f"(nccl-tests' definition: busbw = algbw x 2(n-1)/n); best in-place {best['ip_busbw']:.3g} GB/s "
+        f"at {best['size']} B.",
+    ]
     if result.get("link_gbps"):
         from lab.bench.comm.collective_perf import link_share
 
-        lines.append(f"Reference link {result['link']}: {result['link_gbps']:g} GB/s; the best size reaches "
-                     f"{link_share(best['ip_busbw'], result['link_gbps'])}.")
+        lines.append(
+            f"Reference link {result['link']}: {result['link_gbps']:g} GB/s; the best size reaches "
+            f"{link_share(best['ip_busbw'], result['link_gbps'])}."
+        )
     lines += ["", "![All-reduce bus bandwidth](allreduce.png)", ""]
     return "\n".join(lines)
 
@@ -46,26 +50,33 @@ def collectives(results: list[dict[str, Any]], out: Path) -> str:
     from lab.bench.comm.collective import COLLECTIVES, NAMES
 
     results = sorted(results, key=lambda r: NAMES.index(r["collective"]) if r["collective"] in NAMES else 99)
-    setups = sorted({(r["world_size"], r["backend"], ", ".join(sorted(set(r.get("devices", [])))) or "unknown")
-                     for r in results})
+    setups = sorted(
+        {(r["world_size"], r["backend"], ", ".join(sorted(set(r.get("devices", [])))) or "unknown") for r in results}
+    )
     context = "; ".join(f"{n} ranks, {backend}, devices: {devices}" for n, backend, devices in setups)
     figures.collectives_bus_bandwidth(results, context, out / "collectives.png")
-    lines = ["## Collectives: bus bandwidth by operation", "",
-             f"{context}. nccl-tests' definitions: algbw = size / time, busbw = algbw x the op's factor; the "
-             f"average covers every size, out-of-place and in-place; #wrong counts elements that differ from "
-             f"the exact result (N/A: in-place, where the op has no defined result).", "",
-             "| collective | busbw factor | ranks | backend | type, op | sizes (B) | average busbw (GB/s) | "
-             "best busbw (GB/s) | #wrong |",
-             "|---|---|---:|---|---|---|---:|---:|---:|"]
+    lines = [
+        "## Collectives: bus bandwidth by operation",
+        "",
+        f"{context}. nccl-tests' definitions: algbw = size / time, busbw = algbw x the op's factor; the "
+        f"average covers every size, out-of-place and in-place; #wrong counts elements that differ from "
+        f"the exact result (N/A: in-place, where the op has no defined result).",
+        "",
+        "| collective | busbw factor | ranks | backend | type, op | sizes (B) | average busbw (GB/s) | "
+        "best busbw (GB/s) | #wrong |",
+        "|---|---|---:|---|---|---|---:|---:|---:|",
+    ]
     for r in results:
         rows = r["rows"]
         factor = COLLECTIVES[r["collective"]].factor_text if r["collective"] in COLLECTIVES else "?"
         sizes = f"{rows[0]['size']} to {rows[-1]['size']}" if rows else "none"
         best = max(rows, key=lambda row: max(row["oop_busbw"], row["ip_busbw"]), default=None)
-        best_text = (f"{max(best['oop_busbw'], best['ip_busbw']):.3g} at {best['size']} B" if best else "n/a")
+        best_text = f"{max(best['oop_busbw'], best['ip_busbw']):.3g} at {best['size']} B" if best else "n/a"
         wrong = sum(row["oop_wrong"] + (row["ip_wrong"] or 0) for row in rows)
-        lines.append(f"| {r['collective']} | {factor} | {r['world_size']} | {r['backend']} | {r['dtype']} "
-                     f"{r['op']} | {sizes} | {r['avg_busbw']:.3g} | {best_text} | {wrong} |")
+        lines.append(
+            f"| {r['collective']} | {factor} | {r['world_size']} | {r['backend']} | {r['dtype']} "
+            f"{r['op']} | {sizes} | {r['avg_busbw']:.3g} | {best_text} | {wrong} |"
+        )
     lines += ["", "![Bus bandwidth against size, one line per collective](collectives.png)", ""]
     return "\n".join(lines)
 
@@ -76,9 +87,14 @@ def _scaling(result: dict[str, Any], out: Path) -> str:
     mode = result["mode"]
     fitted = result.get("amdahl") or result.get("gustafson")
     plots.scaling(result["rows"], mode, result["context"], out / f"scaling-{mode}.png", fitted)
-    lines = [f"## {mode.capitalize()} scaling", "",
-             scaling.render(result["rows"], mode, result["context"], fitted, result.get("note")), "",
-             f"![{mode.capitalize()} scaling](scaling-{mode}.png)", ""]
+    lines = [
+        f"## {mode.capitalize()} scaling",
+        "",
+        scaling.render(result["rows"], mode, result["context"], fitted, result.get("note")),
+        "",
+        f"![{mode.capitalize()} scaling](scaling-{mode}.png)",
+        "",
+    ]
     if any(r.get("breakdown") for r in result["rows"][1:]):
         figures.step_breakdown(result["rows"], f"{mode} scaling, {result['context']}", out / f"step-time-{mode}.png")
         lines += [f"![Where a step's time goes, {mode} scaling](step-time-{mode}.png)", ""]
@@ -89,8 +105,16 @@ def _levers(result: dict[str, Any], out: Path) -> str:
     from lab.bench.train import levers
 
     plots.levers(result, out / "levers.png")
-    return "\n".join(["## Levers: precision, accumulation, DDP buckets, NCCL", "", levers.render(result), "",
-                      "![Each lever against the plain step](levers.png)", ""])
+    return "\n".join(
+        [
+            "## Levers: precision, accumulation, DDP buckets, NCCL",
+            "",
+            levers.render(result),
+            "",
+            "![Each lever against the plain step](levers.png)",
+            "",
+        ]
+    )
 
 
 def _memory(result: dict[str, Any], out: Path) -> str:
@@ -98,8 +122,12 @@ def _memory(result: dict[str, Any], out: Path) -> str:
 
     device_gb = result.get("device_memory_gb")
     plots.memory_bars(result["rows"], device_gb, result["title"], out / "memory.png")
-    lines = ["## Memory per device", "", memory.render(result["rows"], result["title"],
-                                                      device_gb * 1e9 if device_gb else None), ""]
+    lines = [
+        "## Memory per device",
+        "",
+        memory.render(result["rows"], result["title"], device_gb * 1e9 if device_gb else None),
+        "",
+    ]
     if result.get("recommendation"):
         lines += [f"Recommendation ({device_gb:g} GB per device): {result['recommendation']}", ""]
     lines += ["![Memory per device](memory.png)", ""]
@@ -112,8 +140,16 @@ def _strategies(result: dict[str, Any], out: Path) -> str:
     from lab.bench.train import strategies
 
     plots.strategies(result["rows"], result["context"], out / "strategies.png")
-    return "\n".join(["## Strategies side by side", "", strategies.render(result), "",
-                      "![Memory per rank and loss curves by strategy](strategies.png)", ""])
+    return "\n".join(
+        [
+            "## Strategies side by side",
+            "",
+            strategies.render(result),
+            "",
+            "![Memory per rank and loss curves by strategy](strategies.png)",
+            "",
+        ]
+    )
 
 
 def _each(render):
@@ -123,7 +159,7 @@ def _each(render):
 
 @dataclass(frozen=True)
 class Section:
-    draw: Callable[[list[dict[str, Any]], Path], str]   # (the benchmark's results, the report's folder) -> Markdown
+    draw: Callable[[list[dict[str, Any]], Path], str]  # (the benchmark's results, the report's folder) -> Markdown
     part: Callable[[dict[str, Any]], str] | None = None  # a result that is one of several: which (scaling's mode)
 
 

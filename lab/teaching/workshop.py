@@ -36,9 +36,9 @@ from lab import config
 from lab.cluster import cores, launch, runner
 from lab.config import Config
 from lab.errors import LabError
-from lab.teaching import comparison, parts as benchmark_parts
+from lab.teaching import comparison
+from lab.teaching import parts as benchmark_parts
 from lab.training import runs
-
 
 OWN_PARTS = ("training", "pitfalls")  # then the benchmarks' parts (lab.teaching.parts)
 LECTURE_PITFALLS = ("set-epoch", "checkpoint-every-rank", "batchnorm", "uneven-batches")
@@ -48,8 +48,8 @@ LECTURE_PITFALLS = ("set-epoch", "checkpoint-every-rank", "batchnorm", "uneven-b
 class Step:
     part: str
     title: str
-    processes: int                                 # on this host, for the threads each gets
-    command: list[str] | Callable[[], None]        # a command line, or work done in this process
+    processes: int  # on this host, for the threads each gets
+    command: list[str] | Callable[[], None]  # a command line, or work done in this process
 
 
 def ddp_sizes(requested: int | None, gpus: int) -> list[int]:
@@ -83,8 +83,10 @@ def parts(only: str | None) -> list[str]:
     asked = [p.strip() for p in only.split(",") if p.strip()]
     unknown = [p for p in asked if p not in every]
     if unknown or not asked:
-        raise LabError(f"--only {only}: unknown part {', '.join(unknown) or '(none given)'}; "
-                       f"choose from {', '.join(every)} (comma-separated)")
+        raise LabError(
+            f"--only {only}: unknown part {', '.join(unknown) or '(none given)'}; "
+            f"choose from {', '.join(every)} (comma-separated)"
+        )
     return [p for p in every if p in asked]
 
 
@@ -96,8 +98,9 @@ def default_config() -> str:
     return "workshop-gpu" if torch.cuda.is_available() else "workshop-cpu"
 
 
-def run(config_name: str, overrides: list[str], nproc_per_node: int | None, output_dir: str,
-        only: str | None = None) -> int:
+def run(
+    config_name: str, overrides: list[str], nproc_per_node: int | None, output_dir: str, only: str | None = None
+) -> int:
     if nproc_per_node is not None and nproc_per_node < 2:
         raise LabError(f"--nproc-per-node: {nproc_per_node}; the workshop compares 1 process with 2 or more")
     chosen = parts(only)
@@ -123,8 +126,12 @@ def run(config_name: str, overrides: list[str], nproc_per_node: int | None, outp
             step.command()
         else:
             print(f"\n== {index}/{total} {step.title}\n$ {shlex.join(step.command)}", flush=True)
-            if runner.run(step.command, env=_env(step.processes, gpus > 0), processes=step.processes,
-                          echo=False).returncode != 0:
+            if (
+                runner.run(
+                    step.command, env=_env(step.processes, gpus > 0), processes=step.processes, echo=False
+                ).returncode
+                != 0
+            ):
                 print(f"workshop: step '{step.title}' failed; see the output above", file=sys.stderr)
                 return 1
         print(f"(step {index}: {time.monotonic() - step_started:.0f} s)", flush=True)
@@ -133,12 +140,13 @@ def run(config_name: str, overrides: list[str], nproc_per_node: int | None, outp
 
     path = report.build([str(folder)])
     print(f"report: {path}", flush=True)
-    print(f"workshop {workshop_id}: {len(steps) + 1} steps in {(time.monotonic() - started) / 60:.1f} minutes", flush=True)
+    print(
+        f"workshop {workshop_id}: {len(steps) + 1} steps in {(time.monotonic() - started) / 60:.1f} minutes", flush=True
+    )
     return 0
 
 
-def plan(cfg: Config, config_name: str, overrides: list[str], sizes: list[int], gpus: int,
-         folder: Path) -> list[Step]:
+def plan(cfg: Config, config_name: str, overrides: list[str], sizes: list[int], gpus: int, folder: Path) -> list[Step]:
     """Every step of the workshop on this host, in order."""
     lab = [sys.executable, "-m", "lab"]
     set_args = [x for o in overrides for x in ("--set", o)]
@@ -147,24 +155,51 @@ def plan(cfg: Config, config_name: str, overrides: list[str], sizes: list[int], 
     ranks = sizes[0] if len(sizes) == 1 else cores.default_ranks(gpus, fewest_gpus=2)
 
     def train_target(name: str, *extra: str) -> list[str]:
-        return launch.lab_target("train", config_name, [*overrides, f"run.output_dir={folder}", f"run.id={name}",
-                                                        *extra])
+        return launch.lab_target(
+            "train", config_name, [*overrides, f"run.output_dir={folder}", f"run.id={name}", *extra]
+        )
 
     halfway = max(1, _total_steps(cfg) // 2)
     steps = [
-        Step("training", f"baseline: 1 process, stopped at step {halfway} of {_total_steps(cfg)}", 1,
-             [sys.executable, *train_target("baseline", f"train.stop_after_steps={halfway}")]),
-        Step("training", "the baseline's checkpoint: what it holds, and a plain model loads it", 0,
-             lambda: _tour_checkpoint(folder)),
-        Step("training", "baseline resumed from its checkpoint to the end", 1, [sys.executable, *train_target("baseline")]),
+        Step(
+            "training",
+            f"baseline: 1 process, stopped at step {halfway} of {_total_steps(cfg)}",
+            1,
+            [sys.executable, *train_target("baseline", f"train.stop_after_steps={halfway}")],
+        ),
+        Step(
+            "training",
+            "the baseline's checkpoint: what it holds, and a plain model loads it",
+            0,
+            lambda: _tour_checkpoint(folder),
+        ),
+        Step(
+            "training",
+            "baseline resumed from its checkpoint to the end",
+            1,
+            [sys.executable, *train_target("baseline")],
+        ),
     ]
-    steps += [Step("training", f"DDP: {n} processes, same global batch", n,
-                   launch.torchrun_command(n, train_target(f"ddp-{n}"))) for n in sizes]
+    steps += [
+        Step(
+            "training",
+            f"DDP: {n} processes, same global batch",
+            n,
+            launch.torchrun_command(n, train_target(f"ddp-{n}")),
+        )
+        for n in sizes
+    ]
     steps.append(Step("training", "comparison", 0, lambda: comparison.compare_and_save(folder, sizes)))
     pitfalls = [*LECTURE_PITFALLS, *(["cuda-visible-devices"] if gpus >= 2 else [])]
-    steps += [Step("pitfalls", f"pitfall: {name}, broken then fixed", ranks,
-                   [*lab, "pitfall", name, "--nproc-per-node", str(ranks), "--json", str(folder / f"pitfall-{name}.json")])
-              for name in pitfalls]
+    steps += [
+        Step(
+            "pitfalls",
+            f"pitfall: {name}, broken then fixed",
+            ranks,
+            [*lab, "pitfall", name, "--nproc-per-node", str(ranks), "--json", str(folder / f"pitfall-{name}.json")],
+        )
+        for name in pitfalls
+    ]
     host = benchmark_parts.WorkshopHost(gpus, ranks, config_name, set_args, folder)
     for name, part in benchmark_parts.PARTS.items():  # the benchmarks' parts, each sized for this host
         steps += [Step(name, *step) for step in part(host)]
@@ -180,8 +215,8 @@ def _total_steps(cfg: Config) -> int:
 
 
 def _tour_checkpoint(folder: Path) -> None:
-    from lab.training import checkpoint
     from lab.teaching import checkpoint_tour
+    from lab.training import checkpoint
 
     tour = checkpoint_tour.describe(folder / "baseline" / "checkpoints" / checkpoint.LAST)
     print(checkpoint_tour.render(tour), flush=True)

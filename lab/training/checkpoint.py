@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -52,8 +53,10 @@ def prepare_folder(folder: Path) -> Path:
         probe.write_bytes(b"\0" * 4096)
         probe.unlink()
     except OSError as exc:
-        raise LabError(f"checkpoint.dir: cannot write to {folder} ({exc.strerror or exc}); choose a writable "
-                       f"folder (every node's, for a multi-node run) with --set checkpoint.dir=DIR") from None
+        raise LabError(
+            f"checkpoint.dir: cannot write to {folder} ({exc.strerror or exc}); choose a writable "
+            f"folder (every node's, for a multi-node run) with --set checkpoint.dir=DIR"
+        ) from None
     for tmp in folder.glob("*.tmp-*"):
         tmp.unlink(missing_ok=True)
     return folder
@@ -63,9 +66,11 @@ def check_space(folder: Path, need_bytes: int, what: str) -> None:
     """Refuse to start when checkpoint.dir's file system cannot hold `need_bytes` more."""
     free = shutil.disk_usage(folder).free
     if free < need_bytes:
-        raise LabError(f"checkpoint.dir: {folder} has {free / 2**20:.1f} MiB free but this run needs about "
-                       f"{need_bytes / 2**20:.1f} MiB ({what}); free some space or choose another folder with "
-                       f"--set checkpoint.dir=DIR")
+        raise LabError(
+            f"checkpoint.dir: {folder} has {free / 2**20:.1f} MiB free but this run needs about "
+            f"{need_bytes / 2**20:.1f} MiB ({what}); free some space or choose another folder with "
+            f"--set checkpoint.dir=DIR"
+        )
 
 
 def save(path: str | Path, state: dict) -> Path:
@@ -88,7 +93,7 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch's unpickler raises many kinds (IndexError on plain text, ...)
+    except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"{path}: not a readable checkpoint ({first[:200]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -99,8 +104,11 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
 def check_matches(path: str | Path, state: dict, expected: dict[str, object]) -> None:
     """Refuse a checkpoint whose recorded facts differ from this run's, naming each difference."""
     recorded = state.get("compat", {})
-    diffs = [f"{key} is {recorded.get(key)!r} in the checkpoint but {value!r} now"
-             for key, value in expected.items() if recorded.get(key) != value]
+    diffs = [
+        f"{key} is {recorded.get(key)!r} in the checkpoint but {value!r} now"
+        for key, value in expected.items()
+        if recorded.get(key) != value
+    ]
     if diffs:
         raise CheckpointError(f"{path}: does not fit this run: {'; '.join(diffs)}")
 
@@ -116,11 +124,20 @@ def rng_state(device: torch.device | None = None) -> dict:
     where fewer GPUs are visible (8 -> 2, or a 1-GPU box), and the other GPUs' generators are not
     this process's to keep."""
     version, keys, gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    # legacy=True (the default) gives this tuple for an MT19937, the global generator's bit generator unless
+    # np.random.set_bit_generator swapped it (the lab never does); the stubs allow that case's dict too
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = cast(
+        "tuple[str, np.ndarray, int, int, float]", np.random.get_state(legacy=True)
+    )
     state = {
         "python": {"version": version, "keys": torch.tensor(keys, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": np_pos,
-                  "has_gauss": np_has_gauss, "gauss": np_gauss},
+        "numpy": {
+            "name": np_name,
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": np_pos,
+            "has_gauss": np_has_gauss,
+            "gauss": np_gauss,
+        },
         "torch": torch.get_rng_state(),
     }
     if device is not None and device.type == "cuda":
@@ -133,8 +150,9 @@ def set_rng_state(state: dict, device: torch.device | None = None) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["keys"].tolist()), py["gauss"]))
     npy = state["numpy"]
-    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
-                         npy["gauss"]))
+    np.random.set_state(
+        (npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"])
+    )
     torch.set_rng_state(state["torch"].cpu())
     cuda = state.get("cuda")
     if cuda is None or device is None or device.type != "cuda":

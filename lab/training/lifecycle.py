@@ -39,9 +39,9 @@ from lab.training.trainer import Hook, Trainer, set_determinism
 class Recovery(NamedTuple):
     """How this start of the run came about: torchrun restarts so far and the steps they made it redo."""
 
-    restarts: int          # TORCHELASTIC_RESTART_COUNT: 0 on the first start
-    steps_redone: int      # steps logged by the attempt that died after the checkpoint this start resumed from
-    redone_before: int     # the same, summed over earlier restarts
+    restarts: int  # TORCHELASTIC_RESTART_COUNT: 0 on the first start
+    steps_redone: int  # steps logged by the attempt that died after the checkpoint this start resumed from
+    redone_before: int  # the same, summed over earlier restarts
 
     @property
     def steps_redone_total(self) -> int:
@@ -60,32 +60,61 @@ class RunStart:
     trainer: Trainer
     recovery: Recovery
     resume_path: str | None
-    versions: dict[str, str | None]   # read once: the exporter's info and the manifest say the same
+    versions: dict[str, str | None]  # read once: the exporter's info and the manifest say the same
     wall_start: float
 
     def manifest(self, ranks: list[dict]) -> dict[str, Any]:
         cfg, ctx, trainer, dataset = self.cfg, self.ctx, self.trainer, self.dataset
-        start = {"time": time.time(), "step": trainer.step, "world_size": ctx.world_size,
-                 "restart_count": self.recovery.restarts, "resumed_from": self.resume_path,
-                 "steps_redone": self.recovery.steps_redone}
+        start = {
+            "time": time.time(),
+            "step": trainer.step,
+            "world_size": ctx.world_size,
+            "restart_count": self.recovery.restarts,
+            "resumed_from": self.resume_path,
+            "steps_redone": self.recovery.steps_redone,
+        }
         return {
-            "run_id": self.run_dir.run_id, "config": to_dict(cfg), "config_origin": cfg.origin, "seed": cfg.run.seed,
-            "data": {"source": dataset.source, "description": dataset.description,
-                     "train_size": len(dataset.train_labels), "test_size": len(dataset.test_labels)},
-            "world_size": ctx.world_size, "backend": ctx.backend, **trainer.strategy.describe(),
-            "batch_size_per_rank": trainer.batch_size, "steps_per_epoch": trainer.steps_per_epoch,
-            "total_steps": trainer.total_steps, "amp": _amp_name(trainer),
-            "versions": self.versions, "git_revision": git_revision(),
-            "hosts": sorted({r["host"] for r in ranks}), "ranks": ranks, "environment": provenance.recorded_env(),
-            "starts": [start], "slurm": slurm.record(), "seat": seat.seat(),  # a workshop room's seat, else None
+            "run_id": self.run_dir.run_id,
+            "config": to_dict(cfg),
+            "config_origin": cfg.origin,
+            "seed": cfg.run.seed,
+            "data": {
+                "source": dataset.source,
+                "description": dataset.description,
+                "train_size": len(dataset.train_labels),
+                "test_size": len(dataset.test_labels),
+            },
+            "world_size": ctx.world_size,
+            "backend": ctx.backend,
+            **trainer.strategy.describe(),
+            "batch_size_per_rank": trainer.batch_size,
+            "steps_per_epoch": trainer.steps_per_epoch,
+            "total_steps": trainer.total_steps,
+            "amp": _amp_name(trainer),
+            "versions": self.versions,
+            "git_revision": git_revision(),
+            "hosts": sorted({r["host"] for r in ranks}),
+            "ranks": ranks,
+            "environment": provenance.recorded_env(),
+            "starts": [start],
+            "slurm": slurm.record(),
+            "seat": seat.seat(),  # a workshop room's seat, else None
         }
 
     def summary(self, results: dict[str, Any], status: str, error: str | None = None) -> dict[str, Any]:
-        summary = {"run_id": self.run_dir.run_id, "status": status, "data_source": self.dataset.source,
-                   "world_size": self.ctx.world_size, **self.trainer.strategy.describe(),
-                   "global_batch_size": self.cfg.train.global_batch_size,
-                   "wall_time_seconds": time.time() - self.wall_start, "restart_count": self.recovery.restarts,
-                   "steps_redone": self.recovery.steps_redone_total, "host": socket.gethostname(), **results}
+        summary = {
+            "run_id": self.run_dir.run_id,
+            "status": status,
+            "data_source": self.dataset.source,
+            "world_size": self.ctx.world_size,
+            **self.trainer.strategy.describe(),
+            "global_batch_size": self.cfg.train.global_batch_size,
+            "wall_time_seconds": time.time() - self.wall_start,
+            "restart_count": self.recovery.restarts,
+            "steps_redone": self.recovery.steps_redone_total,
+            "host": socket.gethostname(),
+            **results,
+        }
         if error:
             summary["error"] = error
         return summary
@@ -93,12 +122,15 @@ class RunStart:
     def announce(self) -> None:
         ctx, t, trainer = self.ctx, self.cfg.train, self.trainer
         device = f"{ctx.world_size} x {ctx.device.type}" + (f" ({ctx.backend})" if ctx.backend else "")
-        self.console.say(f"run {self.run_dir.run_id}: {device}, {trainer.strategy.name}, "
-                         f"data: {self.dataset.description}")
-        self.console.say(f"global batch {t.global_batch_size} = {ctx.world_size} rank(s) x {trainer.batch_size} "
-                         f"x {t.grad_accum_steps} accumulation step(s); {trainer.total_steps} steps "
-                         f"({trainer.steps_per_epoch} per epoch); amp {trainer.amp_dtype or 'off'}; "
-                         f"{torch.get_num_threads()} thread(s) per process")
+        self.console.say(
+            f"run {self.run_dir.run_id}: {device}, {trainer.strategy.name}, data: {self.dataset.description}"
+        )
+        self.console.say(
+            f"global batch {t.global_batch_size} = {ctx.world_size} rank(s) x {trainer.batch_size} "
+            f"x {t.grad_accum_steps} accumulation step(s); {trainer.total_steps} steps "
+            f"({trainer.steps_per_epoch} per epoch); amp {trainer.amp_dtype or 'off'}; "
+            f"{torch.get_num_threads()} thread(s) per process"
+        )
         if self.resume_path:
             self.console.say(f"resuming from {self.resume_path} at step {trainer.step}")
 
@@ -131,25 +163,33 @@ def _open(cfg: Config, ctx: dist.DistContext, hooks: Iterable[Hook], wall_start:
         dist.primary_then_broadcast(ctx, lambda: checkpoint.prepare_folder(folder))
     last_logged, redone_before = dist.primary_then_broadcast(ctx, run_dir.progress)
     console = Console() if ctx.is_primary else SilentConsole()
-    rank_hooks = [run_dir.append_metrics, console, *hooks] if ctx.is_primary else list(hooks)
+    rank_hooks: list[Hook] = [run_dir.append_metrics, console, *hooks] if ctx.is_primary else list(hooks)
     trainer = Trainer(cfg, ctx, dataset, console=console, hooks=rank_hooks, run_dir=run_dir)
+
     # Rank 0 decides whether there is a checkpoint to resume from, so every rank takes the same branch.
-    resume_path = dist.primary_then_broadcast(ctx, lambda: find_checkpoint(cfg, trainer.checkpoint_path()))
+    def resume_choice() -> str | None:
+        own = trainer.checkpoint_path()
+        assert own is not None  # the trainer has a run directory
+        return find_checkpoint(cfg, own)
+
+    resume_path = dist.primary_then_broadcast(ctx, resume_choice)
     if resume_path is not None:
         trainer.restore(resume_path)
     # Work lost to a crash: what the last start logged past the step this one resumes from (to log_every).
     recovery = Recovery(torchrun_env.restart_count(), max(0, last_logged - trainer.step), redone_before)
     dist.primary_then_broadcast(ctx, lambda: check_space(cfg, trainer, run_dir))
-    return RunStart(cfg, ctx, run_dir, dataset, console, trainer, recovery, resume_path, provenance.versions(),
-                    wall_start)
+    return RunStart(
+        cfg, ctx, run_dir, dataset, console, trainer, recovery, resume_path, provenance.versions(), wall_start
+    )
 
 
 @contextlib.contextmanager
 def _exporter(r: RunStart) -> Iterator[metrics.NullExporter]:
     """This rank's Prometheus exporter, attached to the trainer; closed (and the run's file_sd targets
     withdrawn) however the run ends, since its ranks are gone then."""
-    exporter = metrics.start(r.cfg.metrics, r.ctx, r.run_dir.run_id,
-                             metrics.run_info(r.ctx, r.versions, r.dataset.source), say=r.console.say)
+    exporter = metrics.start(
+        r.cfg.metrics, r.ctx, r.run_dir.run_id, metrics.run_info(r.ctx, r.versions, r.dataset.source), say=r.console.say
+    )
     r.trainer.hooks.append(exporter)
     try:
         yield exporter
@@ -185,23 +225,27 @@ def _fit(r: RunStart) -> dict[str, Any]:
             raise
     except BaseException as exc:
         if r.ctx.is_primary:
-            r.run_dir.write_summary(r.summary(r.trainer.results(), status="failed",
-                                              error=f"{type(exc).__name__}: {exc}"))
+            r.run_dir.write_summary(
+                r.summary(r.trainer.results(), status="failed", error=f"{type(exc).__name__}: {exc}")
+            )
         raise
 
 
 def _record_end(r: RunStart, summary: dict[str, Any]) -> None:
     if r.cfg.metrics.pushgateway:  # one push, rank 0's, with every rank's peak memory: run figures counted once
         _, peak = device_memory.memory_bytes(r.ctx.device)
-        ranks = dist.all_gather_object(r.ctx, {"rank": r.ctx.global_rank, "node": socket.gethostname(),
-                                               "device_memory_peak_bytes": peak})
+        ranks = dist.all_gather_object(
+            r.ctx, {"rank": r.ctx.global_rank, "node": socket.gethostname(), "device_memory_peak_bytes": peak}
+        )
         if r.ctx.is_primary:
             metrics.push_run_summary(r.cfg.metrics, r.run_dir.run_id, summary, ranks)
     if r.ctx.is_primary:
         r.run_dir.write_summary(summary)
-        r.console.say(f"run {r.run_dir.run_id} {summary['status']}: test accuracy {pct(summary['test_accuracy'])}, "
-                      f"{num(summary['samples_per_second'], '.0f')} img/s over {r.ctx.world_size} rank(s); "
-                      f"records in {r.run_dir.path}")
+        r.console.say(
+            f"run {r.run_dir.run_id} {summary['status']}: test accuracy {pct(summary['test_accuracy'])}, "
+            f"{num(summary['samples_per_second'], '.0f')} img/s over {r.ctx.world_size} rank(s); "
+            f"records in {r.run_dir.path}"
+        )
 
 
 def resolve_run_id(cfg: Config, ctx: dist.DistContext) -> str:
@@ -232,12 +276,17 @@ def _refuse_another_strategys_checkpoint(cfg: Config, own: Path) -> None:
     """A run id whose checkpoints/ holds another strategy's checkpoint would silently start over (and leave two
     checkpoints of one run): refuse. Temporary and staging leftovers of a crash are not checkpoints."""
     folder = own.parent
-    others = sorted(p.name for p in folder.iterdir() if ".tmp-" not in p.name
-                    and not p.name.endswith((".next", ".prev"))) if folder.is_dir() else []
+    others = (
+        sorted(p.name for p in folder.iterdir() if ".tmp-" not in p.name and not p.name.endswith((".next", ".prev")))
+        if folder.is_dir()
+        else []
+    )
     if others:
-        raise CheckpointError(f"{folder}: holds {others[0]}, a checkpoint of another dist.strategy than "
-                              f"{cfg.dist.strategy} (which keeps {own.name}); resume with the strategy that wrote "
-                              f"it, give a new run.id, or set checkpoint.resume=never")
+        raise CheckpointError(
+            f"{folder}: holds {others[0]}, a checkpoint of another dist.strategy than "
+            f"{cfg.dist.strategy} (which keeps {own.name}); resume with the strategy that wrote "
+            f"it, give a new run.id, or set checkpoint.resume=never"
+        )
 
 
 RECORDS_BYTES = 4 * 2**20  # metrics rows, manifest, summary, report with plots
@@ -251,7 +300,9 @@ def check_space(cfg: Config, trainer: Trainer, run_dir: RunDir) -> None:
         run_dir.check_space(need, what)
         return
     run_dir.check_space(RECORDS_BYTES, "its records")
-    checkpoint.check_space(trainer.checkpoint_folder(), need - RECORDS_BYTES, what.replace(", and its records", ""))
+    folder = trainer.checkpoint_folder()
+    assert folder is not None  # the trainer has a run directory
+    checkpoint.check_space(folder, need - RECORDS_BYTES, what.replace(", and its records", ""))
 
 
 def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, str]:
@@ -262,7 +313,9 @@ def space_needed(cfg: Config, trainer: Trainer, run_dir: RunDir) -> tuple[int, s
         return records, "its records"
     weights = sum(t.numel() * t.element_size() for t in trainer.model.state_dict().values())
     momentum = sum(p.numel() * p.element_size() for p in trainer.model.parameters())  # SGD: one buffer per parameter
-    copies = 1 if trainer.checkpoint_path().exists() else 2
+    own = trainer.checkpoint_path()
+    assert own is not None  # the trainer has a run directory
+    copies = 1 if own.exists() else 2
     size = weights + momentum
     return copies * size + records, f"{copies} checkpoint(s) of {size / 2**20:.1f} MiB at a save, and its records"
 

@@ -29,11 +29,11 @@ from lab.cluster import dist
 class Interval:
     """One log interval, summed over every rank (rank_* fields: this rank alone)."""
 
-    step: int                 # optimizer steps done at its end
-    steps: int                # optimizer steps it spans
+    step: int  # optimizer steps done at its end
+    steps: int  # optimizer steps it spans
     seconds: float
-    samples: int              # over all ranks
-    loss: float               # mean training loss of its samples
+    samples: int  # over all ranks
+    loss: float  # mean training loss of its samples
     accuracy: float
     rank_samples: int
 
@@ -75,9 +75,15 @@ class IntervalMeter:
         totals = torch.stack([self.loss_sum, self.correct.to(torch.float64), samples_here])
         loss_sum, correct, samples = dist.all_reduce_sum(ctx, totals).tolist()
         now = time.perf_counter()
-        interval = Interval(step=step, steps=step - self.start_step, seconds=now - self.start_time,
-                            samples=int(samples), loss=loss_sum / samples, accuracy=correct / samples,
-                            rank_samples=self.rank_samples)
+        interval = Interval(
+            step=step,
+            steps=step - self.start_step,
+            seconds=now - self.start_time,
+            samples=int(samples),
+            loss=loss_sum / samples,
+            accuracy=correct / samples,
+            rank_samples=self.rank_samples,
+        )
         self.loss_sum.zero_()
         self.correct.zero_()
         self.rank_samples = 0

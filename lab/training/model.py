@@ -89,4 +89,3 @@ def _init_like_torchvision(model: nn.Module) -> None:
 def signature(cfg: ModelConfig) -> dict:
     """What a checkpoint's parameters depend on: a checkpoint with another signature is refused."""
     return {"arch": cfg.arch, "width": cfg.width, "norm": cfg.norm, "dtype": cfg.dtype, "num_classes": NUM_CLASSES}
-

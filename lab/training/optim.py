@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -30,15 +30,21 @@ from lab.errors import ConfigError
 
 def build_optimizer(model: nn.Module, t: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """SGD with momentum; weight decay on weights only (norms and biases are 1-d)."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():
         (decay if p.ndim > 1 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.SGD(groups, lr=t.lr, momentum=t.momentum, nesterov=t.nesterov and t.momentum > 0,
-                           **sgd_kernel(decay + no_decay, device))
+    return torch.optim.SGD(
+        groups,
+        lr=t.lr,
+        momentum=t.momentum,
+        nesterov=t.nesterov and t.momentum > 0,
+        **sgd_kernel(decay + no_decay, device),
+    )
 
 
-def sgd_kernel(params: list[torch.Tensor], device: torch.device) -> dict[str, bool]:
+def sgd_kernel(params: Sequence[torch.Tensor], device: torch.device) -> dict[str, bool]:
     """SGD's implementation for `params` on `device`: {"fused": True} (one kernel for every tensor) where torch
     has a fused kernel for the device and every parameter is a plain tensor, else {"foreach": True}.
 
@@ -71,22 +77,28 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, t: TrainConfig, total_steps: int,
-                   origin: str) -> torch.optim.lr_scheduler.LRScheduler:
+def build_schedule(
+    optimizer: torch.optim.Optimizer, t: TrainConfig, total_steps: int, origin: str
+) -> torch.optim.lr_scheduler.LRScheduler:
     """train.schedule over `total_steps` optimizer steps; `origin` names the config in errors."""
     if t.schedule == "onecycle":
         if total_steps < 2:
-            raise ConfigError(f"{origin}: train.schedule: onecycle needs at least 2 steps, this run has "
-                              f"{total_steps}; use cosine or more steps")
+            raise ConfigError(
+                f"{origin}: train.schedule: onecycle needs at least 2 steps, this run has "
+                f"{total_steps}; use cosine or more steps"
+            )
         rising = min(max(t.warmup_steps or round(0.3 * total_steps), 1), total_steps - 1)  # OneCycleLR's 0.3
-        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=t.lr, total_steps=total_steps,
-                                                   pct_start=rising / total_steps)
+        return torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=t.lr, total_steps=total_steps, pct_start=rising / total_steps
+        )
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, t.warmup_steps, total_steps, t.schedule))
+        optimizer, lambda step: lr_factor(step, t.warmup_steps, total_steps, t.schedule)
+    )
 
 
-def choose_amp(want: str, model_dtype: torch.dtype, device: torch.device,
-               say: Callable[[str], None] = print) -> torch.dtype | None:
+def choose_amp(
+    want: str, model_dtype: torch.dtype, device: torch.device, say: Callable[[str], None] = print
+) -> torch.dtype | None:
     """The autocast dtype for train.amp on `device`, or None for full precision; `say` explains a downgrade.
 
     >>> choose_amp("auto", torch.float32, torch.device("cpu")) is None   # auto: AMP on GPUs only

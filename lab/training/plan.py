@@ -26,11 +26,11 @@ from lab.errors import ConfigError
 @dataclass(frozen=True)
 class StepPlan:
     world_size: int
-    batch_per_rank: int               # samples in one micro-batch on one rank
-    accumulation: int                 # micro-batches per optimizer step
-    steps_by_rank: tuple[int, ...]    # optimizer steps each rank takes per epoch (they differ under uneven=join)
-    total_steps: int                  # optimizer steps of the whole run, the schedule's length
-    join: bool                        # ranks with fewer steps wait in DDP's Join for the others
+    batch_per_rank: int  # samples in one micro-batch on one rank
+    accumulation: int  # micro-batches per optimizer step
+    steps_by_rank: tuple[int, ...]  # optimizer steps each rank takes per epoch (they differ under uneven=join)
+    total_steps: int  # optimizer steps of the whole run, the schedule's length
+    join: bool  # ranks with fewer steps wait in DDP's Join for the others
 
     @property
     def steps_per_epoch(self) -> int:
@@ -52,15 +52,17 @@ def plan_steps(cfg: Config, world_size: int, train_size: int) -> StepPlan:
     t = cfg.train
     batch = batch_size_per_rank(cfg, world_size)
     join = cfg.data.uneven == "join" and world_size > 1
-    steps_by_rank = tuple(batch_count(train_size, world_size, rank, cfg.data.uneven, batch, keep_partial=join)
-                          // t.grad_accum_steps for rank in range(world_size))
+    steps_by_rank = tuple(
+        batch_count(train_size, world_size, rank, cfg.data.uneven, batch, keep_partial=join) // t.grad_accum_steps
+        for rank in range(world_size)
+    )
     if min(steps_by_rank) < 1:
         raise ConfigError(
             f"{cfg.origin}: train.global_batch_size: {t.global_batch_size} is larger than a rank's share of the "
             f"training set ({train_size} samples over {world_size} ranks); use a smaller global batch or more data "
-            f"(data.synthetic_train_size)")
+            f"(data.synthetic_train_size)"
+        )
     total = t.epochs * max(steps_by_rank)
     if t.max_steps:
         total = min(total, t.max_steps)
     return StepPlan(world_size, batch, t.grad_accum_steps, steps_by_rank, total, join)
-

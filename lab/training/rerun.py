@@ -65,17 +65,24 @@ def load_record(run_dir: str | Path) -> Record:
     if not path.is_dir():
         raise LabError(f"{path}: no such run directory; give a directory `lab train` wrote, e.g. runs/<run id>")
     if not manifest_path.is_file():
-        raise LabError(f"{manifest_path}: not found; a run directory from `lab train` holds manifest.json and "
-                       f"metrics.jsonl")
+        raise LabError(
+            f"{manifest_path}: not found; a run directory from `lab train` holds manifest.json and metrics.jsonl"
+        )
     try:
         manifest = runs.read_json(manifest_path)
     except (OSError, ValueError) as exc:
         raise LabError(f"{manifest_path}: unreadable ({exc}); expected the JSON object `lab train` writes") from None
     missing = [k for k in REQUIRED_KEYS if k not in manifest] if isinstance(manifest, dict) else list(REQUIRED_KEYS)
-    if missing or not (isinstance(manifest["config"], dict) and isinstance(manifest["data"], dict)
-                       and isinstance(manifest["world_size"], int) and manifest["world_size"] >= 1):
-        raise LabError(f"{manifest_path}: missing or malformed key(s) {', '.join(missing) or 'config/data/world_size'}"
-                       f"; expected a manifest from `lab train` with {', '.join(REQUIRED_KEYS)}")
+    if missing or not (
+        isinstance(manifest["config"], dict)
+        and isinstance(manifest["data"], dict)
+        and isinstance(manifest["world_size"], int)
+        and manifest["world_size"] >= 1
+    ):
+        raise LabError(
+            f"{manifest_path}: missing or malformed key(s) {', '.join(missing) or 'config/data/world_size'}"
+            f"; expected a manifest from `lab train` with {', '.join(REQUIRED_KEYS)}"
+        )
     try:
         train, evals = runs.read_metrics(path, "train"), runs.read_metrics(path, "eval")
         for row in train + evals:  # numbers where the comparison needs them, or refuse the record now
@@ -83,16 +90,21 @@ def load_record(run_dir: str | Path) -> Record:
             if not isinstance(row["step"], int) or not isinstance(value, (int, float)):
                 raise ValueError(f"step {row['step']!r}, value {value!r}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LabError(f"{metrics_path}: unreadable row ({type(exc).__name__}: {exc}); expected JSON lines with "
-                       f"kind, an integer step and a loss (train) or test_loss (eval)") from None
+        raise LabError(
+            f"{metrics_path}: unreadable row ({type(exc).__name__}: {exc}); expected JSON lines with "
+            f"kind, an integer step and a loss (train) or test_loss (eval)"
+        ) from None
     if not train:
-        raise LabError(f"{metrics_path}: no train rows (kind \"train\" with step and loss)"
-                       f"{'' if metrics_path.exists() else ', the file does not exist'}; there is no curve to compare")
+        raise LabError(
+            f'{metrics_path}: no train rows (kind "train" with step and loss)'
+            f"{'' if metrics_path.exists() else ', the file does not exist'}; there is no curve to compare"
+        )
     return Record(path, manifest, train, evals)
 
 
-def rerun_config(record: Record, steps: int | None, user_overrides: list[str], output_dir: str | None,
-                 yaml_path: Path) -> tuple[list[str], config.Config, int]:
+def rerun_config(
+    record: Record, steps: int | None, user_overrides: list[str], output_dir: str | None, yaml_path: Path
+) -> tuple[list[str], config.Config, int]:
     """The --set list that turns the recorded config (written to `yaml_path`) into the rerun's, the config it
     loads to (every check of `lab train` applied), and the last step to compare."""
     m, manifest_path = record.manifest, record.path / "manifest.json"
@@ -100,20 +112,28 @@ def rerun_config(record: Record, steps: int | None, user_overrides: list[str], o
     first, last = record.train[0]["step"], record.train[-1]["step"]
     limit = min(steps or last, last)  # train no further than the record goes: nothing beyond would compare
     if limit < first:
-        raise LabError(f"--steps {steps}: the record's first train row is at step {first} (train.log_every), so "
-                       f"nothing would be compared; use --steps {first} or more")
+        raise LabError(
+            f"--steps {steps}: the record's first train row is at step {first} (train.log_every), so "
+            f"nothing would be compared; use --steps {first} or more"
+        )
     stamp, data = datetime.datetime.now().strftime("%Y%m%d-%H%M%S"), m["data"]
     reads_files = data.get("source") == "cifar10" or "files in" in str(data.get("description", ""))
     source = []  # `lab data synth` files keep the config's source (it reads them); else pin what the record used,
     if data.get("source") == "cifar10" or not reads_files:  # so a CIFAR-10 folder here cannot change `auto`
         source = [f"data.source={'cifar10' if reads_files else 'synthetic'}"]
-    overrides = [f"run.id={m['run_id'][:96]}-rerun-{stamp}-{secrets.token_hex(2)}",
-                 f"run.output_dir={output_dir or record.path.parent}", "checkpoint.resume=never",
-                 # a rerun must not take the record's metrics ports nor push or publish under its name
-                 "metrics.port_base=0", "metrics.pushgateway=", "metrics.targets_dir=",
-                 # stop_after_steps, not max_steps: max_steps would shorten the learning-rate schedule
-                 f"train.stop_after_steps={limit if limit < m.get('total_steps', math.inf) else 0}",
-                 *source, *user_overrides]
+    overrides = [
+        f"run.id={m['run_id'][:96]}-rerun-{stamp}-{secrets.token_hex(2)}",
+        f"run.output_dir={output_dir or record.path.parent}",
+        "checkpoint.resume=never",
+        # a rerun must not take the record's metrics ports nor push or publish under its name
+        "metrics.port_base=0",
+        "metrics.pushgateway=",
+        "metrics.targets_dir=",
+        # stop_after_steps, not max_steps: max_steps would shorten the learning-rate schedule
+        f"train.stop_after_steps={limit if limit < m.get('total_steps', math.inf) else 0}",
+        *source,
+        *user_overrides,
+    ]
     try:
         cfg = config.load(yaml_path, overrides)
         config.check_layout(cfg, int(m["world_size"]))
@@ -123,9 +143,11 @@ def rerun_config(record: Record, steps: int | None, user_overrides: list[str], o
         from lab.data import cifar  # imports torch: only for a record that read files
 
         if not cifar.present(cfg.data.root):
-            raise DataError(f"{manifest_path}: data: the record trained on {data.get('description')}, but "
-                            f"{cifar.folder(cfg.data.root)} is not here; put the same files there, or point "
-                            f"--set data.root=DIR at them")
+            raise DataError(
+                f"{manifest_path}: data: the record trained on {data.get('description')}, but "
+                f"{cifar.folder(cfg.data.root)} is not here; put the same files there, or point "
+                f"--set data.root=DIR at them"
+            )
     return overrides, cfg, limit
 
 
@@ -170,13 +192,17 @@ def environment_warnings(record: dict[str, Any], rerun: dict[str, Any]) -> list[
     """One line per version or device that differs between the record's manifest and the rerun's (which the
     rerun's own processes wrote, so the parent never imports torch): results may differ across them."""
     recorded, here = record.get("versions") or {}, {**(rerun.get("versions") or {}), "lab": lab.__version__}
-    lines = [f"warning: {name} {recorded[name]} recorded, {here.get(name)} here; results may differ across versions"
-             for name in ("python", "torch", "torchvision", "lab")
-             if name in recorded and recorded[name] != here.get(name)]
+    lines = [
+        f"warning: {name} {recorded[name]} recorded, {here.get(name)} here; results may differ across versions"
+        for name in ("python", "torch", "torchvision", "lab")
+        if name in recorded and recorded[name] != here.get(name)
+    ]
     was, now = (str((m.get("ranks") or [{}])[0].get("device", "")).split(":")[0] for m in (record, rerun))
     if was != now:
-        lines.append(f"warning: the record ran on {was or 'an unrecorded device'}, this rerun on {now}; results "
-                     f"may differ across devices")
+        lines.append(
+            f"warning: the record ran on {was or 'an unrecorded device'}, this rerun on {now}; results "
+            f"may differ across devices"
+        )
     return lines
 
 
@@ -187,26 +213,31 @@ def run(args: Any) -> int:
     world, hosts = int(m["world_size"]), m.get("hosts") or []
     with tempfile.TemporaryDirectory(prefix="lab-rerun-") as tmp:
         yaml_path = Path(tmp) / "config.yaml"
-        overrides, cfg, limit = rerun_config(record, args.steps, list(args.overrides or []), args.output_dir,
-                                             yaml_path)
+        overrides, cfg, limit = rerun_config(record, args.steps, list(args.overrides or []), args.output_dir, yaml_path)
         warnings, env = [], dict(os.environ)
         threads = ((m.get("ranks") or [{}])[0]).get("threads")
         if threads and "OMP_NUM_THREADS" not in env:  # CPU kernels split their sums by thread: keep the record's
             env["OMP_NUM_THREADS"] = str(threads)
         elif threads and env["OMP_NUM_THREADS"] != str(threads):
-            warnings.append(f"warning: the record used {threads} thread(s) per rank, OMP_NUM_THREADS is "
-                            f"{env['OMP_NUM_THREADS']} here; CPU results may differ")
+            warnings.append(
+                f"warning: the record used {threads} thread(s) per rank, OMP_NUM_THREADS is "
+                f"{env['OMP_NUM_THREADS']} here; CPU results may differ"
+            )
         for line in warnings:
             print(line)
         if len(hosts) > 1:
-            print(f"the record ran on {len(hosts)} hosts ({', '.join(hosts)}); this rerun puts all {world} ranks on "
-                  f"this node, which is fine for comparing curves")
+            print(
+                f"the record ran on {len(hosts)} hosts ({', '.join(hosts)}); this rerun puts all {world} ranks on "
+                f"this node, which is fine for comparing curves"
+            )
         command = [sys.executable, "-m", "lab", "train", "--config", str(yaml_path)]
         command += ["--nproc-per-node", str(world)] if world > 1 else []
         command += [arg for item in overrides for arg in ("--set", item)]
         new_path = Path(cfg.run.output_dir) / cfg.run.id
-        print(f"rerun of {record.path} (world size {world}, steps 1-{limit}) into {new_path}\n$ {shlex.join(command)}",
-              flush=True)
+        print(
+            f"rerun of {record.path} (world size {world}, steps 1-{limit}) into {new_path}\n$ {shlex.join(command)}",
+            flush=True,
+        )
         code = runner.run(command, env=env, processes=world, echo=False).returncode  # the $ line is printed above
     if code != 0:
         print(f"lab rerun: the rerun's `lab train` exited {code} (its output is above)", file=sys.stderr)
@@ -217,20 +248,37 @@ def run(args: Any) -> int:
         warnings.append(line)
     result = compare_curves(curve(record, limit), curve(new, limit))
     if not result.steps_compared:
-        raise LabError(f"{record.path / 'metrics.jsonl'}: no step logged by both the record and the rerun up to "
-                       f"step {limit}; use a larger --steps, or a --set that keeps train.log_every")
+        raise LabError(
+            f"{record.path / 'metrics.jsonl'}: no step logged by both the record and the rerun up to "
+            f"step {limit}; use a larger --steps, or a --set that keeps train.log_every"
+        )
     deterministic = bool(m["config"].get("run", {}).get("deterministic")) and cfg.run.deterministic
     drift = "within" if result.within_float32_drift else "beyond"
     verdict = "bit-identical" if result.identical else f"differs, {drift} float32 drift"
     worst = "0" if result.identical else f"{result.max_relative_difference:.1e} at step {result.at_step}"
     if deterministic and not result.identical:
-        print("the record and the rerun are deterministic (run.deterministic: true): any difference means the "
-              "run did not reproduce" + (f" (with --set {' '.join(args.overrides)})" if args.overrides else ""))
-    print(f"| steps compared | verdict | largest relative difference | new run |\n|---:|---|---:|---|\n"
-          f"| {result.steps_compared} | {verdict} | {worst} | {new_path} |")
+        print(
+            "the record and the rerun are deterministic (run.deterministic: true): any difference means the "
+            "run did not reproduce" + (f" (with --set {' '.join(args.overrides)})" if args.overrides else "")
+        )
+    print(
+        f"| steps compared | verdict | largest relative difference | new run |\n|---:|---|---:|---|\n"
+        f"| {result.steps_compared} | {verdict} | {worst} | {new_path} |"
+    )
     if getattr(args, "json", None):
-        runs.write_json(args.json, {
-            "kind": "rerun", "original": str(record.path), "rerun": str(new_path), "verdict": verdict,
-            **result._asdict(), "float32_drift_bound": FLOAT32_DRIFT, "deterministic": deterministic,
-            "overrides": list(args.overrides or []), "steps": args.steps, "version_warnings": warnings})
+        runs.write_json(
+            args.json,
+            {
+                "kind": "rerun",
+                "original": str(record.path),
+                "rerun": str(new_path),
+                "verdict": verdict,
+                **result._asdict(),
+                "float32_drift_bound": FLOAT32_DRIFT,
+                "deterministic": deterministic,
+                "overrides": list(args.overrides or []),
+                "steps": args.steps,
+                "version_warnings": warnings,
+            },
+        )
     return EXIT_GATE_MISSED if deterministic and not result.identical else EXIT_OK

@@ -8,7 +8,8 @@
 
 Only global rank 0 writes here, and `lab train --nproc-per-node` before its workers start: it checks the config
 once, decides the run id and writes config.json, which the workers read. (`lab launch` hands its workers the same
-file from a folder of its own, removed when they end: another node keeps no run directory of its own.) JSON files are replaced atomically, so a reader
+file from a folder of its own, removed when they end: another node keeps no run directory of its own.) JSON files are
+replaced atomically, so a reader
 never sees half a file; metrics.jsonl is appended one flushed line at a time.
 """
 
@@ -78,8 +79,9 @@ def write_resolved(cfg: Config, world_size: int | None, folder: Path | None = No
     return path
 
 
-def resolved_target(cfg: Config, world_size: int | None, rendezvous_id: str | None = None,
-                    folder: Path | None = None) -> list[str]:
+def resolved_target(
+    cfg: Config, world_size: int | None, rendezvous_id: str | None = None, folder: Path | None = None
+) -> list[str]:
     """What each worker of a launched run runs: `-m lab train --resolved PATH`, PATH the checked config with its
     run id (`run_id_for`), written by `write_resolved` into the run directory or `folder`."""
     from lab.config import with_overrides
@@ -95,14 +97,18 @@ def read_resolved(path: str | Path) -> tuple[Config, int | None]:
         doc = read_json(path)
         return from_dict(doc["config"], doc["origin"]), doc["world_size"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LabError(f"{path}: not a resolved config `lab train --nproc-per-node` or `lab launch` wrote "
-                       f"({type(exc).__name__}: {exc}); give the run's config with --config instead") from None
+        raise LabError(
+            f"{path}: not a resolved config `lab train --nproc-per-node` or `lab launch` wrote "
+            f"({type(exc).__name__}: {exc}); give the run's config with --config instead"
+        ) from None
 
 
 def check_run_id(run_id: str) -> str:
     if not RUN_ID_PATTERN.match(run_id):
-        raise ConfigError(f"run.id: {run_id!r} is not a valid run id; use letters, digits, '.', '_' and '-' "
-                          f"(at most 128, not starting with a separator)")
+        raise ConfigError(
+            f"run.id: {run_id!r} is not a valid run id; use letters, digits, '.', '_' and '-' "
+            f"(at most 128, not starting with a separator)"
+        )
     return run_id
 
 
@@ -123,8 +129,10 @@ class RunDir:
             probe.write_bytes(b"\0" * 4096)
             probe.unlink()
         except OSError as exc:
-            raise LabError(f"run.output_dir: cannot write to {self.path} ({exc.strerror or exc}); "
-                           f"choose a writable directory with --set run.output_dir=DIR") from None
+            raise LabError(
+                f"run.output_dir: cannot write to {self.path} ({exc.strerror or exc}); "
+                f"choose a writable directory with --set run.output_dir=DIR"
+            ) from None
         self._clear_crash_leftovers()
         return self
 
@@ -145,9 +153,11 @@ class RunDir:
         """Refuse to start when the file system cannot hold `need_bytes` more."""
         free = shutil.disk_usage(self.path).free
         if free < need_bytes:
-            raise LabError(f"run.output_dir: {self.path} has {free / 2**20:.1f} MiB free but this run needs about "
-                           f"{need_bytes / 2**20:.1f} MiB ({what}); free some space or choose another directory "
-                           f"with --set run.output_dir=DIR")
+            raise LabError(
+                f"run.output_dir: {self.path} has {free / 2**20:.1f} MiB free but this run needs about "
+                f"{need_bytes / 2**20:.1f} MiB ({what}); free some space or choose another directory "
+                f"with --set run.output_dir=DIR"
+            )
 
     def progress(self) -> tuple[int, int]:
         """(the furthest step the run's last start logged, steps redone by earlier restarts); (0, 0) for a
@@ -155,8 +165,10 @@ class RunDir:
         if not self.manifest.exists():
             return 0, 0
         starts = read_json(self.manifest).get("starts", [])
-        last = starts[-1] if starts else {"time": 0.0, "step": 0}
-        since = [r["step"] for r in _rows(self.metrics) if r.get("kind") == "train" and r.get("time", 0) >= last["time"]]
+        last: dict[str, Any] = starts[-1] if starts else {"time": 0.0, "step": 0}
+        since = [
+            r["step"] for r in _rows(self.metrics) if r.get("kind") == "train" and r.get("time", 0) >= last["time"]
+        ]
         return max(since, default=last["step"]), sum(s.get("steps_redone", 0) for s in starts)
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
@@ -190,7 +202,8 @@ def read_metrics(run_path: str | Path, kind: str = "train") -> list[dict[str, An
     >>> import tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
     >>> _ = (d / "metrics.jsonl").write_text("".join(
-    ...     f'{{"kind": "train", "step": {s}, "attempt": {a}}}\\n' for s, a in [(1, 0), (2, 0), (3, 0), (2, 1), (3, 1)]))
+    ...     f'{{"kind": "train", "step": {s}, "attempt": {a}}}\\n'
+    ...     for s, a in [(1, 0), (2, 0), (3, 0), (2, 1), (3, 1)]))
     >>> [(r["step"], r["attempt"]) for r in read_metrics(d)]
     [(1, 0), (2, 1), (3, 1)]
     """
@@ -222,10 +235,16 @@ def git_revision() -> str | None:
         return os.environ["LAB_GIT_REVISION"]
     here = Path(__file__).resolve().parent
     try:
-        rev = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,  # status's output is the answer; a failure leaves it empty: not dirty
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{rev}+dirty" if dirty else rev

@@ -26,7 +26,8 @@ from lab import data
 from lab.cluster import dist, torchrun_env
 from lab.config import Config, host_sync_warning, to_dict
 from lab.observability import device_memory
-from lab.training import checkpoint, model as models, optim, strategies
+from lab.training import checkpoint, optim, strategies
+from lab.training import model as models
 from lab.training.console import Console, SilentConsole
 from lab.training.meter import IntervalMeter, Throughput
 from lab.training.plan import plan_steps
@@ -36,8 +37,16 @@ Hook = Callable[[dict[str, Any]], None]
 
 
 class Trainer:
-    def __init__(self, cfg: Config, ctx: dist.DistContext, dataset: data.Dataset, *,
-                 console: Console | None = None, hooks: Iterable[Hook] = (), run_dir: RunDir | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        ctx: dist.DistContext,
+        dataset: data.Dataset,
+        *,
+        console: Console | None = None,
+        hooks: Iterable[Hook] = (),
+        run_dir: RunDir | None = None,
+    ) -> None:
         self.cfg, self.ctx, self.run_dir = cfg, ctx, run_dir
         self.console = console or SilentConsole()
         self.hooks = list(hooks)
@@ -54,15 +63,34 @@ class Trainer:
         # Every rank knows every rank's step count, so no step needs communication to be planned.
         self.plan = plan_steps(cfg, ctx.world_size, len(dataset.train_labels))
         self.train_loader = data.DeviceLoader(
-            dataset.train_images, dataset.train_labels, world_size=ctx.world_size, rank=ctx.global_rank,
-            batch_size=self.plan.batch_per_rank, seed=cfg.run.seed, shuffle=cfg.data.shuffle,
-            uneven=cfg.data.uneven, augment=cfg.data.augment, dtype=self.dtype,
-            channels_last=cfg.model.channels_last, keep_partial=self.plan.join)
+            dataset.train_images,
+            dataset.train_labels,
+            world_size=ctx.world_size,
+            rank=ctx.global_rank,
+            batch_size=self.plan.batch_per_rank,
+            seed=cfg.run.seed,
+            shuffle=cfg.data.shuffle,
+            uneven=cfg.data.uneven,
+            augment=cfg.data.augment,
+            dtype=self.dtype,
+            channels_last=cfg.model.channels_last,
+            keep_partial=self.plan.join,
+        )
         # Evaluation: each test sample exactly once across ranks, no padding to skew the accuracy.
         self.test_loader = data.DeviceLoader(
-            dataset.test_images, dataset.test_labels, world_size=ctx.world_size, rank=ctx.global_rank,
-            batch_size=cfg.data.eval_batch_size_per_rank, seed=cfg.run.seed, shuffle=False, uneven="join",
-            augment=False, dtype=self.dtype, channels_last=cfg.model.channels_last, keep_partial=True)
+            dataset.test_images,
+            dataset.test_labels,
+            world_size=ctx.world_size,
+            rank=ctx.global_rank,
+            batch_size=cfg.data.eval_batch_size_per_rank,
+            seed=cfg.run.seed,
+            shuffle=False,
+            uneven="join",
+            augment=False,
+            dtype=self.dtype,
+            channels_last=cfg.model.channels_last,
+            keep_partial=True,
+        )
 
         self.optimizer = optim.build_optimizer(self.model, t, ctx.device)
         self.scheduler = optim.build_schedule(self.optimizer, t, self.total_steps, cfg.origin)
@@ -71,10 +99,10 @@ class Trainer:
         self.strategy.attach(self.optimizer, self.scheduler)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=t.label_smoothing)
 
-        self.step = 0            # optimizer steps done, the same on every rank
+        self.step = 0  # optimizer steps done, the same on every rank
         self.epoch = 0
         self.step_in_epoch = 0
-        self.stopped = False     # ended by train.stop_after_steps
+        self.stopped = False  # ended by train.stop_after_steps
         self.last_eval: dict[str, Any] | None = None
         self.meter = IntervalMeter(ctx.device, self.step)
         self.pace = Throughput()
@@ -101,9 +129,13 @@ class Trainer:
 
     def resume_signature(self) -> dict[str, Any]:
         """Facts a checkpoint must share with this run to be resumed exactly."""
-        return {**models.signature(self.cfg.model), "global_batch_size": self.cfg.train.global_batch_size,
-                "total_steps": self.total_steps, "train_size": len(self.train_loader.labels),
-                "sync_batchnorm": self.cfg.model.sync_batchnorm}
+        return {
+            **models.signature(self.cfg.model),
+            "global_batch_size": self.cfg.train.global_batch_size,
+            "total_steps": self.total_steps,
+            "train_size": len(self.train_loader.labels),
+            "sync_batchnorm": self.cfg.model.sync_batchnorm,
+        }
 
     def state(self) -> dict[str, Any]:
         """The trainer's part of a checkpoint; the strategy adds the model's and the optimizer's."""
@@ -133,8 +165,9 @@ class Trainer:
     def restore(self, path: str | Path) -> None:
         """Continue from a checkpoint: model, optimizer, schedule, progress and RNG, as they were saved."""
         signature = self.resume_signature()
-        state = self.strategy.load(Path(path), self.optimizer,
-                                   check=lambda state: checkpoint.check_matches(path, state, signature))
+        state = self.strategy.load(
+            Path(path), self.optimizer, check=lambda state: checkpoint.check_matches(path, state, signature)
+        )
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
@@ -145,7 +178,9 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         if self.run_dir is not None and self.cfg.checkpoint.save:
-            self.strategy.save(self.checkpoint_path(), self.optimizer, self.state())
+            path = self.checkpoint_path()
+            assert path is not None  # a run directory always has a checkpoint folder
+            self.strategy.save(path, self.optimizer, self.state())
 
     # ------------------------------------------------------------------------- the loop
 
@@ -198,8 +233,9 @@ class Trainer:
             self.step_in_epoch = 0
         self._log_save_or_stop()
 
-    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor, sync: bool = True,
-                         scale: float = 1.0) -> None:
+    def forward_backward(
+        self, inputs: torch.Tensor, labels: torch.Tensor, sync: bool = True, scale: float = 1.0
+    ) -> None:
         """One micro-batch: forward, loss, backward (gradients communicated when `sync`), device-side tallies."""
         with self.strategy.accumulating(sync):
             with self._autocast():
@@ -208,8 +244,9 @@ class Trainer:
             self.strategy.backward(loss * scale, self.scaler)
         self.meter.add(loss, logits, labels)
 
-    def accumulated_step(self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], accum: int,
-                         sync: bool = True) -> None:
+    def accumulated_step(
+        self, batches: Iterator[tuple[torch.Tensor, torch.Tensor]], accum: int, sync: bool = True
+    ) -> None:
         """One optimizer step from the next `accum` micro-batches of `batches` (drawn one at a time), each loss
         scaled 1/accum; gradients are communicated with the last one only. With sync=False they stay local
         (DDP's no_sync), to time a step without communication."""
@@ -237,8 +274,11 @@ class Trainer:
             self.scheduler.step()
         self.step += missed
         self.step_in_epoch = min(self.steps_per_epoch, self.step_in_epoch + missed)
-        momentum = [self.optimizer.state[p]["momentum_buffer"] for p in self.model.parameters()
-                    if self.optimizer.state.get(p, {}).get("momentum_buffer") is not None]
+        momentum = [
+            self.optimizer.state[p]["momentum_buffer"]
+            for p in self.model.parameters()
+            if self.optimizer.state.get(p, {}).get("momentum_buffer") is not None
+        ]
         dist.broadcast_from_primary(self.ctx, [*self.model.parameters(), *self.model.buffers(), *momentum])
 
     def _log_save_or_stop(self) -> None:
@@ -260,12 +300,22 @@ class Trainer:
             return
         allocated, peak = device_memory.memory_bytes(self.ctx.device)
         row = {
-            "kind": "train", "step": self.step, "epoch": self.epoch, "total_steps": self.total_steps,
-            "loss": interval.loss, "accuracy": interval.accuracy, "lr": self.optimizer.param_groups[0]["lr"],
-            "samples_per_second": interval.samples_per_second, "step_time_seconds": interval.seconds / interval.steps,
-            "rank_samples": interval.rank_samples, "rank_samples_per_second": interval.rank_samples_per_second,
-            "device_memory_allocated_bytes": allocated, "device_memory_peak_bytes": peak,
-            "world_size": self.ctx.world_size, "attempt": torchrun_env.restart_count(), "time": time.time(),
+            "kind": "train",
+            "step": self.step,
+            "epoch": self.epoch,
+            "total_steps": self.total_steps,
+            "loss": interval.loss,
+            "accuracy": interval.accuracy,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "samples_per_second": interval.samples_per_second,
+            "step_time_seconds": interval.seconds / interval.steps,
+            "rank_samples": interval.rank_samples,
+            "rank_samples_per_second": interval.rank_samples_per_second,
+            "device_memory_allocated_bytes": allocated,
+            "device_memory_peak_bytes": peak,
+            "world_size": self.ctx.world_size,
+            "attempt": torchrun_env.restart_count(),
+            "time": time.time(),
         }
         self.pace.add(interval.samples, interval.seconds)
         self.last_row = row
@@ -297,8 +347,15 @@ class Trainer:
         loss_sum, correct, count = dist.all_reduce_sum(self.ctx, totals).tolist()
         self.model.train()
         self.meter.restart_clock()  # the next log interval times training, not evaluation
-        row = {"kind": "eval", "step": self.step, "epoch": self.epoch, "test_loss": loss_sum / count,
-               "test_accuracy": correct / count, "test_samples": int(count), "time": time.time()}
+        row = {
+            "kind": "eval",
+            "step": self.step,
+            "epoch": self.epoch,
+            "test_loss": loss_sum / count,
+            "test_accuracy": correct / count,
+            "test_samples": int(count),
+            "time": time.time(),
+        }
         self.last_eval = row
         self._emit(row)
         return row
@@ -319,7 +376,9 @@ class Trainer:
         sps = self.throughput()
         _, peak = device_memory.memory_bytes(self.ctx.device)
         return {
-            "steps": self.step, "total_steps": self.total_steps, "epochs_completed": self.epoch,
+            "steps": self.step,
+            "total_steps": self.total_steps,
+            "epochs_completed": self.epoch,
             "final_loss": self.last_row["loss"] if self.last_row else None,
             "test_loss": self.last_eval["test_loss"] if self.last_eval else None,
             "test_accuracy": self.last_eval["test_accuracy"] if self.last_eval else None,

@@ -18,9 +18,7 @@ from pathlib import Path
 import torch
 
 from lab import config, data
-
 from lab.cluster import dist
-
 from lab.training import optim
 from lab.training.trainer import Trainer
 
@@ -55,7 +53,7 @@ def train_case(name: str, ctx: dist.DistContext, out: Path) -> None:
         losses.append({"logits": str(logits.dtype), "loss": str(loss.dtype), "value": loss.item()})
         return loss
 
-    trainer.criterion = recorded
+    trainer.criterion = recorded  # type: ignore[assignment]  # any callable of (logits, labels) is a criterion
     batches = trainer.train_loader.epoch(0)
     for _ in range(STEPS):
         trainer.train_step(*next(batches))
@@ -63,7 +61,8 @@ def train_case(name: str, ctx: dist.DistContext, out: Path) -> None:
     running = [b for n, b in trainer.model.named_buffers() if n.endswith(("running_mean", "running_var"))]
     statistics = sorted({str(b.dtype) for b in running})
     (out / f"{name}-{ctx.global_rank}.json").write_text(
-        json.dumps({"optimizer": flags, "losses": losses, "batchnorm_statistics": statistics}))
+        json.dumps({"optimizer": flags, "losses": losses, "batchnorm_statistics": statistics})
+    )
 
 
 def main() -> None:

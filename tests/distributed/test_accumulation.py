@@ -18,10 +18,22 @@ from lab import config
 from tests.conftest import run, torchrun
 from tests.distributed.test_equivalence import WORKER
 
-SMALL_EXACT = ["model.norm=group", "model.width=8", "model.dtype=float64", "model.compile=false",
-               "model.sync_batchnorm=false", "data.source=synthetic", "data.synthetic_train_size=128",
-               "data.synthetic_test_size=16", "train.global_batch_size=32", "train.epochs=1", "train.max_steps=3",
-               "train.log_every=1", "run.deterministic=true", "checkpoint.save=false"]
+SMALL_EXACT = [
+    "model.norm=group",
+    "model.width=8",
+    "model.dtype=float64",
+    "model.compile=false",
+    "model.sync_batchnorm=false",
+    "data.source=synthetic",
+    "data.synthetic_train_size=128",
+    "data.synthetic_test_size=16",
+    "train.global_batch_size=32",
+    "train.epochs=1",
+    "train.max_steps=3",
+    "train.log_every=1",
+    "run.deterministic=true",
+    "checkpoint.save=false",
+]
 
 
 def _losses(path):
@@ -31,8 +43,10 @@ def _losses(path):
 def test_accumulation_under_ddp_matches_one_process_at_the_full_batch_for_every_shipped_config(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir(), two.mkdir()
-    run([sys.executable, WORKER, "shipped", str(one), *SMALL_EXACT, "train.grad_accum_steps=1"],
-        env={"OMP_NUM_THREADS": "1"})
+    run(
+        [sys.executable, WORKER, "shipped", str(one), *SMALL_EXACT, "train.grad_accum_steps=1"],
+        env={"OMP_NUM_THREADS": "1"},
+    )
     torchrun(2, WORKER, "shipped", str(two), *SMALL_EXACT, "train.grad_accum_steps=2")
 
     names = config.shipped_names()

@@ -26,8 +26,7 @@ def corrupted_below_the_floor(tmp_path_factory):
     """One job for two tests: rank 1 sends one wrong element, and a --min-busbw no CPU reaches. Neither hides
     the other: the check counts values, the gate reads the bandwidth (test_collectives.py's job does the same)."""
     out = tmp_path_factory.mktemp("allreduce") / "ar.json"
-    proc = lab(*SMALL, "--json", str(out), "--min-busbw", "1e9", env={"LAB_ALLREDUCE_CORRUPT_RANK": "1"},
-               check=False)
+    proc = lab(*SMALL, "--json", str(out), "--min-busbw", "1e9", env={"LAB_ALLREDUCE_CORRUPT_RANK": "1"}, check=False)
     return proc, json.loads(out.read_text())
 
 
@@ -56,9 +55,28 @@ def test_allreduce_gate_exits_3(corrupted_below_the_floor):
 
 
 def test_strong_scaling_one_and_two_processes_with_amdahls_fit(tmp_path):
-    proc = lab("bench", "scaling", "--mode", "strong", "--config", "smoke", "--set", "model.width=8",
-               "--max-world-size", "2", "--steps", "4", "--warmup", "1", "--global-batch", "32",
-               "--json", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.png"))
+    proc = lab(
+        "bench",
+        "scaling",
+        "--mode",
+        "strong",
+        "--config",
+        "smoke",
+        "--set",
+        "model.width=8",
+        "--max-world-size",
+        "2",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--global-batch",
+        "32",
+        "--json",
+        str(tmp_path / "s.json"),
+        "--plot",
+        str(tmp_path / "s.png"),
+    )
     result = json.loads((tmp_path / "s.json").read_text())
     rows = result["rows"]
     assert [(r["world_size"], r["global_batch_size"]) for r in rows] == [(1, 32), (2, 32)]
@@ -94,11 +112,14 @@ def test_memory_seven_billion_on_eight_devices(tmp_path):
     assert "18 bytes/parameter" in hf.stdout and "126.00 GB" in hf.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--params", "-5"], "--params -5: the parameter count must be positive"),
-    (["--world-size", "0"], "--world-size 0: need at least 1 device"),
-    (["--seq-len", "2048"], "give all five"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--params", "-5"], "--params -5: the parameter count must be positive"),
+        (["--world-size", "0"], "--world-size 0: need at least 1 device"),
+        (["--seq-len", "2048"], "give all five"),
+    ],
+)
 def test_memory_bad_input_exits_2(args, message):
     proc = lab("memory", *args, check=False)
     assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -108,8 +129,10 @@ def test_memory_measured_ddp_replicates_and_fsdp_shards(tmp_path):
     from lab import compat
 
     if not compat.fsdp_runs_on_cpu():
-        pytest.skip("FSDP2 cannot run on CPU tensors with this torch (torch.cpu.Stream has no record_event, "
-                    "as in 2.6); lab memory --measure reports that in its FSDP row")
+        pytest.skip(
+            "FSDP2 cannot run on CPU tensors with this torch (torch.cpu.Stream has no record_event, "
+            "as in 2.6); lab memory --measure reports that in its FSDP row"
+        )
     lab("memory", "--measure", "--measure-width", "8", "--world-size", "2", "--json", str(tmp_path / "m.json"))
     measured = json.loads((tmp_path / "m.json").read_text())["measured"]
     single, ddp, fsdp = measured["single"], measured["two_ranks"]["ddp"], measured["two_ranks"]["fsdp"]

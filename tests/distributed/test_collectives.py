@@ -14,9 +14,29 @@ from tests.conftest import lab
 
 def test_every_collective_in_one_job_follows_nccl_tests(tmp_path):
     # One start for everything (each costs seconds): rank 1 corrupts sendrecv alone; the floor is impossible.
-    proc = lab("bench", "collective", "all", "-b", "8", "-e", "32K", "-f", "8", "-n", "2", "-w", "1",
-               "--nproc-per-node", "2", "--json", str(tmp_path / "c.json"), "--min-busbw", "1e9",
-               env={"LAB_COLLECTIVE_CORRUPT_RANK": "1:sendrecv"}, check=False)
+    proc = lab(
+        "bench",
+        "collective",
+        "all",
+        "-b",
+        "8",
+        "-e",
+        "32K",
+        "-f",
+        "8",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--json",
+        str(tmp_path / "c.json"),
+        "--min-busbw",
+        "1e9",
+        env={"LAB_COLLECTIVE_CORRUPT_RANK": "1:sendrecv"},
+        check=False,
+    )
     assert proc.returncode == 3, proc.stderr  # judged by the parent from the six files
     assert "# on gloo: gloo has no reduce-scatter" in proc.stdout  # the ring over send/recv, said so
     for name in NAMES:
@@ -25,8 +45,21 @@ def test_every_collective_in_one_job_follows_nccl_tests(tmp_path):
         assert result["benchmark"] == "collective" and result["collective"] == name and result["gate_missed"]
         assert result["world_size"] == 2 and result["backend"] == "gloo" and len(result["devices"]) == 2
         assert result["op"] == ("sum" if coll.reduces else "none")
-        assert set(rows[0]) == {"size", "count", "type", "redop", "root", "oop_time_us", "oop_algbw", "oop_busbw",
-                                "oop_wrong", "ip_time_us", "ip_algbw", "ip_busbw", "ip_wrong"}
+        assert set(rows[0]) == {
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "oop_time_us",
+            "oop_algbw",
+            "oop_busbw",
+            "oop_wrong",
+            "ip_time_us",
+            "ip_algbw",
+            "ip_busbw",
+            "ip_wrong",
+        }
         # per rank: the count is per rank (whole 16-byte blocks), the size n times it; 8 B holds no block
         sizes = [64, 512, 4096, 32768] if coll.per_rank else [8, 64, 512, 4096, 32768]
         assert [r["size"] for r in rows] == sizes, name
@@ -38,8 +71,7 @@ def test_every_collective_in_one_job_follows_nccl_tests(tmp_path):
                 assert r[f"{placement}_busbw"] == pytest.approx(r[f"{placement}_algbw"] * coll.factor(2))
             wrong = 1 if name == "sendrecv" else 0  # rank 0 receives rank 1's wrong element
             assert r["oop_wrong"] == wrong and r["ip_wrong"] == (0 if coll.in_place_checked else None), name
-        assert result["avg_busbw"] == pytest.approx(
-            sum(r["oop_busbw"] + r["ip_busbw"] for r in rows) / (2 * len(rows)))
+        assert result["avg_busbw"] == pytest.approx(sum(r["oop_busbw"] + r["ip_busbw"] for r in rows) / (2 * len(rows)))
     assert json.loads((tmp_path / "c-reduce_scatter.json").read_text())["definitions"]["on_gloo"].startswith("gloo")
     assert proc.stdout.count("# Out of bounds values : 0 OK") == 5
     assert "# Out of bounds values : 5 FAILED" in proc.stdout

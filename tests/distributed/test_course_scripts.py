@@ -62,7 +62,7 @@ def _losses(stdout: str, path: Path) -> list[float]:
 
 
 def _epoch_means(losses: list[float]) -> list[float]:
-    return [sum(losses[i:i + STEPS_PER_EPOCH]) / STEPS_PER_EPOCH for i in range(0, len(losses), STEPS_PER_EPOCH)]
+    return [sum(losses[i : i + STEPS_PER_EPOCH]) / STEPS_PER_EPOCH for i in range(0, len(losses), STEPS_PER_EPOCH)]
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +76,19 @@ def single(tmp_path_factory) -> list[float]:
 def ddp(tmp_path_factory) -> tuple[list[float], str, Path]:
     out = tmp_path_factory.mktemp("ddp")
     (out / "ckpt").mkdir()
-    proc = torchrun(2, DDP, *RECIPE, "--epochs", str(EPOCHS), "--save-every", "1",
-                    "--checkpoint", str(out / "ckpt" / "checkpoint.pt"), "--losses", str(out / "losses.json"))
+    proc = torchrun(
+        2,
+        DDP,
+        *RECIPE,
+        "--epochs",
+        str(EPOCHS),
+        "--save-every",
+        "1",
+        "--checkpoint",
+        str(out / "ckpt" / "checkpoint.pt"),
+        "--losses",
+        str(out / "losses.json"),
+    )
     # Rank 0 alone prints each step's loss, the mean over ranks.
     return _losses(proc.stdout, out / "losses.json"), proc.stdout, out
 
@@ -107,12 +118,29 @@ def test_the_lab_trainer_draws_the_same_curve(single, tmp_path):
     """
     script = _script()
     data = tmp_path / "data"
-    cifar.write(data, script.synthetic_cifar(IMAGES, SEED), script.synthetic_cifar(20, SEED + 1), {SYNTHETIC_MARK: SEED})
-    settings = [f"data.root={data}", "data.source=cifar10", "data.augment=false", "data.shuffle=false",
-                "model.width=64", f"train.global_batch_size={BATCH}", f"train.epochs={EPOCHS}", f"train.lr={LR}",
-                "train.momentum=0.9", "train.nesterov=false", "train.weight_decay=0.0005", "train.schedule=constant",
-                "train.warmup_steps=0", "train.log_every=1", f"run.seed={SEED}", "checkpoint.save=false",
-                f"run.output_dir={tmp_path / 'runs'}", "run.id=course"]
+    cifar.write(
+        data, script.synthetic_cifar(IMAGES, SEED), script.synthetic_cifar(20, SEED + 1), {SYNTHETIC_MARK: SEED}
+    )
+    settings = [
+        f"data.root={data}",
+        "data.source=cifar10",
+        "data.augment=false",
+        "data.shuffle=false",
+        "model.width=64",
+        f"train.global_batch_size={BATCH}",
+        f"train.epochs={EPOCHS}",
+        f"train.lr={LR}",
+        "train.momentum=0.9",
+        "train.nesterov=false",
+        "train.weight_decay=0.0005",
+        "train.schedule=constant",
+        "train.warmup_steps=0",
+        "train.log_every=1",
+        f"run.seed={SEED}",
+        "checkpoint.save=false",
+        f"run.output_dir={tmp_path / 'runs'}",
+        "run.id=course",
+    ]
     lab("train", "--config", "smoke", *[arg for s in settings for arg in ("--set", s)], env=ONE_THREAD)
     losses = [r["loss"] for r in metrics(tmp_path / "runs" / "course")]
     assert len(losses) == len(single) == EPOCHS * STEPS_PER_EPOCH
@@ -136,8 +164,17 @@ def test_rank_0_writes_one_checkpoint_and_a_rerun_resumes_from_it(ddp):
     assert not [key for key in checkpoint["model"] if key.startswith("module.")]
     _script().build_model().load_state_dict(checkpoint["model"])  # strict: a plain model takes it as it is
 
-    rerun = torchrun(2, DDP, *RECIPE, "--epochs", str(EPOCHS + 1), "--checkpoint", str(checkpoint_path),
-                     "--losses", str(out / "rerun.json"))
+    rerun = torchrun(
+        2,
+        DDP,
+        *RECIPE,
+        "--epochs",
+        str(EPOCHS + 1),
+        "--checkpoint",
+        str(checkpoint_path),
+        "--losses",
+        str(out / "rerun.json"),
+    )
     assert rerun.stdout.count(f"resumed from epoch {EPOCHS}") == 1  # rank 0 says so, once
     resumed = json.loads((out / "rerun.json").read_text())
     assert [r["step"] for r in resumed] == list(range(len(losses) + 1, len(losses) + STEPS_PER_EPOCH + 1))

@@ -14,9 +14,26 @@ WORKER = str(ROOT / "tests" / "distributed" / "worker.py")
 
 
 def test_two_process_batchnorm_run_learns(runs_dir):
-    proc = lab("train", *TINY, "--nproc-per-node", "2", "--set", f"run.output_dir={runs_dir}", "--set", "run.id=learn",
-               "--set", "data.synthetic_train_size=2048", "--set", "data.synthetic_test_size=512",
-               "--set", "train.epochs=4", "--set", "train.warmup_steps=10", "--set", "train.log_every=8")
+    proc = lab(
+        "train",
+        *TINY,
+        "--nproc-per-node",
+        "2",
+        "--set",
+        f"run.output_dir={runs_dir}",
+        "--set",
+        "run.id=learn",
+        "--set",
+        "data.synthetic_train_size=2048",
+        "--set",
+        "data.synthetic_test_size=512",
+        "--set",
+        "train.epochs=4",
+        "--set",
+        "train.warmup_steps=10",
+        "--set",
+        "train.log_every=8",
+    )
     assert "-m torch.distributed.run --standalone --nproc-per-node 2 -m lab train" in proc.stdout  # the line it ran
     run_dir = runs_dir / "learn"
     rows = metrics(run_dir)
@@ -28,8 +45,16 @@ def test_two_process_batchnorm_run_learns(runs_dir):
     assert manifest["data"]["source"] == "synthetic" and manifest["backend"] == "gloo"
     assert len(manifest["ranks"]) == 2 and manifest["versions"]["torch"] == torch.__version__
     assert (run_dir / "checkpoints" / "last.pt").exists()
-    assert {"step", "epoch", "loss", "lr", "samples_per_second", "step_time_seconds",
-            "device_memory_allocated_bytes", "device_memory_peak_bytes"} <= set(rows[0])
+    assert {
+        "step",
+        "epoch",
+        "loss",
+        "lr",
+        "samples_per_second",
+        "step_time_seconds",
+        "device_memory_allocated_bytes",
+        "device_memory_peak_bytes",
+    } <= set(rows[0])
 
 
 def _losses(run_dir):
@@ -54,8 +79,18 @@ def test_stopped_and_resumed_run_continues_bit_identically(deterministic_two_ran
 
 
 def test_deterministic_single_process_runs_are_bit_identical(runs_dir):
-    args = ["train", *TINY, "--set", f"run.output_dir={runs_dir}", "--set", "run.deterministic=true",
-            "--set", "train.log_every=1", "--set", "train.max_steps=6"]
+    args = [
+        "train",
+        *TINY,
+        "--set",
+        f"run.output_dir={runs_dir}",
+        "--set",
+        "run.deterministic=true",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.max_steps=6",
+    ]
     lab(*args, "--set", "run.id=a")
     lab(*args, "--set", "run.id=b")
     assert _losses(runs_dir / "a") == _losses(runs_dir / "b")
@@ -63,8 +98,14 @@ def test_deterministic_single_process_runs_are_bit_identical(runs_dir):
 
 def test_uneven_inputs_with_join_keep_ranks_identical(tmp_path):
     # 193 samples over 2 ranks at 16 per rank: rank 0 has 7 batches per epoch, rank 1 has 6.
-    overrides = ["data.uneven=join", "data.synthetic_train_size=193", "train.global_batch_size=32",
-                 "train.epochs=2", "train.log_every=3", "checkpoint.save=false"]
+    overrides = [
+        "data.uneven=join",
+        "data.synthetic_train_size=193",
+        "train.global_batch_size=32",
+        "train.epochs=2",
+        "train.log_every=3",
+        "checkpoint.save=false",
+    ]
     torchrun(2, WORKER, "fit", str(tmp_path), *overrides)
     rank0, rank1 = torch.load(tmp_path / "final0.pt"), torch.load(tmp_path / "final1.pt")
     assert rank0["step"] == rank1["step"] == 14
@@ -80,9 +121,25 @@ def test_a_torchrun_job_is_named_by_its_rendezvous_id_and_resumes_under_it(tmp_p
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    launch = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job42", "-m", "lab", "train", *TINY,
-              "--set", f"run.output_dir={tmp_path}"]
+    launch = [
+        TORCHRUN,
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "job42",
+        "-m",
+        "lab",
+        "train",
+        *TINY,
+        "--set",
+        f"run.output_dir={tmp_path}",
+    ]
     run([*launch, "--set", "train.stop_after_steps=3"], env={"OMP_NUM_THREADS": "1"})
     run_dir = tmp_path / "smoke-job42"
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "stopped"

@@ -30,8 +30,22 @@ STAGES = (3,)
 
 
 def _train(runs, run_id: str, *sets: str, check: bool = True):
-    args = ["train", *TINY, "--nproc-per-node", "2", "--set", f"run.output_dir={runs}", "--set", f"run.id={run_id}",
-            "--set", "run.deterministic=true", "--set", "train.log_every=1", "--set", "train.epochs=1"]
+    args = [
+        "train",
+        *TINY,
+        "--nproc-per-node",
+        "2",
+        "--set",
+        f"run.output_dir={runs}",
+        "--set",
+        f"run.id={run_id}",
+        "--set",
+        "run.deterministic=true",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.epochs=1",
+    ]
     for item in sets:
         args += ["--set", item]
     return lab(*args, check=check, env={"OMP_NUM_THREADS": "1"})
@@ -101,17 +115,33 @@ def test_lab_report_reads_a_deepspeed_run(runs, tmp_path):
 
 def test_a_checkpoint_of_another_world_size_is_refused_in_one_line(runs):
     # One process (a 1-rank group) on ZeRO-3's 2-rank checkpoint: the trainer's checks pass, the shards do not fit.
-    proc = lab("train", *TINY, "--set", f"run.output_dir={runs}", "--set", "run.id=zero3", "--set", "train.epochs=1",
-               *_sets(_zero(3)), check=False)
+    proc = lab(
+        "train",
+        *TINY,
+        "--set",
+        f"run.output_dir={runs}",
+        "--set",
+        "run.id=zero3",
+        "--set",
+        "train.epochs=1",
+        *_sets(_zero(3)),
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].endswith(
-        "saved at world size 2, this run has 1; resume with the same --nproc-per-node")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith("saved at world size 2, this run has 1; resume with the same --nproc-per-node")
+    )
 
 
-@pytest.mark.parametrize(("setting", "named"), [
-    ("data.uneven=join", "data.uneven: join uses DDP's Join context"),
-    ("dist.static_graph=true", "dist.static_graph: true is a DDP option"),
-])
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("data.uneven=join", "data.uneven: join uses DDP's Join context"),
+        ("dist.static_graph=true", "dist.static_graph: true is a DDP option"),
+    ],
+)
 def test_what_deepspeed_cannot_honour_is_one_line_and_exit_2(tmp_path, setting, named):
     proc = lab("train", *TINY, "--set", f"run.output_dir={tmp_path}", *_sets([*_zero(3), setting]), check=False)
     assert proc.returncode == 2

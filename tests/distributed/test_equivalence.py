@@ -17,8 +17,16 @@ import torch
 from tests.conftest import ROOT, run, torchrun
 
 WORKER = str(ROOT / "tests" / "distributed" / "worker.py")
-EXACT = ["model.norm=group", "model.width=8", "train.global_batch_size=32", "train.max_steps=10",
-         "train.log_every=1", "data.synthetic_train_size=256", "run.deterministic=true", "checkpoint.save=false"]
+EXACT = [
+    "model.norm=group",
+    "model.width=8",
+    "train.global_batch_size=32",
+    "train.max_steps=10",
+    "train.log_every=1",
+    "data.synthetic_train_size=256",
+    "run.deterministic=true",
+    "checkpoint.save=false",
+]
 
 
 def _losses(path):
@@ -69,8 +77,10 @@ def test_a_one_rank_process_group_trains_exactly_like_no_group(tmp_path):
     plain.mkdir(), grouped.mkdir()
     overrides = [*EXACT, "train.max_steps=4", "train.grad_accum_steps=2"]
     run([sys.executable, WORKER, "fit", str(plain), *overrides], env={"OMP_NUM_THREADS": "1"})
-    run([sys.executable, WORKER, "fit", str(grouped), *overrides, "dist.single_process_group=true"],
-        env={"OMP_NUM_THREADS": "1"})
+    run(
+        [sys.executable, WORKER, "fit", str(grouped), *overrides, "dist.single_process_group=true"],
+        env={"OMP_NUM_THREADS": "1"},
+    )
     a, b = torch.load(plain / "final0.pt"), torch.load(grouped / "final0.pt")
     assert (a["backend"], a["wrapped_in_ddp"]) == (None, False)
     assert (b["backend"], b["wrapped_in_ddp"]) == ("gloo", True)

@@ -38,8 +38,11 @@ def _workers(launcher_pid: int) -> dict[int, int]:
         for child in children.get(pid, []):
             todo.append(child)
             try:
-                env = dict(item.split("=", 1) for item in (Path("/proc") / str(child) / "environ").read_text()
-                           .split("\0") if "=" in item)
+                env = dict(
+                    item.split("=", 1)
+                    for item in (Path("/proc") / str(child) / "environ").read_text().split("\0")
+                    if "=" in item
+                )
             except OSError:
                 continue
             if "RANK" in env and "LOCAL_RANK" in env:
@@ -52,8 +55,11 @@ def _wait_for_step(metrics_file: Path, step: int, proc: subprocess.Popen) -> Non
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before step {step}"
         if metrics_file.exists():
-            steps = [json.loads(line)["step"] for line in metrics_file.read_text().splitlines()
-                     if line.endswith("}") and '"kind": "train"' in line]
+            steps = [
+                json.loads(line)["step"]
+                for line in metrics_file.read_text().splitlines()
+                if line.endswith("}") and '"kind": "train"' in line
+            ]
             if steps and max(steps) >= step:
                 return
         time.sleep(0.05)
@@ -61,9 +67,32 @@ def _wait_for_step(metrics_file: Path, step: int, proc: subprocess.Popen) -> Non
 
 
 def _train_cmd(out: Path, *extra: str) -> list[str]:
-    return [*LAB, "launch", "--nproc-per-node", "2", "--max-restarts", "1", "--", "-m", "lab", "train", *TINY,
-            "--set", "data.synthetic_train_size=1280", "--set", "train.log_every=1", "--set", "checkpoint.every_steps=5",
-            "--set", "run.deterministic=true", "--set", "run.id=crash", "--set", f"run.output_dir={out}", *extra]
+    return [
+        *LAB,
+        "launch",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--",
+        "-m",
+        "lab",
+        "train",
+        *TINY,
+        "--set",
+        "data.synthetic_train_size=1280",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "checkpoint.every_steps=5",
+        "--set",
+        "run.deterministic=true",
+        "--set",
+        "run.id=crash",
+        "--set",
+        f"run.output_dir={out}",
+        *extra,
+    ]
 
 
 def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_nothing_happened(tmp_path):
@@ -71,8 +100,9 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_nothing_happened(tmp_
     subprocess.run(_train_cmd(tmp_path / "whole"), env=env, check=True, capture_output=True, timeout=HANG_GUARD)
 
     run_dir = tmp_path / "killed" / "crash"
-    proc = subprocess.Popen(_train_cmd(tmp_path / "killed"), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        _train_cmd(tmp_path / "killed"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         _wait_for_step(run_dir / "metrics.jsonl", 7, proc)  # past the checkpoint at step 5, mid-epoch 1 of 2
         os.kill(_workers(proc.pid)[1], signal.SIGKILL)
@@ -101,12 +131,32 @@ def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_nothing_happened(tmp_
 
 
 def test_a_stuck_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
-    cmd = [*LAB, "launch", "--nproc-per-node", "3", "--", "-m", "lab", "train", *TINY,
-           "--set", "train.global_batch_size=48", "--set", "data.synthetic_train_size=4800",
-           "--set", "train.log_every=1", "--set", "dist.timeout_seconds=5", "--set", "run.id=stuck",
-           "--set", f"run.output_dir={tmp_path}"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        *LAB,
+        "launch",
+        "--nproc-per-node",
+        "3",
+        "--",
+        "-m",
+        "lab",
+        "train",
+        *TINY,
+        "--set",
+        "train.global_batch_size=48",
+        "--set",
+        "data.synthetic_train_size=4800",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "dist.timeout_seconds=5",
+        "--set",
+        "run.id=stuck",
+        "--set",
+        f"run.output_dir={tmp_path}",
+    ]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     victim = None
     try:
         _wait_for_step(tmp_path / "stuck" / "metrics.jsonl", 2, proc)
@@ -128,8 +178,10 @@ def test_a_stuck_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
         proc.kill()
     assert proc.returncode == 1
     summary = json.loads(summary_file.read_text())
-    expected = ("rank 0: a collective did not complete within 5 s (dist.timeout_seconds); "
-                "rank(s) 1 did not answer within 5 s more: stuck or dead")
+    expected = (
+        "rank 0: a collective did not complete within 5 s (dist.timeout_seconds); "
+        "rank(s) 1 did not answer within 5 s more: stuck or dead"
+    )
     assert summary["status"] == "failed" and summary["error"] == f"CollectiveTimeout: {expected}"
     assert expected in output
 
@@ -138,8 +190,9 @@ def _tmpfs(path: Path, size: str) -> None:
     path.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                           capture_output=True, text=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mount.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
 
@@ -170,8 +223,17 @@ def test_a_disk_too_small_is_refused_before_training_and_a_fitting_one_is_not(sm
     assert not (tiny / "full" / "metrics.jsonl").exists()  # refused before the first step
 
     roomy = small_disk("roomy", "16m")
-    lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={roomy}", "--set", "run.id=ok",
-        cwd=roomy)
+    lab(
+        "train",
+        *TINY,
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        f"run.output_dir={roomy}",
+        "--set",
+        "run.id=ok",
+        cwd=roomy,
+    )
     assert json.loads((roomy / "ok" / "summary.json").read_text())["status"] == "completed"
 
 
@@ -187,9 +249,11 @@ def test_a_disk_that_fills_during_a_save_keeps_the_previous_checkpoint(small_dis
                 f.flush()
         except OSError:
             pass
-    with pytest.raises(checkpoint.CheckpointWriteError,
-                       match=r"last.pt: checkpoint not written \(No space left on device\); the previous checkpoint "
-                             r"is intact"):
+    with pytest.raises(
+        checkpoint.CheckpointWriteError,
+        match=r"last.pt: checkpoint not written \(No space left on device\); the previous checkpoint "
+        r"is intact",
+    ):
         checkpoint.save(path, {"value": torch.zeros(100_000)})
     assert torch.equal(checkpoint.load(path)["value"], torch.ones(1000))
     assert sorted(p.name for p in disk.iterdir()) == ["filler", "last.pt"]  # no temp file left behind
@@ -202,16 +266,36 @@ def test_eight_ranks_on_two_cores_train_and_every_exporter_answers_throughout(tm
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port_base = s.getsockname()[1] + 1  # the 8 ports after a free one; checked below by the run itself
-    cmd = [*LAB, "train", *TINY, "--nproc-per-node", "8", "--set", "model.width=4", "--set", "train.epochs=3",
-           "--set", "train.log_every=1", "--set", "data.synthetic_train_size=1024", "--set", "run.id=eight",
-           "--set", f"metrics.port_base={port_base}", "--set", f"run.output_dir={tmp_path}"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        *LAB,
+        "train",
+        *TINY,
+        "--nproc-per-node",
+        "8",
+        "--set",
+        "model.width=4",
+        "--set",
+        "train.epochs=3",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "data.synthetic_train_size=1024",
+        "--set",
+        "run.id=eight",
+        "--set",
+        f"metrics.port_base={port_base}",
+        "--set",
+        f"run.output_dir={tmp_path}",
+    ]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     targets_file = tmp_path / "eight" / "prometheus-targets.json"
     answered = {rank: 0 for rank in range(8)}
     failures = []
     try:
         deadline = time.monotonic() + HANG_GUARD
+
         # The ranks add themselves to the file one by one (a clean-clone run read it with rank 3 not yet in):
         # wait for all eight, not for the file.
         def listed() -> list[int]:

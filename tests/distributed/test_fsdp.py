@@ -13,8 +13,9 @@ import pytest
 from lab import compat
 from tests.conftest import TINY, lab, metrics
 
-pytestmark = pytest.mark.skipif(not compat.fsdp_runs_on_cpu(),
-                                reason="FSDP2 on CPU tensors needs torch.cpu.Stream.record_event (torch > 2.6)")
+pytestmark = pytest.mark.skipif(
+    not compat.fsdp_runs_on_cpu(), reason="FSDP2 on CPU tensors needs torch.cpu.Stream.record_event (torch > 2.6)"
+)
 
 
 def _curve(run_dir):
@@ -22,8 +23,21 @@ def _curve(run_dir):
 
 
 def _train(runs_dir, run_id, *extra, nproc="2"):
-    args = ["train", *TINY, "--set", f"run.output_dir={runs_dir}", "--set", f"run.id={run_id}",
-            "--set", "run.deterministic=true", "--set", "train.log_every=1", "--set", "train.epochs=1", *extra]
+    args = [
+        "train",
+        *TINY,
+        "--set",
+        f"run.output_dir={runs_dir}",
+        "--set",
+        f"run.id={run_id}",
+        "--set",
+        "run.deterministic=true",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.epochs=1",
+        *extra,
+    ]
     return lab(*args, *(["--nproc-per-node", nproc] if nproc != "1" else []), env={"OMP_NUM_THREADS": "1"})
 
 
@@ -62,17 +76,25 @@ def test_an_fsdp_checkpoint_resumes_at_another_world_size(runs_dir):
     assert "resuming from" in proc.stdout and "at step 3" in proc.stdout
     two, moved = dict(_curve(runs_dir / "two")), dict(_curve(runs_dir / "moved"))
     assert two.keys() == moved.keys() == set(range(1, 9))
-    assert all(two[s] == moved[s] for s in (1, 2, 3))                   # before the move: the same run
-    assert abs(two[4] - moved[4]) / two[4] < 1e-6                         # weights and momentum came back whole
-    assert max(abs(two[s] - moved[s]) / two[s] for s in two) < 1e-2    # then float32 drift, not a jump
+    assert all(two[s] == moved[s] for s in (1, 2, 3))  # before the move: the same run
+    assert abs(two[4] - moved[4]) / two[4] < 1e-6  # weights and momentum came back whole
+    assert max(abs(two[s] - moved[s]) / two[s] for s in two) < 1e-2  # then float32 drift, not a jump
     assert json.loads((runs_dir / "moved" / "summary.json").read_text())["world_size"] == 1
 
 
 def test_fsdp_with_accumulation_equals_ddp(runs_dir):
     # Between micro-batches FSDP neither reduce-scatters nor re-shards (lab/training/strategies/fsdp.py), like DDP's
     # no_sync: the gradient of the whole step is reduced once, so in float64 the two curves are the same.
-    exact = ("--set", "train.grad_accum_steps=2", "--set", "model.norm=group", "--set", "model.dtype=float64",
-             "--set", "train.max_steps=4")
+    exact = (
+        "--set",
+        "train.grad_accum_steps=2",
+        "--set",
+        "model.norm=group",
+        "--set",
+        "model.dtype=float64",
+        "--set",
+        "train.max_steps=4",
+    )
     _train(runs_dir, "ddp-accum", *exact)
     _train(runs_dir, "fsdp-accum", *exact, "--set", "dist.strategy=fsdp")
     assert _curve(runs_dir / "fsdp-accum") == _curve(runs_dir / "ddp-accum")

@@ -26,8 +26,14 @@ from tests.conftest import PYTHON, TINY, lab, metrics, require_horovod, run, tor
 
 require_horovod()
 
-EXACT = ["run.deterministic=true", "model.dtype=float64", "model.norm=group", "train.grad_accum_steps=2",
-         "train.log_every=1", "train.epochs=1"]
+EXACT = [
+    "run.deterministic=true",
+    "model.dtype=float64",
+    "model.norm=group",
+    "train.grad_accum_steps=2",
+    "train.log_every=1",
+    "train.epochs=1",
+]
 HOROVODRUN = str(Path(PYTHON).parent / "horovodrun")
 
 
@@ -39,13 +45,16 @@ def _sets(runs: Path, run_id: str, *extra: str) -> list[str]:
 
 
 def _train(runs: Path, run_id: str, *extra: str, check: bool = True):
-    return lab("train", *TINY, "--nproc-per-node", "2", *_sets(runs, run_id, *extra), check=check,
-               env={"OMP_NUM_THREADS": "1"})
+    return lab(
+        "train", *TINY, "--nproc-per-node", "2", *_sets(runs, run_id, *extra), check=check, env={"OMP_NUM_THREADS": "1"}
+    )
 
 
 def _curves(run_dir: Path) -> tuple[list, list]:
-    return ([(r["step"], r["loss"]) for r in metrics(run_dir)],
-            [(r["step"], r["test_loss"]) for r in metrics(run_dir, "eval")])
+    return (
+        [(r["step"], r["loss"]) for r in metrics(run_dir)],
+        [(r["step"], r["test_loss"]) for r in metrics(run_dir, "eval")],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +64,23 @@ def runs(tmp_path_factory):
     strategies row trains Horovod uninterrupted against DDP as well: tests/unit/test_workshop.py)."""
     runs = tmp_path_factory.mktemp("horovod") / "runs"
     _train(runs, "ddp")
-    typed = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PYTHON, "-m", "lab", "train", *TINY,
-                 *_sets(runs, "horovod", "dist.strategy=horovod", "train.stop_after_steps=5")],
-                env={"OMP_NUM_THREADS": "1"})
+    typed = run(
+        [
+            HOROVODRUN,
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            "--gloo",
+            PYTHON,
+            "-m",
+            "lab",
+            "train",
+            *TINY,
+            *_sets(runs, "horovod", "dist.strategy=horovod", "train.stop_after_steps=5"),
+        ],
+        env={"OMP_NUM_THREADS": "1"},
+    )
     _train(runs, "horovod", "dist.strategy=horovod")
     return runs, typed
 
@@ -90,7 +113,7 @@ def test_the_timeline_is_in_the_run_directory_and_the_report_summarises_its_phas
 # docs/horovod.md's two commands, run as typed from a folder whose .venv is this interpreter's
 DOCUMENTED = [
     ".venv/bin/lab train --config smoke --set dist.strategy=horovod --nproc-per-node 2",
-    ".venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m lab train --config smoke --set dist.strategy=horovod",
+    ".venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m lab train --config smoke --set dist.strategy=horovod",  # noqa: E501 - as the docs type it
 ]
 
 
@@ -116,7 +139,6 @@ def test_what_horovod_cannot_run_is_refused_in_one_line(tmp_path):
     shadow = tmp_path / "shadow" / "horovod"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("")
-    missing = lab("train", *TINY, "--set", "dist.strategy=horovod", check=False,
-                  env={"PYTHONPATH": str(shadow.parent)})
+    missing = lab("train", *TINY, "--set", "dist.strategy=horovod", check=False, env={"PYTHONPATH": str(shadow.parent)})
     assert missing.returncode == 2 and "dist.strategy: horovod needs Horovod, not installed" in missing.stderr
     assert "third_party/horovod/build.sh" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1

@@ -24,11 +24,39 @@ def test_two_nodes_meet_and_train_as_one_world(tmp_path):
     endpoint = f"127.0.0.1:{_free_port()}"
     nodes = []
     for name, addr in (("a", "127.0.0.1"), ("b", "127.0.0.2")):
-        cmd = [*LAB, "launch", "--nnodes", "2", "--rdzv-endpoint", endpoint, "--rdzv-id", "meet",
-               "--local-addr", addr, "--join-timeout", "60",
-               "--", "-m", "lab", "train", *TINY, "--set", "train.max_steps=4", "--set", f"run.output_dir={tmp_path / name}"]
-        nodes.append(subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        cmd = [
+            *LAB,
+            "launch",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "meet",
+            "--local-addr",
+            addr,
+            "--join-timeout",
+            "60",
+            "--",
+            "-m",
+            "lab",
+            "train",
+            *TINY,
+            "--set",
+            "train.max_steps=4",
+            "--set",
+            f"run.output_dir={tmp_path / name}",
+        ]
+        nodes.append(
+            subprocess.Popen(
+                cmd,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+        )
     outputs = [p.communicate(timeout=300)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outputs
     manifests = list(tmp_path.glob("*/smoke-meet/manifest.json"))
@@ -41,19 +69,72 @@ def test_two_nodes_meet_and_train_as_one_world(tmp_path):
 def test_a_node_that_never_joins_fails_within_the_join_timeout(tmp_path):
     endpoint = f"127.0.0.1:{_free_port()}"
     # The bound below is a hang guard, not a speed check: torchrun's default join timeout is 600 s.
-    proc = lab("launch", "--nnodes", "2", "--rdzv-endpoint", endpoint, "--rdzv-id", "alone", "--join-timeout", "5",
-               "--", "-m", "lab", "train", *TINY, cwd=tmp_path, check=False, timeout=120)
+    proc = lab(
+        "launch",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        "alone",
+        "--join-timeout",
+        "5",
+        "--",
+        "-m",
+        "lab",
+        "train",
+        *TINY,
+        cwd=tmp_path,
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"lab launch: rendezvous 'alone' at {endpoint} did not complete within 5 s: expected 2 nodes, 1 arrived")
+        f"lab launch: rendezvous 'alone' at {endpoint} did not complete within 5 s: expected 2 nodes, 1 arrived"
+    )
     assert not (tmp_path / "runs").exists()  # no worker ever started
 
 
 def test_dry_run_prints_the_command_the_lab_builds():
-    proc = run([*LAB, "launch", "--dry-run", "--nproc-per-node", "8", "--nnodes", "2", "--rdzv-endpoint", "head:29400",
-                "--rdzv-id", "r1", "--max-restarts", "1", "--", "-m", "lab", "bench", "allreduce"])
+    proc = run(
+        [
+            *LAB,
+            "launch",
+            "--dry-run",
+            "--nproc-per-node",
+            "8",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            "head:29400",
+            "--rdzv-id",
+            "r1",
+            "--max-restarts",
+            "1",
+            "--",
+            "-m",
+            "lab",
+            "bench",
+            "allreduce",
+        ]
+    )
     # this Python's torch, not a torchrun script that a system Python may lack or take from another install
     assert proc.stdout.split()[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert proc.stdout.split()[3:] == ["--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
-                                       "--rdzv-endpoint", "head:29400", "--rdzv-id", "r1", "--max-restarts", "1",
-                                       "-m", "lab", "bench", "allreduce"]
+    assert proc.stdout.split()[3:] == [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "head:29400",
+        "--rdzv-id",
+        "r1",
+        "--max-restarts",
+        "1",
+        "-m",
+        "lab",
+        "bench",
+        "allreduce",
+    ]

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from lab import plots
-from lab.bench.train import levers
 from lab.bench.comm import nccl_sweep
+from lab.bench.train import levers
 from tests.conftest import TINY, lab
 
 
@@ -20,8 +20,25 @@ from tests.conftest import TINY, lab
 def measured(tmp_path_factory):
     """One short run shared by the tests that read its result (the job's start-up is most of its time)."""
     out = tmp_path_factory.mktemp("levers")
-    proc = lab("bench", "levers", *TINY, "--nproc-per-node", "2", "--steps", "1", "--rounds", "2", "--warmup", "1",
-               "--equivalence-steps", "2", "--json", str(out / "levers.json"), "--plot", str(out / "levers.png"))
+    proc = lab(
+        "bench",
+        "levers",
+        *TINY,
+        "--nproc-per-node",
+        "2",
+        "--steps",
+        "1",
+        "--rounds",
+        "2",
+        "--warmup",
+        "1",
+        "--equivalence-steps",
+        "2",
+        "--json",
+        str(out / "levers.json"),
+        "--plot",
+        str(out / "levers.png"),
+    )
     return proc.stdout, json.loads((out / "levers.json").read_text()), out / "levers.png"
 
 
@@ -88,8 +105,14 @@ def test_nccl_children_set_one_variable_each_and_drop_the_users():
         chosen = {k: v for k, v in env.items() if k in nccl_sweep.NCCL_VARIABLES}
         seen.append(chosen)
         assert env["NCCL_DEBUG"] == "INFO" and env["PATH"] == "/bin"  # only the swept variables are touched
-    assert seen == [{}, {"NCCL_ALGO": "Ring"}, {"NCCL_ALGO": "Tree"}, {"NCCL_PROTO": "Simple"},
-                    {"NCCL_PROTO": "LL128"}, {"NCCL_P2P_DISABLE": "1"}]
+    assert seen == [
+        {},
+        {"NCCL_ALGO": "Ring"},
+        {"NCCL_ALGO": "Tree"},
+        {"NCCL_PROTO": "Simple"},
+        {"NCCL_PROTO": "LL128"},
+        {"NCCL_P2P_DISABLE": "1"},
+    ]
 
 
 def test_a_failed_nccl_child_is_a_row_with_its_last_error_line(tmp_path):
@@ -105,23 +128,52 @@ def test_nccl_does_not_apply_to_gloo_or_one_gpu():
 
 def _gpu_result():
     def row(label, group, sps, share):
-        return {"label": label, "group": group, "what": label, "samples_per_second": sps, "step_seconds": 1 / sps,
-                "peak_memory_bytes": 3 * 2**30, "step_memory_bytes": 2**30, "activation_bytes": 2**29,
-                "communication_share": share, "loss": 2.3}
+        return {
+            "label": label,
+            "group": group,
+            "what": label,
+            "samples_per_second": sps,
+            "step_seconds": 1 / sps,
+            "peak_memory_bytes": 3 * 2**30,
+            "step_memory_bytes": 2**30,
+            "activation_bytes": 2**29,
+            "communication_share": share,
+            "loss": 2.3,
+        }
 
-    measured = {"rows": [row("plain", "plain", 1000.0, 0.2), row("bf16", "precision", 2000.0, 0.35),
-                         row("fp16", "precision", 1900.0, 0.3), row("accum-4", "accumulation", 900.0, 0.05),
-                         row("bucket-1", "buckets", 800.0, 0.4)],
-                "equivalence": {"max_parameter_difference": 2e-16, "dtype": "float64", "norm": "group",
-                                "accum_steps": 4, "batch_size_per_rank": 256, "optimizer_steps": 3},
-                "world_size": 8, "device": "NVIDIA H100", "device_type": "cuda", "threads": 1,
-                "data": "synthetic", "global_batch_size": 2048, "batch_size_per_rank": 256}
+    measured = {
+        "rows": [
+            row("plain", "plain", 1000.0, 0.2),
+            row("bf16", "precision", 2000.0, 0.35),
+            row("fp16", "precision", 1900.0, 0.3),
+            row("accum-4", "accumulation", 900.0, 0.05),
+            row("bucket-1", "buckets", 800.0, 0.4),
+        ],
+        "equivalence": {
+            "max_parameter_difference": 2e-16,
+            "dtype": "float64",
+            "norm": "group",
+            "accum_steps": 4,
+            "batch_size_per_rank": 256,
+            "optimizer_steps": 3,
+        },
+        "world_size": 8,
+        "device": "NVIDIA H100",
+        "device_type": "cuda",
+        "threads": 1,
+        "data": "synthetic",
+        "global_batch_size": 2048,
+        "batch_size_per_rank": 256,
+    }
     sizes = [{"size": s, "oop_busbw": 100.0, "ip_busbw": 101.0} for s in (2**20, 2**24, 2**28)]
-    nccl = {"applicable": True, "rows": [{"label": "default", "avg_busbw": 100.0, "busbw_by_size": sizes,
-                                          "ratio_to_default": 1.0},
-                                         {"label": "NCCL_P2P_DISABLE=1", "avg_busbw": 20.0, "busbw_by_size": sizes,
-                                          "ratio_to_default": 0.2},
-                                         {"label": "NCCL_ALGO=Tree", "error": "exit 1: NCCL error"}]}
+    nccl = {
+        "applicable": True,
+        "rows": [
+            {"label": "default", "avg_busbw": 100.0, "busbw_by_size": sizes, "ratio_to_default": 1.0},
+            {"label": "NCCL_P2P_DISABLE=1", "avg_busbw": 20.0, "busbw_by_size": sizes, "ratio_to_default": 0.2},
+            {"label": "NCCL_ALGO=Tree", "error": "exit 1: NCCL error"},
+        ],
+    }
     args = type("Args", (), {"rounds": 3, "steps": 4, "warmup": 2, "accum_steps": 4})
     return levers.summarize(measured, nccl, args, width=64, threads=1)
 

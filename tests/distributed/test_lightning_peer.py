@@ -13,15 +13,34 @@ import pytest
 
 from tests.conftest import PYTHON, lab, run
 
-TOY = ["bench", "lightning", "--config", "smoke", "--set", "model.width=8", "--set", "train.global_batch_size=48",
-       "--steps", "4"]
+TOY = [
+    "bench",
+    "lightning",
+    "--config",
+    "smoke",
+    "--set",
+    "model.width=8",
+    "--set",
+    "train.global_batch_size=48",
+    "--steps",
+    "4",
+]
 
 
 def test_lab_and_lightning_train_the_same_model_on_two_ranks(tmp_path):
     proc = lab(*TOY, "--nproc-per-node", "2", "--json", str(tmp_path / "peer.json"))
     r = json.loads((tmp_path / "peer.json").read_text())
-    for key in ("lab_images_per_second", "lightning_images_per_second", "ratio_lab_over_lightning", "steps",
-                "warmup_steps", "global_batch_size", "nproc_per_node", "precision", "lightning_version"):
+    for key in (
+        "lab_images_per_second",
+        "lightning_images_per_second",
+        "ratio_lab_over_lightning",
+        "steps",
+        "warmup_steps",
+        "global_batch_size",
+        "nproc_per_node",
+        "precision",
+        "lightning_version",
+    ):
         assert key in r, key
     assert r["lab_images_per_second"] > 0 and r["lightning_images_per_second"] > 0
     assert r["ratio_lab_over_lightning"] == pytest.approx(r["lab_images_per_second"] / r["lightning_images_per_second"])
@@ -40,20 +59,23 @@ def test_lab_and_lightning_train_the_same_model_on_two_ranks(tmp_path):
 
 def test_without_lightning_one_line_names_the_package_and_exit_2():
     # Lightning hidden from this one interpreter: None in sys.modules makes find_spec and import see no package.
-    code = ("import sys; sys.modules['lightning'] = None; from lab.cli import main; "
-            f"sys.exit(main({TOY!r}))")
+    code = f"import sys; sys.modules['lightning'] = None; from lab.cli import main; sys.exit(main({TOY!r}))"
     proc = run([PYTHON, "-c", code], check=False)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "lab: error: lab bench lightning needs the Python package lightning, which is not installed: "
-        "pip install lightning==2.6.6"]
+        "pip install lightning==2.6.6"
+    ]
 
 
-@pytest.mark.parametrize(("extra", "says"), [
-    (["--warmup", "4"], "--warmup 4: leaves none of --steps 4 to time"),
-    (["--set", "dist.strategy=fsdp"], "dist.strategy: fsdp is not compared with Lightning"),
-    (["--nproc-per-node", "5"], "train.global_batch_size"),
-])
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--warmup", "4"], "--warmup 4: leaves none of --steps 4 to time"),
+        (["--set", "dist.strategy=fsdp"], "dist.strategy: fsdp is not compared with Lightning"),
+        (["--nproc-per-node", "5"], "train.global_batch_size"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(extra, says):
     proc = lab(*TOY, *extra, check=False)
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

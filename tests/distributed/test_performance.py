@@ -13,9 +13,26 @@ from tests.conftest import ROOT, TINY, lab, run
 
 
 def test_pipeline_benchmark_interleaves_both_paths(tmp_path):
-    proc = lab("bench", "pipeline", "--config", "smoke", "--set", "model.width=8", "--batch-size", "32",
-               "--batches", "2", "--rounds", "2", "--num-workers", "1", "--settle-seconds", "0.1",
-               "--json", str(tmp_path / "p.json"))
+    proc = lab(
+        "bench",
+        "pipeline",
+        "--config",
+        "smoke",
+        "--set",
+        "model.width=8",
+        "--batch-size",
+        "32",
+        "--batches",
+        "2",
+        "--rounds",
+        "2",
+        "--num-workers",
+        "1",
+        "--settle-seconds",
+        "0.1",
+        "--json",
+        str(tmp_path / "p.json"),
+    )
     result = json.loads((tmp_path / "p.json").read_text())
     samples = result["images_per_second"]
     assert all(len(samples[k]) == 2 for k in ("lab_data", "torchvision_data", "lab_train", "torchvision_train"))
@@ -30,8 +47,9 @@ def test_pipeline_benchmark_interleaves_both_paths(tmp_path):
 
 def test_profile_writes_a_trace_per_rank_and_a_summary(tmp_path):
     runs = tmp_path / "runs"
-    proc = lab("train", *TINY, "--profile", "--nproc-per-node", "2", "--set", f"run.output_dir={runs}",
-               "--set", "run.id=prof")
+    proc = lab(
+        "train", *TINY, "--profile", "--nproc-per-node", "2", "--set", f"run.output_dir={runs}", "--set", "run.id=prof"
+    )
     run_dir = runs / "prof"
     for rank in (0, 1):
         trace = json.loads((run_dir / f"trace-rank{rank}.json").read_text())
@@ -51,8 +69,10 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     # package anywhere on the check's path fails here. --deadline 540: a CI machine shared with other jobs can take
     # three times the plan's seconds; the deadline's own behaviour is tests/unit/test_gpu_check.py's.
     bare = os.pathsep.join([str(ROOT / "tests" / "bare"), os.environ.get("PYTHONPATH", "")])
-    proc = run([str(ROOT / "scripts" / "gpu-check.sh"), "--quick", "--allow-cpu", "--deadline", "540",
-                str(tmp_path / "g")], env={"PYTHON": sys.executable, "PYTHONPATH": bare})
+    proc = run(
+        [str(ROOT / "scripts" / "gpu-check.sh"), "--quick", "--allow-cpu", "--deadline", "540", str(tmp_path / "g")],
+        env={"PYTHON": sys.executable, "PYTHONPATH": bare},
+    )
     result = json.loads((tmp_path / "g" / "gpu-check.json").read_text())
     status = {s["step"]: s["status"] for s in result["steps"]}
     # What a CPU can run, ran and passed: FSDP and bf16 training, the 1-rank process group (gloo here, NCCL on a
@@ -71,8 +91,9 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     assert status["Lightning peer"] == "skipped" and "lightning" in details["Lightning peer"]
     lines = proc.stdout.strip().splitlines()
     # The plan first, within the --quick budget, before any step starts; the table last.
-    assert lines[0].startswith("gpu-check plan: ") and lines.index(next(x for x in lines if x.startswith(
-        "gpu-check: doctor"))) > len(gpu_check.STEPS)
+    assert lines[0].startswith("gpu-check plan: ") and lines.index(
+        next(x for x in lines if x.startswith("gpu-check: doctor"))
+    ) > len(gpu_check.STEPS)
     assert int(lines[0].split("about ")[1].split(" s")[0]) == result["expected_seconds"] < 180
     assert lines[-1] == f"{len(ran)} step(s) passed, {len(status) - len(ran)} skipped"
     assert lines[-len(status) - 2].startswith("# lab gpu-check")
@@ -89,8 +110,10 @@ def test_gpu_check_dry_run_without_a_gpu_says_so_and_exits_0(tmp_path):
     wheels.mkdir()
     _wheel(wheels, "labfakewheel", "0.1")
     out = tmp_path / "g"
-    proc = run([str(ROOT / "scripts" / "gpu-check.sh"), "--deadline", "300", str(out)],
-               env={"PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(wheels)})
+    proc = run(
+        [str(ROOT / "scripts" / "gpu-check.sh"), "--deadline", "300", str(out)],
+        env={"PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(wheels)},
+    )
     assert "gpu-check: no GPU found" in proc.stdout and "skipped every step: doctor; FSDP; bf16 training" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1] == "nothing checked: no GPU found"
     result = json.loads((out / "gpu-check.json").read_text())
@@ -102,8 +125,11 @@ def test_gpu_check_dry_run_without_a_gpu_says_so_and_exits_0(tmp_path):
 
 
 def test_gpu_check_script_refuses_bad_arguments_in_one_line():
-    for argv, says in ((["--deadline", "soon"], "--deadline: soon is not a whole number of seconds"),
-                       (["--fast"], "unknown option --fast"), (["a", "b"], "one OUT_DIR only")):
+    for argv, says in (
+        (["--deadline", "soon"], "--deadline: soon is not a whole number of seconds"),
+        (["--fast"], "unknown option --fast"),
+        (["a", "b"], "one OUT_DIR only"),
+    ):
         proc = run([str(ROOT / "scripts" / "gpu-check.sh"), *argv], env={"PYTHON": sys.executable}, check=False)
         assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 

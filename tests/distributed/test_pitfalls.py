@@ -1,5 +1,7 @@
 """`lab pitfall`: each lecture pitfall through the real CLI and real torchrun ranks, the mistake and the fix
-measured. The assertions are on the numbers: the symptom in the broken run, its absence after the fix."""
+measured. The assertions are on the numbers: the symptom in the broken run, its absence after the fix. The runs are
+lesson 2's (the lesson runs the four lecture pitfalls on 2 ranks through the same CLI, once a session): these tests
+read its JSON and its output rather than making the same four jobs again."""
 
 from __future__ import annotations
 
@@ -12,8 +14,19 @@ from tests.conftest import lab
 NAMES = ["set-epoch", "checkpoint-every-rank", "batchnorm", "uneven-batches", "cuda-visible-devices"]
 
 
-def pitfall(name: str, tmp_path) -> tuple[dict, str]:
-    """Run `lab pitfall NAME` on 2 ranks; its JSON record and what it printed."""
+def pitfall(name: str, lessons) -> tuple[dict, str]:
+    """Lesson 2's run of `lab pitfall NAME` on 2 ranks (tests/lessons.py: the lesson runs once a session, and its
+    notebook test asserts its checks): its JSON record and what it printed."""
+    lesson = lessons("02_pitfalls")
+    result = json.loads((lesson.folder("02-pitfalls") / f"{name}.json").read_text())
+    printed = lesson.output_of("pitfall", name)
+    assert result["pitfall"] == name and result["world_size"] == 2
+    assert result["why"] and result["summary"] in printed
+    return result, printed
+
+
+def run_pitfall(name: str, tmp_path) -> tuple[dict, str]:
+    """`lab pitfall NAME` on 2 ranks, run here (for a pitfall lesson 2 does not run on a CPU host)."""
     out = tmp_path / f"{name}.json"
     proc = lab("pitfall", name, "--nproc-per-node", "2", "--json", str(out))
     result = json.loads(out.read_text())
@@ -39,8 +52,8 @@ def test_one_rank_cannot_show_a_pitfall_between_ranks():
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "2 or more" in proc.stderr
 
 
-def test_set_epoch_without_it_every_epoch_repeats_epoch_0(tmp_path):
-    result, stdout = pitfall("set-epoch", tmp_path)
+def test_set_epoch_without_it_every_epoch_repeats_epoch_0(lessons, tmp_path):
+    result, stdout = pitfall("set-epoch", lessons)
     broken, fixed = result["broken"], result["fixed"]
     assert broken["repeat_share"] == 1.0 and fixed["repeat_share"] == 0.0
     assert broken["distinct_orders_per_rank"] == [1, 1] and fixed["distinct_orders_per_rank"] == [5, 5]
@@ -53,12 +66,13 @@ def test_set_epoch_without_it_every_epoch_repeats_epoch_0(tmp_path):
     from lab.teaching import report
     from tests.markdown import problems
 
-    text = report.build([str(tmp_path / "set-epoch.json")], str(tmp_path / "report")).read_text()
+    recorded = lessons("02_pitfalls").folder("02-pitfalls") / "set-epoch.json"
+    text = report.build([str(recorded)], str(tmp_path / "report")).read_text()
     assert "## Pitfalls" in text and "### set-epoch (demonstrated)" in text and problems(text) == []
 
 
-def test_checkpoint_every_rank_writes_n_times_and_ddp_keys_carry_module_prefix(tmp_path):
-    result, _ = pitfall("checkpoint-every-rank", tmp_path)
+def test_checkpoint_every_rank_writes_n_times_and_ddp_keys_carry_module_prefix(lessons):
+    result, _ = pitfall("checkpoint-every-rank", lessons)
     broken, fixed = result["broken"], result["fixed"]
     assert broken["bytes_ratio"] == pytest.approx(2.0, abs=0.01)
     assert fixed["bytes_ratio"] == pytest.approx(1.0, abs=0.01)
@@ -74,8 +88,8 @@ def test_checkpoint_every_rank_writes_n_times_and_ddp_keys_carry_module_prefix(t
     assert result["demonstrated"] is True
 
 
-def test_batchnorm_ranks_keep_their_own_statistics_until_fixed(tmp_path):
-    result, stdout = pitfall("batchnorm", tmp_path)
+def test_batchnorm_ranks_keep_their_own_statistics_until_fixed(lessons):
+    result, stdout = pitfall("batchnorm", lessons)
     broken, fixed = result["broken"], result["fixed"]
     assert broken["running_mean_spread"] > 0.1 and broken["running_var_spread"] > 0
     assert broken["weight_spread"] == 0  # DDP kept the weights identical: the buffers alone differ
@@ -89,8 +103,8 @@ def test_batchnorm_ranks_keep_their_own_statistics_until_fixed(tmp_path):
     assert result["demonstrated"] is True
 
 
-def test_uneven_batches_hang_until_timeout_and_each_fix_completes(tmp_path):
-    result, stdout = pitfall("uneven-batches", tmp_path)
+def test_uneven_batches_hang_until_timeout_and_each_fix_completes(lessons):
+    result, stdout = pitfall("uneven-batches", lessons)
     broken, fixed = result["broken"], result["fixed"]
     assert broken["batches_per_rank"] == [5, 4] and broken["steps_per_rank"] == [4, 4]
     assert broken["timed_out"] and broken["waiting_rank"] == 0 and broken["waiting_step"] == 5
@@ -111,7 +125,7 @@ def test_cuda_visible_devices_skips_on_a_cpu_host(tmp_path):
 
     if torch.cuda.device_count() >= 2:
         pytest.skip("a host with GPUs measures this pitfall; the skip is for CPU hosts")
-    result, stdout = pitfall("cuda-visible-devices", tmp_path)
+    result, stdout = run_pitfall("cuda-visible-devices", tmp_path)
     assert result["skipped"] is True and result["reason"] and result["demonstrated"] is False
     assert result["broken"]["skipped"] and result["fixed"]["skipped"]
     assert "not measured" in stdout and "demonstrated: no (skipped)" in stdout

@@ -13,8 +13,19 @@ from tests.distributed.conftest import ONE_THREAD
 
 # 256 images at a global batch of 64: 8 steps over 2 epochs, a row per step, an evaluation per epoch.
 # One thread (ONE_THREAD); the rerun takes it from the record.
-RECORD = [*TINY, "--set", "run.deterministic=true", "--set", "data.synthetic_train_size=256",
-          "--set", "data.synthetic_test_size=128", "--set", "train.log_every=1", "--set", "checkpoint.save=false"]
+RECORD = [
+    *TINY,
+    "--set",
+    "run.deterministic=true",
+    "--set",
+    "data.synthetic_train_size=256",
+    "--set",
+    "data.synthetic_test_size=128",
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "checkpoint.save=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +39,9 @@ def one_rank(tmp_path_factory) -> Path:
 def rerun(run_dir: Path, tmp_path: Path, *args: str):
     """`lab rerun` into tmp_path; (process, its JSON, the new run directory)."""
     out = tmp_path / "reruns"
-    proc = lab("rerun", str(run_dir), "--output-dir", str(out), "--json", str(tmp_path / "rerun.json"), *args,
-               check=False)
+    proc = lab(
+        "rerun", str(run_dir), "--output-dir", str(out), "--json", str(tmp_path / "rerun.json"), *args, check=False
+    )
     assert proc.returncode in (0, 3), f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     result = json.loads((tmp_path / "rerun.json").read_text())
     new_dir = Path(result["rerun"])
@@ -68,7 +80,8 @@ def test_steps_reruns_and_compares_only_the_first_n_steps(one_rank, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3] and metrics(new_dir, "eval") == []
     # stopped, not shortened: the learning-rate schedule is the record's, so the rows are the same numbers
     assert [(r["loss"], r["lr"], r["total_steps"]) for r in rows] == [
-        (r["loss"], r["lr"], r["total_steps"]) for r in recorded[:3]]
+        (r["loss"], r["lr"], r["total_steps"]) for r in recorded[:3]
+    ]
     assert json.loads((new_dir / "summary.json").read_text())["status"] == "stopped"
 
 

@@ -12,7 +12,7 @@ from collections import Counter
 
 from tests.conftest import TINY, lab
 
-SPY = '''
+SPY = """
 import os
 from lab import config
 from lab.config import rules
@@ -27,15 +27,24 @@ def _spy(name, function):
 config.load = _spy("load", config.load)
 rules.check = _spy("rules", rules.check)
 rules.check_layout = config.check_layout = _spy("layout", rules.check_layout)
-'''
+"""
 
 
 def test_lab_train_nproc_per_node_checks_its_config_once_and_its_workers_read_the_resolved_file(tmp_path):
     (tmp_path / "spy").mkdir()
     (tmp_path / "spy" / "sitecustomize.py").write_text(SPY)
     calls = tmp_path / "calls.txt"
-    proc = lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={tmp_path / 'runs'}",
-               "--nproc-per-node", "2", env={"PYTHONPATH": str(tmp_path / "spy"), "LAB_TEST_CALLS": str(calls)})
+    proc = lab(
+        "train",
+        *TINY,
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        f"run.output_dir={tmp_path / 'runs'}",
+        "--nproc-per-node",
+        "2",
+        env={"PYTHONPATH": str(tmp_path / "spy"), "LAB_TEST_CALLS": str(calls)},
+    )
     lines = [line.split() for line in calls.read_text().splitlines()]
     assert {who for _, who, _ in lines} == {"parent"}, lines  # no worker loaded or checked anything
     assert Counter(name for *_, name in lines) == {"load": 1, "rules": 1, "layout": 1}

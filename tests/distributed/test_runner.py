@@ -51,8 +51,21 @@ def _left(sessions: set[int]) -> list[int]:
 
 # Each command as small as it goes, and how many processes below the lab process mean its workers are there.
 COMMANDS = {
-    "train": (["train", *TINY, "--nproc-per-node", "2", "--set", "data.source=synthetic",
-               "--set", "train.max_steps=100000", "--set", "checkpoint.save=false"], 3),
+    "train": (
+        [
+            "train",
+            *TINY,
+            "--nproc-per-node",
+            "2",
+            "--set",
+            "data.source=synthetic",
+            "--set",
+            "train.max_steps=100000",
+            "--set",
+            "checkpoint.save=false",
+        ],
+        3,
+    ),
     "bench scaling": (["bench", "scaling", *TINY, "--max-world-size", "2", "--steps", "1000", "--warmup", "1"], 2),
     "pitfall": (["pitfall", "set-epoch", "--nproc-per-node", "2"], 3),
     "memory --measure": (["memory", "--measure", "--measure-width", "8"], 1),
@@ -63,11 +76,20 @@ COMMANDS = {
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_sigterm_to_the_lab_process_leaves_no_process_behind(name, tmp_path):
     argv, below = COMMANDS[name]
-    argv = [*argv, *{"train": ["--set", f"run.output_dir={tmp_path}"], "workshop": ["--output-dir", str(tmp_path)]}
-            .get(name, [])]
+    argv = [
+        *argv,
+        *{"train": ["--set", f"run.output_dir={tmp_path}"], "workshop": ["--output-dir", str(tmp_path)]}.get(name, []),
+    ]
     env = {k: v for k, v in os.environ.items() if k != runner.ALLOW_ENV}
-    lab = subprocess.Popen([PYTHON, "-m", "lab", *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lab = subprocess.Popen(
+        [PYTHON, "-m", "lab", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     sessions = {lab.pid}  # the lab's own session, then the one each child of the runner gets
     try:
         deadline = time.monotonic() + WORKERS_WITHIN
@@ -96,8 +118,14 @@ def test_more_ranks_than_memory_holds_are_refused_before_any_starts(tmp_path):
     room = runner.memory_available_bytes() // runner.WORKER_BYTES
     count = max(99, room + 1)
     env = {k: v for k, v in os.environ.items() if k != runner.ALLOW_ENV}
-    done = subprocess.run([PYTHON, "-m", "lab", "pitfall", "set-epoch", "--nproc-per-node", str(count)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [PYTHON, "-m", "lab", "pitfall", "set-epoch", "--nproc-per-node", str(count)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert f"--nproc-per-node {count}" in done.stderr and f"{runner.ALLOW_ENV}={count}" in done.stderr
@@ -137,7 +165,8 @@ def test_a_grandchild_left_by_a_finished_child_is_stopped_with_its_group():
 
 
 def test_a_child_past_its_time_limit_is_stopped_with_its_group():
-    done = runner.run(["sh", "-c", "sleep 300 & echo $!; sleep 300"], stdout=subprocess.PIPE, timeout_seconds=2,
-                      echo=False)
+    done = runner.run(
+        ["sh", "-c", "sleep 300 & echo $!; sleep 300"], stdout=subprocess.PIPE, timeout_seconds=2, echo=False
+    )
     assert done.timed_out and not done.ok and done.returncode < 0
     assert _stat(done.stdout.strip()) is None or _stat(done.stdout.strip())[1] == "Z"

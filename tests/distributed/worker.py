@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 from lab import config, data
-
 from lab.cluster import dist
 from lab.training.trainer import Trainer, set_determinism
 
@@ -59,9 +58,16 @@ def main() -> None:
         else:
             trainer.fit()
             momentum = {n: trainer.optimizer.state[p]["momentum_buffer"] for n, p in trainer.model.named_parameters()}
-            torch.save({"params": trainer.model.state_dict(), "momentum": momentum, "step": trainer.step,
-                        "backend": ctx.backend, "wrapped_in_ddp": trainer.strategy.ddp is not None},
-                       out / f"final{rank}.pt")
+            torch.save(
+                {
+                    "params": trainer.model.state_dict(),
+                    "momentum": momentum,
+                    "step": trainer.step,
+                    "backend": ctx.backend,
+                    "wrapped_in_ddp": getattr(trainer.strategy, "ddp", None) is not None,
+                },
+                out / f"final{rank}.pt",
+            )
             (out / f"rows{rank}.json").write_text(json.dumps(rows))
 
 

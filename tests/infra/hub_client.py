@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 import websocket
@@ -48,8 +49,11 @@ def sign_up(base: str, name: str, password: str) -> requests.Response:
     """NativeAuthenticator's sign-up form, as a learner fills it in."""
     s = requests.Session()
     xsrf = _xsrf(s, f"{base}/hub/signup")
-    return s.post(f"{base}/hub/signup", data={"username": name, "signup_password": password,
-                                              "signup_password_confirmation": password, "_xsrf": xsrf}, timeout=60)
+    return s.post(
+        f"{base}/hub/signup",
+        data={"username": name, "signup_password": password, "signup_password_confirmation": password, "_xsrf": xsrf},
+        timeout=60,
+    )
 
 
 def log_in(base: str, name: str, password: str) -> requests.Session | None:
@@ -57,18 +61,26 @@ def log_in(base: str, name: str, password: str) -> requests.Session | None:
     next), or None when the hub refused."""
     s = requests.Session()
     xsrf = _xsrf(s, f"{base}/hub/login")
-    reply = s.post(f"{base}/hub/login", data={"username": name, "password": password, "_xsrf": xsrf},
-                   allow_redirects=False, timeout=60)
+    reply = s.post(
+        f"{base}/hub/login",
+        data={"username": name, "password": password, "_xsrf": xsrf},
+        allow_redirects=False,
+        timeout=60,
+    )
     if reply.status_code != 302 or "jupyterhub-session-id" not in s.cookies:
         return None
-    s.landing = reply.headers["Location"]
+    s.landing = reply.headers["Location"]  # type: ignore[attr-defined]  # where the hub sent the login, kept on it
     return s
 
 
 def token_for(base: str, session: requests.Session, name: str) -> str:
     """An API token for the logged-in user, asked of the hub's REST API with the session's cookie."""
-    reply = session.post(f"{base}/hub/api/users/{name}/tokens", json={"note": "the room's test"},
-                         headers={"X-XSRFToken": session.cookies.get("_xsrf", "")}, timeout=60)
+    reply = session.post(
+        f"{base}/hub/api/users/{name}/tokens",
+        json={"note": "the room's test"},
+        headers={"X-XSRFToken": session.cookies.get("_xsrf", "")},
+        timeout=60,
+    )
     reply.raise_for_status()
     return reply.json()["token"]
 
@@ -99,8 +111,14 @@ class Seat:
 
     def server(self, method: str, path: str, user: str | None = None, **kw) -> requests.Response:
         """The Jupyter server API of `user`'s server (default: this seat's own), through the hub's proxy."""
-        return requests.request(method, f"{self.base}/user/{user or self.name}/api{path}", headers=self.headers,
-                                timeout=60, allow_redirects=False, **kw)
+        return requests.request(
+            method,
+            f"{self.base}/user/{user or self.name}/api{path}",
+            headers=self.headers,
+            timeout=60,
+            allow_redirects=False,
+            **kw,
+        )
 
     def start(self, timeout: float = 180) -> dict:
         reply = self.hub("POST", f"/users/{self.name}/server")
@@ -119,8 +137,9 @@ class Seat:
         of its own server, started the way JupyterLab starts one (a session for the notebook, so the kernel works
         in the notebook's folder); the outputs of each cell. A cell that fails raises, with its error."""
         notebook = self.server("GET", f"/contents/{path}").json()["content"]
-        session = self.server("POST", "/sessions", json={"path": path, "type": "notebook", "name": "",
-                                                          "kernel": {"name": "python3"}}).json()
+        session = self.server(
+            "POST", "/sessions", json={"path": path, "type": "notebook", "name": "", "kernel": {"name": "python3"}}
+        ).json()
         kernel = session["kernel"]["id"]
         ws_base = self.base.replace("http://", "ws://")
         channel = _connect(f"{ws_base}/user/{self.name}/api/kernels/{kernel}/channels", self.token, timeout)
@@ -149,9 +168,24 @@ class Seat:
 
 def _request(channel: websocket.WebSocket, kind: str, content: dict) -> str:
     msg_id = uuid.uuid4().hex
-    channel.send(json.dumps({
-        "header": {"msg_id": msg_id, "msg_type": kind, "username": "", "session": uuid.uuid4().hex, "version": "5.3"},
-        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [], "content": content}))
+    channel.send(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "msg_type": kind,
+                    "username": "",
+                    "session": uuid.uuid4().hex,
+                    "version": "5.3",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "channel": "shell",
+                "buffers": [],
+                "content": content,
+            }
+        )
+    )
     return msg_id
 
 
@@ -175,10 +209,19 @@ def _connect(url: str, token: str, timeout: float) -> websocket.WebSocket:
 
 
 def _execute(channel: websocket.WebSocket, code: str, timeout: float) -> dict:
-    msg_id = _request(channel, "execute_request", {"code": code, "silent": False, "store_history": True,
-                                                   "user_expressions": {}, "allow_stdin": False,
-                                                   "stop_on_error": True})
-    result = {"stdout": "", "displays": 0, "error": None}
+    msg_id = _request(
+        channel,
+        "execute_request",
+        {
+            "code": code,
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+        },
+    )
+    result: dict[str, Any] = {"stdout": "", "displays": 0, "error": None}
     reply = None
     idle = False  # the cell is done when its reply (shell) and its kernel's idle status (iopub, after every
     deadline = time.monotonic() + timeout  # output of the cell) have both come: the two channels are not ordered
@@ -199,8 +242,9 @@ def _execute(channel: websocket.WebSocket, code: str, timeout: float) -> dict:
             reply = content
         if reply is not None and idle:
             if reply["status"] != "ok":
-                raise AssertionError(f"a cell failed: {result['error'] or reply}\n{code[:300]}\n"
-                                     f"{result['stdout'][-2000:]}")
+                raise AssertionError(
+                    f"a cell failed: {result['error'] or reply}\n{code[:300]}\n{result['stdout'][-2000:]}"
+                )
             return result
     raise AssertionError(f"a cell ran over {timeout} s:\n{code[:300]}")
 

@@ -87,16 +87,28 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         socket_path = self.root / "munge" / "munge.socket"
-        self._spawn([_binary("munged"), "--foreground", "--force", f"--socket={socket_path}", f"--key-file={key}",
-                     f"--pid-file={self.root / 'munge' / 'munged.pid'}", f"--log-file={self.root / 'log' / 'munged.log'}",
-                     f"--seed-file={self.root / 'munge' / 'munged.seed'}"], "munged")
+        self._spawn(
+            [
+                _binary("munged"),
+                "--foreground",
+                "--force",
+                f"--socket={socket_path}",
+                f"--key-file={key}",
+                f"--pid-file={self.root / 'munge' / 'munged.pid'}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                f"--seed-file={self.root / 'munge' / 'munged.seed'}",
+            ],
+            "munged",
+        )
         self._wait(lambda: socket_path.exists(), "munged's socket", deadline_s)
         ports = {"ctld": _free_port(), **{name: _free_port() for name in NODES}}
         (self.root / "slurm.conf").write_text(self._config(socket_path, ports))
         self._spawn([_binary("slurmctld"), "-D", "-i"], "slurmctld")
         for name in NODES:
-            self._spawn(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-                         _binary("slurmd"), "-D", "-N", name], f"slurmd-{name}")
+            self._spawn(
+                ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", _binary("slurmd"), "-D", "-N", name],
+                f"slurmd-{name}",
+            )
         self._wait(self._nodes_idle, "both nodes idle", deadline_s)
         return self
 
@@ -113,12 +125,14 @@ class SlurmCluster:
 
     def _config(self, socket_path: Path, ports: dict[str, int]) -> str:
         r = self.root
-        nodes = "\n".join(f"NodeName={name} NodeAddr={addr} Port={ports[name]} CPUs={CPUS_PER_NODE} RealMemory=2000"
-                          for name, addr in NODES.items())
+        nodes = "\n".join(
+            f"NodeName={name} NodeAddr={addr} Port={ports[name]} CPUs={CPUS_PER_NODE} RealMemory=2000"
+            for name, addr in NODES.items()
+        )
         return f"""\
 ClusterName=labtest
 SlurmctldHost=localhost(127.0.0.1)
-SlurmctldPort={ports['ctld']}
+SlurmctldPort={ports["ctld"]}
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={socket_path}
@@ -143,22 +157,27 @@ KillWait=10
 MessageTimeout=20
 JobRequeue=1
 {nodes}
-PartitionName=lab Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=lab Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 """
 
     def _spawn(self, argv: list[str], name: str) -> None:
-        log = open(self.root / "log" / f"{name}.out", "wb")  # noqa: SIM115 - kept open for the daemon's life
+        log = open(self.root / "log" / f"{name}.out", "wb")
         env = {**self.env, "PATH": os.environ.get("PATH", "") + ":/usr/sbin"}
-        self.processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                               preexec_fn=_die_with_parent, cwd=self.root))
+        self.processes.append(
+            subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent, cwd=self.root
+            )
+        )
 
     def _wait(self, ready, what: str, deadline_s: float) -> None:
         deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
             dead = [p for p in self.processes if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"a Slurm daemon exited ({dead[0].args[0]} rc {dead[0].returncode}) while waiting "
-                                   f"for {what}; logs in {self.root / 'log'}")
+                raise RuntimeError(
+                    f"a Slurm daemon exited ({dead[0].args!r} rc {dead[0].returncode}) while waiting "
+                    f"for {what}; logs in {self.root / 'log'}"
+                )
             if ready():
                 return
             time.sleep(0.2)
@@ -172,16 +191,23 @@ PartitionName=lab Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP 
     # ------------------------------------------------------------------ jobs
 
     def scontrol(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True, check=check,
-                              timeout=60)
+        return subprocess.run(
+            ["scontrol", *args], env=self.env, capture_output=True, text=True, check=check, timeout=60
+        )
 
     def sbatch(self, command: str, cwd: Path, workdir: Path, env: dict[str, str] | None = None) -> str:
         """Submit `command` ("sbatch -N 2 slurm/lab.sbatch", as the docs type it) from `cwd`, the job running in
         `workdir` (its output file lands there); the job id. `env` is added to the environment sbatch exports."""
         argv = shlex.split(command)
         assert argv[0] == "sbatch", command
-        proc = subprocess.run(["sbatch", "--parsable", f"--chdir={workdir}", *argv[1:]], env={**self.env, **(env or {})},
-                              cwd=cwd, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            ["sbatch", "--parsable", f"--chdir={workdir}", *argv[1:]],
+            env={**self.env, **(env or {})},
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if proc.returncode != 0:
             raise AssertionError(f"{command} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc.stdout.strip().split(";")[0]
@@ -191,9 +217,12 @@ PartitionName=lab Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP 
         fields = dict(re.findall(r"(\w+)=(\S*)", out))
         return Job(job_id, fields.get("JobState", "?"), fields.get("ExitCode", "?"), fields)
 
-    def wait(self, job_id: str, timeout_s: float = 180.0,
-             until: tuple[str, ...] = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
-                                       "OUT_OF_MEMORY")) -> Job:
+    def wait(
+        self,
+        job_id: str,
+        timeout_s: float = 180.0,
+        until: tuple[str, ...] = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
+    ) -> Job:
         """Poll `scontrol show job` (sbatch --wait backs off: a 13 s job returned after 42 s)."""
         deadline = time.monotonic() + timeout_s
         while True:

@@ -12,6 +12,7 @@ import shlex
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -32,18 +33,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _playbook(tmp: Path, inventory: Path = LOCAL, *args: str, check: bool = True, **extra):
+def _playbook(tmp: Path, inventory: Path = LOCAL, *args: str, check: bool = True, **extra: Any) -> Any:
     """ansible-playbook with the job's variables pointed into `tmp`; returns (process, recap by host)."""
-    variables = {"lab_controller_runs": str(tmp / "controller"),
-                 "lab_workdir": str(tmp / "nodes") + "/{{ inventory_hostname }}",
-                 "lab_rdzv_port": _free_port(), "lab_run_id": "job1",
-                 "lab_train_overrides": TINY_TRAINING, **extra}
+    variables = {
+        "lab_controller_runs": str(tmp / "controller"),
+        "lab_workdir": str(tmp / "nodes") + "/{{ inventory_hostname }}",
+        "lab_rdzv_port": _free_port(),
+        "lab_run_id": "job1",
+        "lab_train_overrides": TINY_TRAINING,
+        **extra,
+    }
     (tmp / "vars.json").write_text(json.dumps(variables))
     # The validate play has tests of its own (and runs in the README's command, tested as typed): the
     # other plays' tests skip it, which saves each about 20 s.
-    only = [] if any(a.startswith("--tags") or a.startswith("--skip-tags") for a in args) else ["--skip-tags", "validate"]
-    proc = run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(PLAYBOOK), "-e", f"@{tmp / 'vars.json'}",
-                *only, *args], env=ANSIBLE_ENV, check=check, timeout=400)
+    only = (
+        [] if any(a.startswith("--tags") or a.startswith("--skip-tags") for a in args) else ["--skip-tags", "validate"]
+    )
+    proc = run(
+        [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            str(PLAYBOOK),
+            "-e",
+            f"@{tmp / 'vars.json'}",
+            *only,
+            *args,
+        ],
+        env=ANSIBLE_ENV,
+        check=check,
+        timeout=400,
+    )
     return proc, _recap(proc)
 
 
@@ -51,8 +71,10 @@ ANSIBLE_ENV = {"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "OMP_NUM_THRE
 
 
 def _recap(proc) -> dict[str, dict[str, int]]:
-    return {host: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, counts)))
-            for host, *counts in RECAP.findall(proc.stdout)}
+    return {
+        host: dict(zip(("ok", "changed", "unreachable", "failed"), map(int, counts)))
+        for host, *counts in RECAP.findall(proc.stdout)
+    }
 
 
 def test_playbooks_pass_ansible_lint_yamllint_and_syntax_check():
@@ -124,8 +146,11 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
     # training finished
     summary = json.loads((job / "summary.json").read_text())
     assert summary["status"] == "completed"
-    steps = [json.loads(line)["step"] for line in (job / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "train"]
+    steps = [
+        json.loads(line)["step"]
+        for line in (job / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "train"
+    ]
     assert steps and steps[-1] == 16  # the smoke config's 16 steps
 
     # both nodes' run directories came back, each with its launch log and lab doctor report
@@ -178,7 +203,10 @@ def test_validate_alone_fails_naming_the_node_below_its_floor_and_the_slow_node_
     assert not validate["ok"] and len(validate["problems"]) == 2 and validate["suspects"] == ["127.0.0.3"]
     assert validate["all_nodes"]["world_size"] == 3 and validate["all_nodes"]["floor"] == 1e9
     assert {name: r["ok"] for name, r in validate["ring"].items()} == {
-        "127.0.0.1+127.0.0.2": True, "127.0.0.2+127.0.0.3": False, "127.0.0.3+127.0.0.1": False}
+        "127.0.0.1+127.0.0.2": True,
+        "127.0.0.2+127.0.0.3": False,
+        "127.0.0.3+127.0.0.1": False,
+    }
     assert [p["ok"] for p in validate["nodes"]["127.0.0.1"]["pairs"]] == [True]
     assert not (tmp_path / "controller" / "job1" / "manifest.json").exists()  # validation only: nothing trained
 
@@ -223,8 +251,10 @@ def test_a_node_that_cannot_reach_the_rendezvous_fails_the_play_naming_it(tmp_pa
     assert proc.returncode != 0
     assert recap["127.0.0.2"]["failed"] == 1 and recap["127.0.0.1"]["failed"] == 1
     fatal = {line.split("]")[0].split("[")[1]: line for line in proc.stdout.splitlines() if line.startswith("fatal:")}
-    assert (f"127.0.0.2: lab launch exited 1: lab launch: rendezvous 'job1' at {blocked} was never reached "
-            "from this node (join timeout 5 s)") in fatal["127.0.0.2"]
+    assert (
+        f"127.0.0.2: lab launch exited 1: lab launch: rendezvous 'job1' at {blocked} was never reached "
+        "from this node (join timeout 5 s)"
+    ) in fatal["127.0.0.2"]
     assert "127.0.0.1: lab launch exited 1: lab launch: rendezvous 'job1'" in fatal["127.0.0.1"]
     assert "did not complete within 5 s: expected 2 nodes, 1 arrived" in fatal["127.0.0.1"]
     # the failed nodes' logs still reached the controller; no records, so no report
@@ -289,13 +319,22 @@ def test_a_limit_of_two_of_three_nodes_trains_with_those_two_and_the_first_of_th
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     playing = ["127.0.0.2", "127.0.0.3"]
     started = time.monotonic()
-    proc, recap = _playbook(tmp_path, tmp_path / "inventory.yml", "--limit", ",".join(playing),
-                            lab_train_overrides=["model.width=8", "train.max_steps=2"])
+    proc, recap = _playbook(
+        tmp_path,
+        tmp_path / "inventory.yml",
+        "--limit",
+        ",".join(playing),
+        lab_train_overrides=["model.width=8", "train.max_steps=2"],
+    )
     seconds = time.monotonic() - started
     assert set(recap) == set(playing) and all(r["failed"] == 0 for r in recap.values()), proc.stdout[-3000:]
     job = tmp_path / "controller" / "job1"
     nodes = json.loads((job / "nodes.json").read_text())
-    assert nodes["nnodes"] == "2" and nodes["rdzv_endpoint"].startswith("127.0.0.2:") and set(nodes["launch"]) == set(playing)
+    assert (
+        nodes["nnodes"] == "2"
+        and nodes["rdzv_endpoint"].startswith("127.0.0.2:")
+        and set(nodes["launch"]) == set(playing)
+    )
     manifest = json.loads((job / "manifest.json").read_text())
     assert manifest["world_size"] == 2 and sorted(r["node_rank"] for r in manifest["ranks"]) == [0, 1]
     assert not (tmp_path / "nodes" / "127.0.0.1").exists()  # the node left out was never touched
@@ -339,20 +378,23 @@ def sshd_on_127_0_0_2(tmp_path):
     (ssh_dir / "sshd_config").write_text(f"""\
 Port {port}
 ListenAddress 127.0.0.2
-HostKey {ssh_dir / 'host_key'}
-AuthorizedKeysFile {ssh_dir / 'authorized_keys'}
+HostKey {ssh_dir / "host_key"}
+AuthorizedKeysFile {ssh_dir / "authorized_keys"}
 PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 UsePAM no
 StrictModes no
-PidFile {ssh_dir / 'sshd.pid'}
+PidFile {ssh_dir / "sshd.pid"}
 Subsystem sftp internal-sftp
 """)
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege separation directory
-    daemon = subprocess.Popen([sshd, "-D", "-e", "-f", str(ssh_dir / "sshd_config")], stdout=subprocess.DEVNULL,
-                              stderr=open(ssh_dir / "sshd.log", "w"))
+    daemon = subprocess.Popen(
+        [sshd, "-D", "-e", "-f", str(ssh_dir / "sshd_config")],
+        stdout=subprocess.DEVNULL,
+        stderr=open(ssh_dir / "sshd.log", "w"),
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -364,13 +406,17 @@ Subsystem sftp internal-sftp
                 time.sleep(0.2)
         host_key = (ssh_dir / "host_key.pub").read_text().split()
         (ssh_dir / "known_hosts").write_text(f"[127.0.0.2]:{port} {host_key[0]} {host_key[1]}\n")
-        yield {"ansible_connection": "ssh", "ansible_host": "127.0.0.2", "ansible_port": port,
-               "ansible_user": "root",
-               "ansible_ssh_private_key_file": str(ssh_dir / "client_key"),
-               # host key checking stays on: the node's key is in a known_hosts file of our own
-               "ansible_ssh_common_args": f"-o UserKnownHostsFile={ssh_dir / 'known_hosts'}",
-               "ansible_ssh_args": "-C -o ControlMaster=no",  # no multiplexing master outliving the test
-               "ansible_python_interpreter": PYTHON}
+        yield {
+            "ansible_connection": "ssh",
+            "ansible_host": "127.0.0.2",
+            "ansible_port": port,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(ssh_dir / "client_key"),
+            # host key checking stays on: the node's key is in a known_hosts file of our own
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={ssh_dir / 'known_hosts'}",
+            "ansible_ssh_args": "-C -o ControlMaster=no",  # no multiplexing master outliving the test
+            "ansible_python_interpreter": PYTHON,
+        }
     finally:
         daemon.terminate()
         daemon.wait(timeout=10)

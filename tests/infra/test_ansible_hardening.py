@@ -48,10 +48,14 @@ case "$1 $2" in
 esac""",
     # mlx5_0 is down (refused), mlx5_1 up but trained down to HDR 200 (refused: an H200 node wants NDR 400),
     # mlx5_3 up at 400, mlx5_2 an Ethernet port that is down (not NCCL's IB: not refused)
-    "ibstat": r"""printf "CA 'mlx5_0'\n\tCA type: MT4129\n\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tRate: 10\n\t\tLink layer: InfiniBand\n"
-printf "CA 'mlx5_1'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 200\n\t\tLink layer: InfiniBand\n"
-printf "CA 'mlx5_2'\n\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tRate: 10\n\t\tLink layer: Ethernet\n"
-printf "CA 'mlx5_3'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n\t\tLink layer: InfiniBand\n"
+    "ibstat": r"""printf "CA 'mlx5_0'\n\tCA type: MT4129\n\tPort 1:\n"
+printf "\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tRate: 10\n\t\tLink layer: InfiniBand\n"
+printf "CA 'mlx5_1'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 200\n"
+printf "\t\tLink layer: InfiniBand\n"
+printf "CA 'mlx5_2'\n\tPort 1:\n\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tRate: 10\n"
+printf "\t\tLink layer: Ethernet\n"
+printf "CA 'mlx5_3'\n\tPort 1:\n\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n"
+printf "\t\tLink layer: InfiniBand\n"
 """,
     "lsmod": r"printf 'Module  Size  Used by\nnvidia_uvm  1  0\nnvidia  2  1 nvidia_uvm\n'",
 }
@@ -73,17 +77,24 @@ def test_preflight_refuses_busy_gpus_leftovers_another_image_and_broken_infiniba
     inventory = yaml.safe_load(LOCAL.read_text())
     hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
     # no driver banner: no DMA-BUF, so GPUDirect RDMA needs nvidia_peermem (whatever this machine's driver is)
-    hosts["127.0.0.1"].update(preflight_ib_device_dir=str(tmp_path / "infiniband"),
-                              preflight_nvidia_version_file=str(tmp_path / "no-driver-banner"))
-    hosts["127.0.0.2"].update(preflight_ib_device_dir=str(tmp_path / "no-infiniband"), lab_image="lab:other",
-                              lab_nccl_net_ib=True)
+    hosts["127.0.0.1"].update(
+        preflight_ib_device_dir=str(tmp_path / "infiniband"),
+        preflight_nvidia_version_file=str(tmp_path / "no-driver-banner"),
+    )
+    hosts["127.0.0.2"].update(
+        preflight_ib_device_dir=str(tmp_path / "no-infiniband"), lab_image="lab:other", lab_nccl_net_ib=True
+    )
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
 
-    proc, recap = _playbook(tmp_path, tmp_path / "inventory.yml", "--tags", "preflight", check=False,
-                            lab_runtime="docker")
+    proc, recap = _playbook(
+        tmp_path, tmp_path / "inventory.yml", "--tags", "preflight", check=False, lab_runtime="docker"
+    )
     assert proc.returncode == 2 and all(recap[n]["failed"] == 1 for n in NODES), proc.stdout[-3000:]
-    errors = [line.split("Action failed: ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
-              if line.startswith("[ERROR]: Task failed")]
+    errors = [
+        line.split("Action failed: ", 1)[1]
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.startswith("[ERROR]: Task failed")
+    ]
     ids = f"{_image_id('lab:0.1.0')} on 127.0.0.1, {_image_id('lab:other')} on 127.0.0.2"
     peermem = not Path("/sys/module/nvidia_peermem").exists()  # a GPU CI machine may really have it loaded
     expected = {
@@ -94,8 +105,14 @@ def test_preflight_refuses_busy_gpus_leftovers_another_image_and_broken_infiniba
             f"the lab image lab:0.1.0 differs across the nodes: {ids}; put the same image on every node",
             "InfiniBand ports not Active: mlx5_0 port 1 is Down; check the cables and the subnet manager",
             "InfiniBand ports below 400 Gb/s: mlx5_1 port 1 at 200 Gb/s; reseat or replace the cable",
-            *([f"{tmp_path / 'infiniband'} exists but GPUDirect RDMA has no kernel support here: the nvidia_peermem "
-               "module is not loaded and DMA-BUF is not available"] if peermem else []),
+            *(
+                [
+                    f"{tmp_path / 'infiniband'} exists but GPUDirect RDMA has no kernel support here: the "
+                    "nvidia_peermem module is not loaded and DMA-BUF is not available"
+                ]
+                if peermem
+                else []
+            ),
         ],
         "127.0.0.2": [
             "the GPUs are busy: 4242, python3, 1024 MiB",
@@ -112,14 +129,17 @@ def test_preflight_refuses_busy_gpus_leftovers_another_image_and_broken_infiniba
     assert not any("lab-prometheus-1" in e or "mlx5_2" in e for e in errors), errors  # compose's stack; Ethernet
     # InfiniBand present: NCCL_NET=IB goes into the job's environment; absent: the checks say so and are skipped
     assert "127.0.0.1: NCCL_NET=IB in the job's environment: NCCL fails rather than falling back" in proc.stdout
-    assert (f"127.0.0.2: not present here, so not checked: {tmp_path / 'no-infiniband'} (ibstat ports Active and "
-            "their rate, nvidia_peermem or DMA-BUF, NCCL_NET=IB)") in proc.stdout
+    assert (
+        f"127.0.0.2: not present here, so not checked: {tmp_path / 'no-infiniband'} (ibstat ports Active and "
+        "their rate, nvidia_peermem or DMA-BUF, NCCL_NET=IB)"
+    ) in proc.stdout
     # refused before lab doctor and before anything was written
     assert "Run lab doctor" not in proc.stdout
     assert not (tmp_path / "controller").exists() and not (tmp_path / "nodes").exists()
 
 
 # ------------------------------------------------------------------------------------------------- rendering
+
 
 def _jinja() -> NativeEnvironment:
     """Ansible's own filters and tests on a native-types Jinja environment, as Ansible renders set_fact values."""
@@ -176,28 +196,43 @@ NODES_SEEN = {  # situation: (docker info's rc and stdout, nvidia-smi's rc, othe
 def test_provision_adds_a_repository_only_where_nothing_provides_docker_or_the_toolkit(situation):
     (rc, stdout), smi, docker_listed, toolkit_listed = NODES_SEEN[situation]
     env, tasks = _jinja(), _tasks("provision")
-    facts = {"provision_docker_info": {"rc": rc, "stdout": stdout}, "provision_nvidia_smi": {"rc": smi},
-             "provision_nvidia_toolkit_force": False}
+    facts = {
+        "provision_docker_info": {"rc": rc, "stdout": stdout},
+        "provision_nvidia_smi": {"rc": smi},
+        "provision_nvidia_toolkit_force": False,
+    }
     for name in PROVISION_FACTS:
         for key, value in _task(tasks, name)["ansible.builtin.set_fact"].items():
             facts[key] = _render(env, value, facts)
     # grep over /etc/apt: rc 0 when another source lists the URI, 1 when none does; skipped when not needed
-    facts["provision_apt_sources"] = {"results": [
-        {"rc": 0 if listed else 1} if needed else {"skipped": True}
-        for listed, needed in ((docker_listed, facts["provision_install_docker"]),
-                               (toolkit_listed, facts["provision_install_toolkit"]))]}
+    facts["provision_apt_sources"] = {
+        "results": [
+            {"rc": 0 if listed else 1} if needed else {"skipped": True}
+            for listed, needed in (
+                (docker_listed, facts["provision_install_docker"]),
+                (toolkit_listed, facts["provision_install_toolkit"]),
+            )
+        ]
+    }
     for key, value in _task(tasks, "Choose the repositories to add")["ansible.builtin.set_fact"].items():
         facts[key] = _render(env, value, facts)
-    deciding = ("Say that Docker and its NVIDIA runtime are left as they are", "Add Docker's apt repository",
-                "Install Docker Engine", "Add NVIDIA's container toolkit repository",
-                "Register the nvidia runtime with Docker", "Install python3-debian for the repository tasks")
+    deciding = (
+        "Say that Docker and its NVIDIA runtime are left as they are",
+        "Add Docker's apt repository",
+        "Install Docker Engine",
+        "Add NVIDIA's container toolkit repository",
+        "Register the nvidia runtime with Docker",
+        "Install python3-debian for the repository tasks",
+    )
     runs = {name: _condition(env, _task(tasks, name), facts) for name in deciding}
 
     works = rc == 0 and ("nvidia" in stdout or smi != 0)
     assert runs["Say that Docker and its NVIDIA runtime are left as they are"] == works
     assert runs["Add Docker's apt repository"] == (rc != 0 and not docker_listed)
     assert runs["Install Docker Engine"] == (rc != 0)
-    assert runs["Add NVIDIA's container toolkit repository"] == (smi == 0 and "nvidia" not in stdout and not toolkit_listed)
+    assert runs["Add NVIDIA's container toolkit repository"] == (
+        smi == 0 and "nvidia" not in stdout and not toolkit_listed
+    )
     assert runs["Register the nvidia runtime with Docker"] == (smi == 0 and "nvidia" not in stdout)
     repo_added = runs["Add Docker's apt repository"] or runs["Add NVIDIA's container toolkit repository"]
     assert runs["Install python3-debian for the repository tasks"] == repo_added
@@ -214,21 +249,35 @@ def test_provision_installs_python3_debian_before_any_deb822_repository_and_read
     assert len(deb822) == 2 and all(i > debian for i in deb822)
     reads = [t for t in tasks if t.get("ansible.builtin.command", {}).get("argv", [])[:2] == ["docker", "info"]]
     env = _jinja()
-    assert reads and all(_render(env, t["ansible.builtin.command"]["argv"][3], {}) == "{{json .Runtimes}}"
-                         for t in reads)
+    assert reads and all(
+        _render(env, t["ansible.builtin.command"]["argv"][3], {}) == "{{json .Runtimes}}" for t in reads
+    )
     text = (ROLES / "provision" / "tasks" / "main.yml").read_text()
     assert "from_json" in text and "--format, json" not in text and "grep -i nvidia" not in text
 
 
 def test_launch_passes_infiniband_the_job_env_and_the_shared_checkpoint_folder():
     env, tasks = _jinja(), _tasks("launch")
-    facts = {"lab_runtime": "docker", "launch_container": "lab-job1-dgx-01", "preflight_gpu_count": 8,
-             "launch_docker_gpus": "all", "lab_workdir": "/raid/lab", "lab_checkpoint_dir": "/lustre/ckpt",
-             "preflight_ib_device": "/dev/infiniband", "launch_docker_extra_args": ["--cap-add=IPC_LOCK"],
-             "lab_image": "lab:0.1.0", "lab_env": {"NCCL_DEBUG": "WARN"}, "lab_nproc_per_node": 8,
-             "preflight_job_env": {"NCCL_DEBUG": "WARN", "NCCL_NET": "IB"}, "lab_train_config": "ddp",
-             "lab_run_id": "job1", "lab_metrics_port_base": 0, "lab_train_overrides": ["train.epochs=2"],
-             "lab_target": [], "lab_venv": "/opt/lab/.venv"}
+    facts = {
+        "lab_runtime": "docker",
+        "launch_container": "lab-job1-dgx-01",
+        "preflight_gpu_count": 8,
+        "launch_docker_gpus": "all",
+        "lab_workdir": "/raid/lab",
+        "lab_checkpoint_dir": "/lustre/ckpt",
+        "preflight_ib_device": "/dev/infiniband",
+        "launch_docker_extra_args": ["--cap-add=IPC_LOCK"],
+        "lab_image": "lab:0.1.0",
+        "lab_env": {"NCCL_DEBUG": "WARN"},
+        "lab_nproc_per_node": 8,
+        "preflight_job_env": {"NCCL_DEBUG": "WARN", "NCCL_NET": "IB"},
+        "lab_train_config": "ddp",
+        "lab_run_id": "job1",
+        "lab_metrics_port_base": 0,
+        "lab_train_overrides": ["train.epochs=2"],
+        "lab_target": [],
+        "lab_venv": "/opt/lab/.venv",
+    }
     for name in ("Choose the worker count on this node", "Build the lab launch command line"):
         for key, value in _task(tasks, name)["ansible.builtin.set_fact"].items():
             facts[key] = _render(env, value, facts)
@@ -241,7 +290,9 @@ def test_launch_passes_infiniband_the_job_env_and_the_shared_checkpoint_folder()
     assert _task(tasks, "Start every node at once")["environment"] == "{{ launch_env }}"
     # an inventory that still names the device itself gets it once; no IB, no shared folder: neither appears
     facts.update(launch_docker_extra_args=["--device=/dev/infiniband"])
-    runner = _render(env, _task(tasks, "Build the lab launch command line")["ansible.builtin.set_fact"]["launch_runner"], facts)
+    runner = _render(
+        env, _task(tasks, "Build the lab launch command line")["ansible.builtin.set_fact"]["launch_runner"], facts
+    )
     assert runner.count("--device=/dev/infiniband") == 1
     facts.update(preflight_ib_device="", lab_checkpoint_dir="", launch_docker_extra_args=[])
     built = _task(tasks, "Build the lab launch command line")["ansible.builtin.set_fact"]
@@ -258,28 +309,47 @@ GPU3\tSYS\tSYS\tNV4\t X \t32-63\t1\t\tN/A
 """  # four PCIe GPUs, two of them joined by an NVLink bridge (nvidia-smi topo -m's layout)
 
 
-@pytest.mark.parametrize(("node", "mode", "pairs"), [
-    ("h100", "auto", []),  # NVSwitch: NV18 between every pair, the all-GPU check covers them
-    ("h100", "always", 28), ("pcie", "auto", 6), ("pcie", "never", []), ("cpu", "always", [])])
+@pytest.mark.parametrize(
+    ("node", "mode", "pairs"),
+    [
+        ("h100", "auto", []),  # NVSwitch: NV18 between every pair, the all-GPU check covers them
+        ("h100", "always", 28),
+        ("pcie", "auto", 6),
+        ("pcie", "never", []),
+        ("cpu", "always", []),
+    ],
+)
 def test_validate_runs_gpu_pairs_only_where_nvlink_does_not_join_every_pair(node, mode, pairs):
     import base64
 
     env = _jinja()
     fixture = ROOT / "tests" / "fixtures" / "fabric" / "h100"  # reproduced nvidia-smi outputs of an 8 x H100 node
-    texts = {"h100": ("0", (fixture / "nvidia-smi-gpus.txt").read_text(), (fixture / "nvidia-smi-topo.txt").read_text()),
-             "pcie": ("0", "".join(f"{i}, NVIDIA L40S, GPU-{i}, 46068, 4, 4, 16, 16\n" for i in range(4)), PCIE_TOPO),
-             "cpu": ("127", "nvidia-smi: not installed\n", "nvidia-smi: not installed\n")}[node]
+    texts = {
+        "h100": ("0", (fixture / "nvidia-smi-gpus.txt").read_text(), (fixture / "nvidia-smi-topo.txt").read_text()),
+        "pcie": ("0", "".join(f"{i}, NVIDIA L40S, GPU-{i}, 46068, 4, 4, 16, 16\n" for i in range(4)), PCIE_TOPO),
+        "cpu": ("127", "nvidia-smi: not installed\n", "nvidia-smi: not installed\n"),
+    }[node]
     tasks = _tasks("validate")
     choose = _task(tasks, "Choose the checks of this node")
-    facts = {"validate_facts_read": {"results": [{"content": base64.b64encode(t.encode()).decode()} for t in texts]},
-             "validate_pairs": mode, "lab_env": {}, "lab_workdir": "/raid/lab", "validate_gpu_bench": ["-b", "1G"],
-             "validate_cpu_bench": ["-b", "64K"]}
+    facts = {
+        "validate_facts_read": {"results": [{"content": base64.b64encode(t.encode()).decode()} for t in texts]},
+        "validate_pairs": mode,
+        "lab_env": {},
+        "lab_workdir": "/raid/lab",
+        "validate_gpu_bench": ["-b", "1G"],
+        "validate_cpu_bench": ["-b", "64K"],
+    }
     for key, value in choose["vars"].items():
         facts[key] = _render(env, value, facts)
     for key in ("validate_gpus", "validate_all_nvlink"):
         facts[key] = _render(env, choose["ansible.builtin.set_fact"][key], facts)
-    chosen = _render(env, _task(tasks, "Choose the GPU pairs to check alone (validate_pairs {{ validate_pairs }})")
-                     ["ansible.builtin.set_fact"]["validate_gpu_pairs"], facts)
+    chosen = _render(
+        env,
+        _task(tasks, "Choose the GPU pairs to check alone (validate_pairs {{ validate_pairs }})")[
+            "ansible.builtin.set_fact"
+        ]["validate_gpu_pairs"],
+        facts,
+    )
     assert len(facts["validate_gpus"]) == {"h100": 8, "pcie": 4, "cpu": 0}[node]
     assert facts["validate_all_nvlink"] is (node == "h100")
     assert (len(chosen) if pairs else chosen) == pairs and (not chosen or chosen[0] == "0,1")
@@ -290,24 +360,40 @@ def test_validate_and_launch_containers_are_named_and_removed_in_always_however_
     # named and `docker rm --force NAME` runs in the block's always:. Rendered here (no Docker engine or GPU).
     env = _jinja()
     (block,) = yaml.safe_load((ROLES / "validate" / "tasks" / "run.yml").read_text())
-    facts = {"lab_runtime": "docker", "lab_run_id": "job1", "validate_check": "node-dgx-01", "lab_image": "lab:0.1.0",
-             "validate_env": {"NCCL_NET": "IB"}, "validate_check_env": {"NCCL_DEBUG": "INFO"},
-             "validate_docker_head": ["docker", "run", "--rm"], "validate_docker_gpus": "all",
-             "validate_lab_args": ["bench", "allreduce", "--json", "/raid/lab/runs/job1/validate/node-dgx-01.json"]}
+    facts = {
+        "lab_runtime": "docker",
+        "lab_run_id": "job1",
+        "validate_check": "node-dgx-01",
+        "lab_image": "lab:0.1.0",
+        "validate_env": {"NCCL_NET": "IB"},
+        "validate_check_env": {"NCCL_DEBUG": "INFO"},
+        "validate_docker_head": ["docker", "run", "--rm"],
+        "validate_docker_gpus": "all",
+        "validate_lab_args": ["bench", "allreduce", "--json", "/raid/lab/runs/job1/validate/node-dgx-01.json"],
+    }
     for key in ("validate_container", "validate_check_env_all", "validate_argv"):
         facts[key] = _render(env, block["vars"][key], facts)
     argv = facts["validate_argv"]
     assert argv[argv.index("--name") + 1] == "lab-validate-job1-node-dgx-01"
-    assert {"--env=NCCL_NET", "--env=NCCL_DEBUG"} <= set(argv) and argv[argv.index("lab:0.1.0") + 1:][:2] == ["bench", "allreduce"]
+    assert {"--env=NCCL_NET", "--env=NCCL_DEBUG"} <= set(argv) and argv[argv.index("lab:0.1.0") + 1 :][:2] == [
+        "bench",
+        "allreduce",
+    ]
     (remove,) = block["always"]
     assert remove["ansible.builtin.command"]["argv"] == ["docker", "rm", "--force", "{{ validate_container }}"]
     assert remove["when"] == "lab_runtime == 'docker'" and [t["async"] for t in block["block"] if "async" in t]
 
-    launch = next(t for t in yaml.safe_load((ROLES / "launch" / "tasks" / "main.yml").read_text())
-                  if t["name"] == "Run the job on every node at once")
+    launch = next(
+        t
+        for t in yaml.safe_load((ROLES / "launch" / "tasks" / "main.yml").read_text())
+        if t["name"] == "Run the job on every node at once"
+    )
     (remove,) = launch["always"]
     assert remove["ansible.builtin.command"]["argv"] == ["docker", "rm", "--force", "{{ launch_container }}"]
-    assert "--name" in _task(_tasks("launch"), "Build the lab launch command line")["ansible.builtin.set_fact"]["launch_runner"]
+    assert (
+        "--name"
+        in _task(_tasks("launch"), "Build the lab launch command line")["ansible.builtin.set_fact"]["launch_runner"]
+    )
 
 
 def test_collect_records_each_nodes_image_id_in_nodes_json():
@@ -315,8 +401,11 @@ def test_collect_records_each_nodes_image_id_in_nodes_json():
     write = _task(_tasks("collect"), "Write every node's outcome to nodes.json")
     # runtime docker: the id preflight read; runtime process: None (null); a node preflight did not see: ""
     hostvars = {"dgx-01": {"preflight_image_id": "sha256:1"}, "dgx-02": {"preflight_image_id": None}, "dgx-03": {}}
-    image_ids = _render(env, write["vars"]["collect_nodes"]["image_id"],
-                        {"ansible_play_hosts_all": list(hostvars), "hostvars": hostvars})
+    image_ids = _render(
+        env,
+        write["vars"]["collect_nodes"]["image_id"],
+        {"ansible_play_hosts_all": list(hostvars), "hostvars": hostvars},
+    )
     assert image_ids == {"dgx-01": "sha256:1", "dgx-02": None, "dgx-03": ""}
 
 
@@ -326,15 +415,28 @@ DRIVER_BANNERS = {  # /proc/driver/nvidia/version's first line, as the two kinds
 }
 
 
-@pytest.mark.parametrize(("kernel", "modules", "dmabuf"), [
-    ("6.8.0-45-generic", "open", True), ("5.15.0-1063-nvidia", "open", True), ("5.4.0-200-generic", "open", False),
-    ("6.8.0-45-generic", "proprietary", False), ("6.8.0-45-generic", None, False)])
-def test_preflight_accepts_dma_buf_instead_of_nvidia_peermem_on_a_new_kernel_with_the_open_modules(kernel, modules, dmabuf):
+@pytest.mark.parametrize(
+    ("kernel", "modules", "dmabuf"),
+    [
+        ("6.8.0-45-generic", "open", True),
+        ("5.15.0-1063-nvidia", "open", True),
+        ("5.4.0-200-generic", "open", False),
+        ("6.8.0-45-generic", "proprietary", False),
+        ("6.8.0-45-generic", None, False),
+    ],
+)
+def test_preflight_accepts_dma_buf_instead_of_nvidia_peermem_on_a_new_kernel_with_the_open_modules(
+    kernel, modules, dmabuf
+):
     # The decision is preflight's Jinja (no DGX here); the refusal it feeds runs for real in the stand-in test above.
     env = _jinja()
-    notes = _task(_tasks("preflight"), "Read the ports of the HCAs to check (those NCCL_IB_HCA names, else every InfiniBand port)")
-    facts = {"preflight_kernel": {"stdout": kernel},
-             "preflight_driver_banner": {"stdout": DRIVER_BANNERS[modules]} if modules else {"rc": 1, "stdout": ""}}
+    notes = _task(
+        _tasks("preflight"), "Read the ports of the HCAs to check (those NCCL_IB_HCA names, else every InfiniBand port)"
+    )
+    facts = {
+        "preflight_kernel": {"stdout": kernel},
+        "preflight_driver_banner": {"stdout": DRIVER_BANNERS[modules]} if modules else {"rc": 1, "stdout": ""},
+    }
     assert _render(env, notes["ansible.builtin.set_fact"]["preflight_dmabuf"], facts) is dmabuf
 
 

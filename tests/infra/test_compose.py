@@ -84,10 +84,13 @@ def test_no_latest_tags_and_every_image_pinned():
 
 def test_gpu_variant_reserves_gpus_and_sets_the_ngc_runtime_flags():
     services = merged("gpu")["services"]
-    assert {"lab", "lab-init", "prometheus", "pushgateway", "grafana", "dcgm-exporter", "node-exporter"} <= set(services)
+    assert {"lab", "lab-init", "prometheus", "pushgateway", "grafana", "dcgm-exporter", "node-exporter"} <= set(
+        services
+    )
     lab = services["lab"]
     assert lab["deploy"]["resources"]["reservations"]["devices"] == [
-        {"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}]  # compose writes count: all as -1
+        {"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}
+    ]  # compose writes count: all as -1
     assert lab["ipc"] == "host" or lab.get("shm_size")
     assert lab["ulimits"] == {"memlock": -1, "stack": 67108864}
     assert lab["init"] is True
@@ -200,9 +203,17 @@ def test_dockerignore_keeps_the_context_small():
     ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     assert ignore[0] == "**"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "lab", "images/cifar", "images/entrypoint.sh",
-                       "third_party/horovod",  # the Dockerfile builds Horovod from it (WITH_HOROVOD=1)
-                       "notebooks", "monitoring", "jupyter"}  # a room seat's lessons; JupyterLab's settings, the proxy
+    assert allowed == {
+        "pyproject.toml",
+        "README.md",
+        "lab",
+        "images/cifar",
+        "images/entrypoint.sh",
+        "third_party/horovod",  # the Dockerfile builds Horovod from it (WITH_HOROVOD=1)
+        "notebooks",
+        "monitoring",
+        "jupyter",
+    }  # a room seat's lessons; JupyterLab's settings, the proxy
 
 
 def test_jupyter_serves_the_lessons_with_a_token_on_the_lab_image():
@@ -236,10 +247,15 @@ def test_the_room_hub_serves_seats_from_its_own_image_on_the_room_network():
     """compose's hub (--profile room): lab room serve with DockerSpawner, the seats' image its own, the hub's API
     reachable from the seats as http://hub:8081 on the lab-room network, where the Pushgateway and Prometheus
     are too; published on loopback; the CPU file's command the GPU file's but for the image."""
+
     def model(*files: str) -> dict:  # compose's own merge, with the room's profile on
         args = [a for f in files for a in ("-f", str(ROOT / f))]
-        return json.loads(run([tool("docker-compose"), *args, "--profile", "room", "config", "--format", "json"],
-                              env={"LAB_BIND_ADDRESS": "", "LAB_ROOM_PORT": "", "LAB_HUB_IMAGE": ""}).stdout)
+        return json.loads(
+            run(
+                [tool("docker-compose"), *args, "--profile", "room", "config", "--format", "json"],
+                env={"LAB_BIND_ADDRESS": "", "LAB_ROOM_PORT": "", "LAB_HUB_IMAGE": ""},
+            ).stdout
+        )
 
     gpu, cpu = model("compose.yaml"), model("compose.yaml", "compose.cpu.yaml")
     raw = yaml.safe_load((ROOT / "compose.yaml").read_text())

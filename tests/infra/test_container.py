@@ -40,11 +40,25 @@ docker = pytest.importorskip("docker", reason="the Python docker SDK is in the t
 COMPOSE = str(Path(sys.executable).parent / "docker-compose")
 STATE = ROOT / "build" / "container"
 IMAGE = "local/lab:test"
-JUPYTER_IMAGE = "local/lab-jupyter:test"   # the seats' image: images/Dockerfile's jupyter stage
+JUPYTER_IMAGE = "local/lab-jupyter:test"  # the seats' image: images/Dockerfile's jupyter stage
 LAB_UID = 1000
-SMOKE = ["train", "--config", "smoke", "--set", "model.width=8", "--set", "run.id=container-smoke",
-         "--set", "metrics.port_base=9500", "--set", "metrics.bind_address=0.0.0.0",
-         "--set", "metrics.pushgateway=pushgateway:9091", "--set", "metrics.targets_dir=/lab/targets"]
+SMOKE = [
+    "train",
+    "--config",
+    "smoke",
+    "--set",
+    "model.width=8",
+    "--set",
+    "run.id=container-smoke",
+    "--set",
+    "metrics.port_base=9500",
+    "--set",
+    "metrics.bind_address=0.0.0.0",
+    "--set",
+    "metrics.pushgateway=pushgateway:9091",
+    "--set",
+    "metrics.targets_dir=/lab/targets",
+]
 
 # compose.yaml asks for memlock -1 (NCCL pins memory). Raising a hard limit needs CAP_SYS_RESOURCE, which
 # GPU servers' engines have and this machine's does not (hard limit 8 MiB here): then the test asks for the
@@ -71,10 +85,14 @@ services:
     depends_on: !override
       lab-init:
         condition: service_completed_successfully
-""" + ("" if MEMLOCK == -1 else f"""\
+""" + (
+    ""
+    if MEMLOCK == -1
+    else f"""\
     ulimits:
       memlock: {{soft: {MEMLOCK}, hard: {MEMLOCK}}}
-""")
+"""
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +102,9 @@ def engine():
     with open(STATE / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another `make test` in this checkout waits here
         started = time.monotonic()
-        proc = subprocess.run([str(ROOT / "scripts" / "container-base.sh"), "start"], capture_output=True,
-                              text=True, timeout=1200)
+        proc = subprocess.run(
+            [str(ROOT / "scripts" / "container-base.sh"), "start"], capture_output=True, text=True, timeout=1200
+        )
         lines = proc.stdout.strip().splitlines()
         if proc.returncode == 77:
             pytest.skip(lines[-1] if lines else "container-base.sh: this machine cannot run a Docker engine")
@@ -94,8 +113,10 @@ def engine():
         env = dict(line.split("=", 1) for line in lines[-2:])
         print(f"engine and base image ready in {time.monotonic() - started:.0f} s: {env}")
         if MEMLOCK != -1:
-            print(f"note: this machine's hard memlock limit is {MEMLOCK} bytes and its engine cannot raise it "
-                  f"(no CAP_SYS_RESOURCE): the lab runs with memlock {MEMLOCK} instead of compose.yaml's -1")
+            print(
+                f"note: this machine's hard memlock limit is {MEMLOCK} bytes and its engine cannot raise it "
+                f"(no CAP_SYS_RESOURCE): the lab runs with memlock {MEMLOCK} instead of compose.yaml's -1"
+            )
         try:
             yield env
         finally:
@@ -124,9 +145,14 @@ def project(engine, client, revision, tmp_path_factory):
     for name in ("runs", "data"):
         (work / name).mkdir(mode=0o755)
     env = {
-        "DOCKER_HOST": engine["DOCKER_HOST"], "BASE_IMAGE": engine["BASE_IMAGE"], "LAB_IMAGE": IMAGE,
-        "LAB_REVISION": revision, "LAB_RUNS_DIR": str(work / "runs"), "LAB_DATA_DIR": str(work / "data"),
-        "COMPOSE_PROJECT_NAME": "labtest", "DOCKER_BUILDKIT": "0",
+        "DOCKER_HOST": engine["DOCKER_HOST"],
+        "BASE_IMAGE": engine["BASE_IMAGE"],
+        "LAB_IMAGE": IMAGE,
+        "LAB_REVISION": revision,
+        "LAB_RUNS_DIR": str(work / "runs"),
+        "LAB_DATA_DIR": str(work / "data"),
+        "COMPOSE_PROJECT_NAME": "labtest",
+        "DOCKER_BUILDKIT": "0",
     }
     files = ["-f", str(ROOT / "compose.yaml"), "-f", str(ROOT / "compose.cpu.yaml"), "-f", str(work / "override.yaml")]
 
@@ -145,8 +171,9 @@ def smoke_run(project, client):
     """`compose up lab`: lab-init, then the smoke run; then `lab report` on it through `compose run`."""
     started = time.monotonic()
     up = project["compose"]("up", "--no-build", "lab")
-    container = client.containers.list(all=True, filters={"label": ["com.docker.compose.project=labtest",
-                                                                    "com.docker.compose.service=lab"]})[0]
+    container = client.containers.list(
+        all=True, filters={"label": ["com.docker.compose.project=labtest", "com.docker.compose.service=lab"]}
+    )[0]
     run_dir = project["work"] / "runs" / "container-smoke"
     report = project["compose"]("run", "--rm", "--no-deps", "lab", "report", "runs/container-smoke")
     print(f"compose up + report in {time.monotonic() - started:.0f} s")
@@ -169,7 +196,7 @@ def test_image_is_built_by_the_normal_path(project, client, engine, revision):
     out = client.containers.run(IMAGE, ["--version"], remove=True).decode()
     assert out.strip() == "lab 0.1.0"
     # pynvml: the image installs the `gpu` extra (per-GPU metrics by UUID); importing it needs no driver.
-    probe = ("import os, torch, lab, pynvml; print(os.getuid(), torch.__version__, torch.__file__)")
+    probe = "import os, torch, lab, pynvml; print(os.getuid(), torch.__version__, torch.__file__)"
     out = client.containers.run(IMAGE, ["-c", probe], entrypoint=["python3"], remove=True).decode().split()
     assert out[0] == str(LAB_UID)
     assert out[1].startswith("2.14.1") and out[2].startswith("/opt/venv/"), out
@@ -183,15 +210,18 @@ def test_compose_up_lab_leaves_the_run_on_the_host(smoke_run):
     assert host["Init"] is True
     assert host["IpcMode"] == "host"
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in host["Ulimits"]} == {
-        "memlock": (MEMLOCK, MEMLOCK), "stack": (67108864, 67108864)}
+        "memlock": (MEMLOCK, MEMLOCK),
+        "stack": (67108864, 67108864),
+    }
 
     run_dir = smoke_run["run_dir"]
     for name in ("manifest.json", "metrics.jsonl", "summary.json", "report.md"):
         assert (run_dir / name).is_file(), f"{name} missing from {run_dir}: {sorted(os.listdir(run_dir))}"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
-    losses = [r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-              if r["kind"] == "train"]
+    losses = [
+        r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"
+    ]
     assert len(losses) >= 4 and losses[-1] < losses[0], losses
     report = (run_dir / "report.md").read_text()
     pngs = re.findall(r"\((\S+\.png)\)", report)
@@ -252,15 +282,50 @@ def docker_room(project, client, tmp_path_factory):
     state = tmp_path_factory.mktemp("room")
     port = free_ports(3)  # the proxy's public port, the hub's, the proxy's API
     hub_port, api_port = port + 1, port + 2
-    command = [str(Path(sys.executable).parent / "lab"), "room", "serve", "--spawner", "docker", "--image",
-               JUPYTER_IMAGE, "--network", network.name, "--gpus", "0", "--seats", "1", "--cores", "2",
-               "--memory", "8", "--prefix", SEAT[:-1], "--room-dir", str(state), "--port", str(port),
-               "--hub-port", str(hub_port), "--proxy-api-port", str(api_port), "--hub-bind", gateway,
-               "--memlock", str(MEMLOCK), "--idle-timeout", "600"]
+    command = [
+        str(Path(sys.executable).parent / "lab"),
+        "room",
+        "serve",
+        "--spawner",
+        "docker",
+        "--image",
+        JUPYTER_IMAGE,
+        "--network",
+        network.name,
+        "--gpus",
+        "0",
+        "--seats",
+        "1",
+        "--cores",
+        "2",
+        "--memory",
+        "8",
+        "--prefix",
+        SEAT[:-1],
+        "--room-dir",
+        str(state),
+        "--port",
+        str(port),
+        "--hub-port",
+        str(hub_port),
+        "--proxy-api-port",
+        str(api_port),
+        "--hub-bind",
+        gateway,
+        "--memlock",
+        str(MEMLOCK),
+        "--idle-timeout",
+        "600",
+    ]
     log = state.parent / "room.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(command, env={**os.environ, "DOCKER_HOST": project["env"]["DOCKER_HOST"]},
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            env={**os.environ, "DOCKER_HOST": project["env"]["DOCKER_HOST"]},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         hub.wait_until_serving(base, proc, log)
@@ -303,11 +368,16 @@ def test_a_seat_is_a_container_of_the_jupyter_image_with_its_cores_memory_and_vo
     listing = seat.server("GET", "/contents/notebooks").json()["content"]
     names = sorted(item["name"] for item in listing)
     assert names and all(n.endswith(".ipynb") for n in names) and "01_baseline_and_ddp.ipynb" in names, names
-    news = requests.get(f"{base}/user/{SEAT}/lab/api/settings/@jupyterlab/apputils-extension:notification",
-                        headers=seat.headers, timeout=30).json()  # no "official Jupyter news" prompt
+    news = requests.get(
+        f"{base}/user/{SEAT}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+        headers=seat.headers,
+        timeout=30,
+    ).json()  # no "official Jupyter news" prompt
     assert news["schema"]["properties"]["fetchNews"]["default"] == "false", news
-    probe = ("import json, os; print(json.dumps({'uid': os.getuid(), 'seat': os.environ.get('LAB_SEAT'), "
-             "'gpus': os.environ.get('CUDA_VISIBLE_DEVICES'), 'runs': os.environ.get('LAB_LESSON_RUNS')}))")
+    probe = (
+        "import json, os; print(json.dumps({'uid': os.getuid(), 'seat': os.environ.get('LAB_SEAT'), "
+        "'gpus': os.environ.get('CUDA_VISIBLE_DEVICES'), 'runs': os.environ.get('LAB_LESSON_RUNS')}))"
+    )
     out = json.loads(seat.execute(probe)["stdout"])
     assert out == {"uid": LAB_UID, "seat": SEAT, "gpus": "", "runs": "/lab/seat/runs/lessons"}, out
 

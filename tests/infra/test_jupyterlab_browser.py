@@ -55,9 +55,24 @@ class Page(HTMLParser):
 
 def _browse(url: str, *extra: str) -> subprocess.CompletedProcess:
     # virtual time: the page's timers run until JupyterLab has loaded, however slow the machine
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=30000", *extra, url],
-                          capture_output=True, text=True, timeout=180)
+    assert CHROMIUM is not None  # the test skips before it browses without one
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=30000",
+            *extra,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 @pytest.fixture
@@ -69,15 +84,30 @@ def jupyterlab(tmp_path):
     # The lessons as `make notebook` serves them: paired .py files, .ipynb made by jupytext (here in a copy)
     notebooks = tmp_path / "notebooks"
     shutil.copytree(ROOT / "notebooks", notebooks)
-    subprocess.run([str(BIN / "jupytext"), "--sync", *map(str, sorted(notebooks.glob("[0-9]*.py")))], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [str(BIN / "jupytext"), "--sync", *map(str, sorted(notebooks.glob("[0-9]*.py")))],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     port = free_ports()
     log = tmp_path / "jupyter.log"
     root = ["--allow-root"] if os.geteuid() == 0 else []  # CI runs as root
     with log.open("w") as out:
-        server = subprocess.Popen([str(BIN / "jupyter"), "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-                                   f"--ServerApp.root_dir={tmp_path}", *root], stdout=out, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")})
+        server = subprocess.Popen(
+            [
+                str(BIN / "jupyter"),
+                "lab",
+                "--no-browser",
+                "--ip=127.0.0.1",
+                f"--port={port}",
+                f"--ServerApp.root_dir={tmp_path}",
+                *root,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")},
+        )
     try:
         deadline = time.monotonic() + 120  # a hang guard: the server prints its address within seconds
         while not (found := re.search(rf"http://127\.0\.0\.1:{port}/lab\?token=([0-9a-f]+)", log.read_text())):

@@ -66,18 +66,34 @@ def stack(tmp_path):
     procs = [
         # Debian's build persists to /var/lib/prometheus/pushgateway.data by default: every test run would see
         # the groups of the runs before it (a stale run "promtest" failed a clean-clone run here). A fresh file.
-        subprocess.Popen([pushgateway, f"--web.listen-address=127.0.0.1:{push_port}",
-                          f"--persistence.file={tmp_path / 'pushgateway.data'}"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-        subprocess.Popen([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-                          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen(
+            [
+                pushgateway,
+                f"--web.listen-address=127.0.0.1:{push_port}",
+                f"--persistence.file={tmp_path / 'pushgateway.data'}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
     ]
     try:
         _wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
         _wait_http(f"http://127.0.0.1:{push_port}/metrics")
-        yield {"prometheus": f"http://127.0.0.1:{prom_port}", "pushgateway": f"127.0.0.1:{push_port}",
-               "targets": targets}
+        yield {
+            "prometheus": f"http://127.0.0.1:{prom_port}",
+            "pushgateway": f"127.0.0.1:{push_port}",
+            "targets": targets,
+        }
     finally:
         for proc in procs:
             proc.terminate()
@@ -104,10 +120,29 @@ def wait_for(base: str, expr: str, count: int, seconds: float = 30) -> list[dict
 def test_two_rank_run_is_scraped_summed_and_its_summary_outlives_it(stack, tmp_path):
     port_base = free_ports(2)
     run_id = "promtest"
-    args = [PYTHON, "-m", "lab", "train", *TINY, "--nproc-per-node", "2", "--set", f"run.output_dir={tmp_path}/runs",
-            "--set", f"run.id={run_id}", "--set", "train.epochs=20", "--set", "train.log_every=1",
-            "--set", f"metrics.port_base={port_base}", "--set", f"metrics.targets_dir={stack['targets']}",
-            "--set", f"metrics.pushgateway={stack['pushgateway']}"]
+    args = [
+        PYTHON,
+        "-m",
+        "lab",
+        "train",
+        *TINY,
+        "--nproc-per-node",
+        "2",
+        "--set",
+        f"run.output_dir={tmp_path}/runs",
+        "--set",
+        f"run.id={run_id}",
+        "--set",
+        "train.epochs=20",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        f"metrics.port_base={port_base}",
+        "--set",
+        f"metrics.targets_dir={stack['targets']}",
+        "--set",
+        f"metrics.pushgateway={stack['pushgateway']}",
+    ]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     endpoints = [f"http://127.0.0.1:{port_base + r}/metrics" for r in range(2)]
     for url in endpoints:
@@ -118,6 +153,7 @@ def test_two_rank_run_is_scraped_summed_and_its_summary_outlives_it(stack, tmp_p
     def scrape(i: int) -> int:
         with urllib.request.urlopen(endpoints[i % 2], timeout=10) as response:
             return response.status
+
     with ThreadPoolExecutor(max_workers=50) as pool:
         statuses = list(pool.map(scrape, range(50)))
     assert statuses == [200] * 50
@@ -168,7 +204,7 @@ def test_two_rank_run_is_scraped_summed_and_its_summary_outlives_it(stack, tmp_p
     promtool = shutil.which("promtool")
     check = subprocess.run([promtool, "check", "metrics"], input=scrape_text, capture_output=True, text=True)
     assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check.stdout + check.stderr
-    assert 'lab_run_info{' in scrape_text and f'run_id="{run_id}"' in scrape_text
+    assert "lab_run_info{" in scrape_text and f'run_id="{run_id}"' in scrape_text
 
 
 def _groups(pushgateway: str, *run_ids: str) -> list[dict[str, str]]:
@@ -204,12 +240,35 @@ def test_two_seats_runs_of_one_id_stay_apart_by_seat_and_the_room_dashboard_read
     port_base = free_ports(2)
     procs = {}
     for offset, name in enumerate(("seat1", "seat2")):
-        args = [PYTHON, "-m", "lab", "train", *TINY, "--set", f"run.output_dir={tmp_path}/{name}",
-                "--set", "run.id=baseline", "--set", "train.epochs=8", "--set", "train.log_every=1",
-                "--set", f"metrics.port_base={port_base + offset}", "--set", f"metrics.targets_dir={stack['targets']}",
-                "--set", f"metrics.pushgateway={stack['pushgateway']}"]
-        procs[name] = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                       env={**os.environ, "LAB_SEAT": name, "OMP_NUM_THREADS": "1"})
+        args = [
+            PYTHON,
+            "-m",
+            "lab",
+            "train",
+            *TINY,
+            "--set",
+            f"run.output_dir={tmp_path}/{name}",
+            "--set",
+            "run.id=baseline",
+            "--set",
+            "train.epochs=8",
+            "--set",
+            "train.log_every=1",
+            "--set",
+            f"metrics.port_base={port_base + offset}",
+            "--set",
+            f"metrics.targets_dir={stack['targets']}",
+            "--set",
+            f"metrics.pushgateway={stack['pushgateway']}",
+        ]
+        procs[name] = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "LAB_SEAT": name, "OMP_NUM_THREADS": "1"},
+        )
     prom = stack["prometheus"]
     live = wait_for(prom, 'last_over_time(lab_train_steps_total{run_id="baseline"}[10m])', 2, seconds=120)
     for name, proc in procs.items():
@@ -219,8 +278,10 @@ def test_two_seats_runs_of_one_id_stay_apart_by_seat_and_the_room_dashboard_read
         targets = json.loads((tmp_path / name / "baseline" / "prometheus-targets.json").read_text())
         assert targets[0]["labels"]["seat"] == name
     assert sorted(r["metric"]["seat"] for r in live) == ["seat1", "seat2"]
-    assert _groups(stack["pushgateway"], "baseline") == [{"job": "lab", "run_id": "baseline", "seat": "seat1"},
-                                                         {"job": "lab", "run_id": "baseline", "seat": "seat2"}]
+    assert _groups(stack["pushgateway"], "baseline") == [
+        {"job": "lab", "run_id": "baseline", "seat": "seat1"},
+        {"job": "lab", "run_id": "baseline", "seat": "seat2"},
+    ]
 
     # the lessons' checks (pushed as they are recorded) and each lesson's count (pushed by lab room serve)
     from lab.observability import metrics
@@ -243,7 +304,11 @@ def test_two_seats_runs_of_one_id_stay_apart_by_seat_and_the_room_dashboard_read
     assert shown == {"seat1": 1.0, "seat2": 0.5, "seat3": -1.0}  # passed, running (1 of 2), failed
     gpus = wait_for(prom, "lab_room_seat_gpu_info", 4)
     assert sorted((r["metric"]["seat"], r["metric"]["gpu"]) for r in gpus) == [
-        ("seat1", "0"), ("seat1", "1"), ("seat2", "2"), ("seat2", "3")]
+        ("seat1", "0"),
+        ("seat1", "1"),
+        ("seat2", "2"),
+        ("seat2", "3"),
+    ]
 
 
 def test_the_room_dashboard_uses_the_lab_metrics():
@@ -259,8 +324,18 @@ def test_the_room_dashboard_uses_the_lab_metrics():
 
 def test_an_unreachable_pushgateway_costs_one_warning_line(tmp_path):
     dead = free_ports()
-    proc = lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={tmp_path}",
-               "--set", f"metrics.pushgateway=127.0.0.1:{dead}", "--nproc-per-node", "2")
+    proc = lab(
+        "train",
+        *TINY,
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        f"run.output_dir={tmp_path}",
+        "--set",
+        f"metrics.pushgateway=127.0.0.1:{dead}",
+        "--nproc-per-node",
+        "2",
+    )
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: metrics:")]
     assert len(warnings) == 1 and "could not push the run summary" in warnings[0], proc.stderr
 
@@ -270,28 +345,54 @@ def test_a_taken_port_costs_one_warning_and_training_goes_on(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = lab("train", *TINY, "--set", "train.max_steps=2", "--set", f"run.output_dir={tmp_path}",
-                   "--set", f"metrics.port_base={port}")
+        proc = lab(
+            "train",
+            *TINY,
+            "--set",
+            "train.max_steps=2",
+            "--set",
+            f"run.output_dir={tmp_path}",
+            "--set",
+            f"metrics.port_base={port}",
+        )
     assert "warning: metrics: rank 0 cannot serve on 127.0.0.1" in proc.stderr
     assert json.loads(next(Path(tmp_path).glob("*/summary.json")).read_text())["status"] == "completed"
 
 
 def test_promtool_accepts_the_shipped_config_and_rules():
     promtool = _require(shutil.which("promtool"), "promtool")
-    for args in (["check", "config", "prometheus.yml"], ["check", "rules", "rules/lab.rules.yml"],
-                 ["test", "rules", "tests/lab.rules.test.yml"]):
+    for args in (
+        ["check", "config", "prometheus.yml"],
+        ["check", "rules", "rules/lab.rules.yml"],
+        ["test", "rules", "tests/lab.rules.test.yml"],
+    ):
         proc = subprocess.run([promtool, *args], cwd=MONITORING, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "SUCCESS" in proc.stdout + proc.stderr
 
 
 def test_metrics_overhead_benchmark_prints_an_interleaved_ratio(tmp_path):
-    proc = lab("bench", "metrics-overhead", "--set", "model.width=8", "--set", "train.log_every=2", "--rounds", "2",
-               "--steps", "8", "--scrape-interval", "0.2", "--json", str(tmp_path / "o.json"))
+    proc = lab(
+        "bench",
+        "metrics-overhead",
+        "--set",
+        "model.width=8",
+        "--set",
+        "train.log_every=2",
+        "--rounds",
+        "2",
+        "--steps",
+        "8",
+        "--scrape-interval",
+        "0.2",
+        "--json",
+        str(tmp_path / "o.json"),
+    )
     result = json.loads((tmp_path / "o.json").read_text())
     assert len(result["block_seconds_on"]) == len(result["block_seconds_off"]) == 2
-    assert result["ratio_on_over_off"] == pytest.approx(sum(result["block_seconds_on"]) /
-                                                        sum(result["block_seconds_off"]))
+    assert result["ratio_on_over_off"] == pytest.approx(
+        sum(result["block_seconds_on"]) / sum(result["block_seconds_off"])
+    )
     assert result["scrapes"] > 0 and result["scrape_failures"] == 0  # the exporter really was scraped
     assert "exporter on / off:" in proc.stdout
 
@@ -311,6 +412,11 @@ def test_dashboard_uses_the_lab_metrics_and_a_run_variable():
     for name in set(re.findall(r"\blab_[a-z_]+\b", exprs)):
         base = name.removesuffix("_total")
         assert f'"{base}"' in source, f"{name} in the dashboard is not defined in lab/observability/metrics.py"
-    for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_UTIL", "run_id:lab_train_samples_per_second:sum",
-                 "lab_allreduce_bus_bandwidth_bytes_per_second", "lab_device_memory_allocated_bytes"):
+    for name in (
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "run_id:lab_train_samples_per_second:sum",
+        "lab_allreduce_bus_bandwidth_bytes_per_second",
+        "lab_device_memory_allocated_bytes",
+    ):
         assert name in exprs

@@ -42,7 +42,7 @@ PREFIX = "rt"
 SEATS = [f"{PREFIX}{i}" for i in (1, 2, 3)]
 PASSWORDS = {name: f"{name}-learner-passphrase" for name in SEATS}
 IDLE_SECONDS = 20
-AS_DOCUMENTED = "make room SEATS=3"   # README.md and docs/workshop.md
+AS_DOCUMENTED = "make room SEATS=3"  # README.md and docs/workshop.md
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PROXY = Path(sys.prefix) / "room-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 LESSON = "notebooks/01_baseline_and_ddp.ipynb"
@@ -117,18 +117,32 @@ def room(tmp_path_factory):
     port = free_ports(3)  # the proxy's public port, the hub's, the proxy's API
     hub_port, api_port = port + 1, port + 2
     changed = _open_for_search([Path(sys.executable), ROOT / "lab"])
-    args = (f"--prefix {PREFIX} --gpus 6 --memory 48 --room-dir {state} --port {port} --hub-port {hub_port} "
-            f"--proxy-api-port {api_port} --idle-timeout {IDLE_SECONDS}")
+    args = (
+        f"--prefix {PREFIX} --gpus 6 --memory 48 --room-dir {state} --port {port} --hub-port {hub_port} "
+        f"--proxy-api-port {api_port} --idle-timeout {IDLE_SECONDS}"
+    )
     # `make room` as the docs type it, with the test's own folder, ports and a short idle timeout
     with log.open("w") as out:
-        proc = subprocess.Popen([*shlex.split(AS_DOCUMENTED), f"ROOM_ARGS={args}"], cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*shlex.split(AS_DOCUMENTED), f"ROOM_ARGS={args}"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         hub.wait_until_serving(base, proc, log)
         admin, password = (state / "instructor-password").read_text().split()
-        yield {"base": base, "state": state, "proc": proc, "log": log, "admin": admin, "password": password,
-               "seats": {}}
+        yield {
+            "base": base,
+            "state": state,
+            "proc": proc,
+            "log": log,
+            "admin": admin,
+            "password": password,
+            "seats": {},
+        }
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -170,13 +184,21 @@ def test_each_seat_starts_its_server_with_its_own_gpus_user_and_runs_folder(room
         seat.start()
     expected = {"rt1": "0,1", "rt2": "2,3", "rt3": "4,5"}
     for name, seat in seats.items():
-        shown = _json_line(seat.execute(
-            "import json, os; print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(), 'env': {k: os.environ.get(k) "
-            "for k in ('CUDA_VISIBLE_DEVICES', 'LAB_SEAT', 'LAB_LESSON_RUNS', 'OMP_NUM_THREADS')}}))"))
+        shown = _json_line(
+            seat.execute(
+                "import json, os; print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(), "
+                "'env': {k: os.environ.get(k) for k in "
+                "('CUDA_VISIBLE_DEVICES', 'LAB_SEAT', 'LAB_LESSON_RUNS', 'OMP_NUM_THREADS')}}))"
+            )
+        )
         home = pwd.getpwnam(name).pw_dir
         assert shown["uid"] == pwd.getpwnam(name).pw_uid
-        assert shown["env"] == {"CUDA_VISIBLE_DEVICES": expected[name], "LAB_SEAT": name,
-                                "LAB_LESSON_RUNS": f"{home}/runs/lessons", "OMP_NUM_THREADS": "1"}
+        assert shown["env"] == {
+            "CUDA_VISIBLE_DEVICES": expected[name],
+            "LAB_SEAT": name,
+            "LAB_LESSON_RUNS": f"{home}/runs/lessons",
+            "OMP_NUM_THREADS": "1",
+        }
         assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
         # the seat's own copy of the lessons: each listed once (the .ipynb; the paired .py is hidden)
         listing = seat.server("GET", "/contents/notebooks").json()["content"]
@@ -196,10 +218,12 @@ def test_a_seat_cannot_reach_another_seats_server_api_or_files(room):
     assert a.hub("GET", f"/users/{b.name}").status_code in (403, 404)
     assert a.hub("POST", f"/users/{b.name}/server").status_code in (403, 404)
     home_b = pwd.getpwnam(b.name).pw_dir
-    tried = a.execute(f"import pathlib\ntry:\n    print(sorted(pathlib.Path({home_b!r}).iterdir()))\n"
-                      f"except PermissionError as e:\n    print('refused', e.errno)\n"
-                      f"try:\n    print(open({home_b + '/notebooks/01_baseline_and_ddp.ipynb'!r}).read()[:20])\n"
-                      f"except PermissionError as e:\n    print('refused', e.errno)")["stdout"]
+    tried = a.execute(
+        f"import pathlib\ntry:\n    print(sorted(pathlib.Path({home_b!r}).iterdir()))\n"
+        f"except PermissionError as e:\n    print('refused', e.errno)\n"
+        f"try:\n    print(open({home_b + '/notebooks/01_baseline_and_ddp.ipynb'!r}).read()[:20])\n"
+        f"except PermissionError as e:\n    print('refused', e.errno)"
+    )["stdout"]
     assert tried.split() == ["refused", "13", "refused", "13"], tried
 
 
@@ -213,7 +237,7 @@ def test_lesson_one_runs_in_three_seats_own_kernels_at_once(room):
     def run(seat: hub.Seat) -> None:
         try:
             results[seat.name] = seat.run_notebook(LESSON, timeout=600)
-        except BaseException as exc:  # noqa: BLE001 - reported below, for every seat
+        except BaseException as exc:
             results[seat.name] = exc
 
     with hub.PeakMemory(list(seats)) as memory:
@@ -224,8 +248,10 @@ def test_lesson_one_runs_in_three_seats_own_kernels_at_once(room):
         for thread in threads:
             thread.join(timeout=900)
     wall = time.monotonic() - started
-    print(f"lesson 1 in {len(seats)} seats at once: {wall:.0f} s; peak PSS per seat: "
-          + ", ".join(f"{n} {v / 2**30:.2f} GiB" for n, v in sorted(memory.peaks.items())))
+    print(
+        f"lesson 1 in {len(seats)} seats at once: {wall:.0f} s; peak PSS per seat: "
+        + ", ".join(f"{n} {v / 2**30:.2f} GiB" for n, v in sorted(memory.peaks.items()))
+    )
     failures = {n: r for n, r in results.items() if isinstance(r, BaseException)}
     assert not failures, failures
     for name in seats:
@@ -242,8 +268,13 @@ def test_lesson_one_runs_in_three_seats_own_kernels_at_once(room):
 
 def test_room_status_shows_every_seat_with_lesson_one_passed(room, tmp_path):
     out = tmp_path / "status.json"
-    shown = subprocess.run([sys.executable, "-m", "lab", "room", "status", "--room-dir", str(room["state"]),
-                            "--json", str(out)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    shown = subprocess.run(
+        [sys.executable, "-m", "lab", "room", "status", "--room-dir", str(room["state"]), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert shown.returncode == 0, shown.stderr
     rows = {row["seat"]: row for row in json.loads(out.read_text())["seats"]}
     assert set(rows) == set(SEATS)
@@ -261,8 +292,9 @@ def test_a_learner_logs_in_with_a_browser_and_lesson_one_opens_without_a_prompt(
 
     name = "rt2"
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM,
-                                    args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             errors: list[str] = []
@@ -287,8 +319,11 @@ def test_a_learner_logs_in_with_a_browser_and_lesson_one_opens_without_a_prompt(
     assert "official Jupyter news" not in text, shot
     # the settings the seat's JupyterLab runs with: the lab's override is the default it serves
     seat = room["seats"][name]
-    served = requests.get(f"{room['base']}/user/{name}/lab/api/settings/@jupyterlab/apputils-extension:notification",
-                          headers=seat.headers, timeout=30).json()
+    served = requests.get(
+        f"{room['base']}/user/{name}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+        headers=seat.headers,
+        timeout=30,
+    ).json()
     assert served["schema"]["properties"]["fetchNews"]["default"] == "false", served
     assert not errors, errors
 
@@ -326,9 +361,25 @@ def test_a_seat_name_that_is_someones_account_is_refused(tmp_path):
     name = "rtz1"
     subprocess.run(["useradd", "--no-create-home", name], check=True)
     try:
-        done = subprocess.run([sys.executable, "-m", "lab", "room", "serve", "--prefix", "rtz", "--seats", "1",
-                               "--room-dir", str(tmp_path / "room")], capture_output=True, text=True, timeout=120,
-                              cwd=ROOT)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lab",
+                "room",
+                "serve",
+                "--prefix",
+                "rtz",
+                "--seats",
+                "1",
+                "--room-dir",
+                str(tmp_path / "room"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert done.returncode == 2, done.stderr
         assert "seat rtz1: a system user of that name exists and was not made by lab room" in done.stderr
         assert not (tmp_path / "room").exists()

@@ -36,7 +36,9 @@ def cluster():
     missing = missing_tools()
     if missing:
         if os.environ.get("CI"):
-            pytest.fail(f"{', '.join(missing)} not installed; `make test` installs them (scripts/install-test-tools.sh)")
+            pytest.fail(
+                f"{', '.join(missing)} not installed; `make test` installs them (scripts/install-test-tools.sh)"
+            )
         pytest.skip(f"{', '.join(missing)} not installed (scripts/install-test-tools.sh installs them as root)")
     root = Path(tempfile.mkdtemp(prefix="lab-slurm-"))
     root.chmod(0o755)  # munge's socket folder, and each folder above it, must be world-executable
@@ -53,8 +55,15 @@ def cluster():
 def _job_env(runs: Path, **extra: str) -> dict[str, str]:
     # A free rendezvous port per job, not the script's default 29400: another torchrun on this machine (a
     # developer's run beside the suite) would otherwise be joined or refused by it.
-    return {"LAB_COMMAND": LAB, "LAB_RUNS": str(runs), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-            "LAB_RDZV_PORT": str(free_ports()), **TRAINING, **extra}
+    return {
+        "LAB_COMMAND": LAB,
+        "LAB_RUNS": str(runs),
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "LAB_RDZV_PORT": str(free_ports()),
+        **TRAINING,
+        **extra,
+    }
 
 
 def _output(folder: Path, job_id: str) -> str:
@@ -100,6 +109,7 @@ def _wait_for_step(run_dirs: Path, step: int, cluster: SlurmCluster, job_id: str
 
 # ----------------------------------------------------------------------------- Prometheus
 
+
 @pytest.fixture
 def prometheus(tmp_path):
     """A real Prometheus reading the shipped config's lab job through file_sd from a folder the job shares."""
@@ -117,9 +127,16 @@ def prometheus(tmp_path):
     lab_job["file_sd_configs"] = [{"files": [str(targets / "*.json")], "refresh_interval": "1s"}]
     config["scrape_configs"] = [lab_job]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -141,6 +158,7 @@ def _query(base: str, expr: str) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- the tests
+
 
 @pytest.fixture(scope="module")
 def reference(cluster, tmp_path_factory):
@@ -169,8 +187,9 @@ def test_sbatch_of_the_shipped_script_trains_on_both_nodes_with_one_run_director
 
 
 def test_a_killed_rank_fails_the_job_with_its_exit_code_and_the_labs_one_line_reason(cluster, tmp_path):
-    job_id = cluster.sbatch("sbatch -N 2 slurm/lab.sbatch", ROOT, tmp_path,
-                            env=_job_env(tmp_path / "runs", LAB_MAX_RESTARTS="0"))
+    job_id = cluster.sbatch(
+        "sbatch -N 2 slurm/lab.sbatch", ROOT, tmp_path, env=_job_env(tmp_path / "runs", LAB_MAX_RESTARTS="0")
+    )
     _wait_for_step(tmp_path / "runs", 2, cluster, job_id)
     for pid in _processes_of(job_id, rank="1"):
         os.kill(pid, signal.SIGKILL)
@@ -179,12 +198,15 @@ def test_a_killed_rank_fails_the_job_with_its_exit_code_and_the_labs_one_line_re
     # srun's status is its tasks' highest: the failed node's 1, or 143 for the node it then stopped (SIGTERM)
     assert job.state == "FAILED" and job.rc in (1, 143), (job, out[-3000:])
     assert f"job {job_id} failed: the training step exited {job.rc}" in out, out[-3000:]
-    assert ("lab launch: this node's workers (127.0.0.2) failed, torchrun exit 1: rank 1 (local_rank: 0): "
-            "Signal 9 (SIGKILL) received by PID") in out
+    assert (
+        "lab launch: this node's workers (127.0.0.2) failed, torchrun exit 1: rank 1 (local_rank: 0): "
+        "Signal 9 (SIGKILL) received by PID"
+    ) in out
 
 
 def test_a_requeued_job_resumes_from_the_shared_checkpoint_and_its_curve_equals_an_uninterrupted_one(
-        cluster, reference, tmp_path):
+    cluster, reference, tmp_path
+):
     """pyxis is not installed here: a stand-in `srun` first on PATH accepts pyxis's options, writes them down and
     runs the real srun without them (the image named is this venv's lab), to show the script passes them."""
     shim = tmp_path / "bin"
@@ -192,10 +214,15 @@ def test_a_requeued_job_resumes_from_the_shared_checkpoint_and_its_curve_equals_
     (shim / "srun").write_text(
         "#!/usr/bin/env bash\n# pyxis stand-in: record and drop --container-* options, then the real srun\n"
         'args=(); for a in "$@"; do case $a in --container-*|--no-container-*) echo "$a" >> "$PYXIS_LOG";; '
-        '*) args+=("$a");; esac; done\nexec /usr/bin/srun "${args[@]}"\n')
+        '*) args+=("$a");; esac; done\nexec /usr/bin/srun "${args[@]}"\n'
+    )
     (shim / "srun").chmod(0o755)
-    env = _job_env(tmp_path / "runs", LAB_IMAGE="nvcr.io#lab/lab:test", PYXIS_LOG=str(tmp_path / "pyxis.log"),
-                   PATH=f"{shim}:{os.environ['PATH']}")
+    env = _job_env(
+        tmp_path / "runs",
+        LAB_IMAGE="nvcr.io#lab/lab:test",
+        PYXIS_LOG=str(tmp_path / "pyxis.log"),
+        PATH=f"{shim}:{os.environ['PATH']}",
+    )
     job_id = cluster.sbatch("sbatch -N 2 slurm/lab.sbatch", ROOT, tmp_path, env=env)
     run_dir = _wait_for_step(tmp_path / "runs", 6, cluster, job_id)  # past the checkpoint at step 4
     cluster.scontrol("requeue", job_id)
@@ -217,9 +244,26 @@ def test_a_requeued_job_resumes_from_the_shared_checkpoint_and_its_curve_equals_
 
 
 def test_srun_with_one_task_per_rank_is_refused_in_one_line_never_two_runs_of_world_size_one(cluster, tmp_path):
-    proc = subprocess.run(["srun", "-N", "2", "-n", "2", LAB, "train", "--config", "smoke", "--set",
-                           f"run.output_dir={tmp_path / 'runs'}"], env=cluster.env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            "srun",
+            "-N",
+            "2",
+            "-n",
+            "2",
+            LAB,
+            "train",
+            "--config",
+            "smoke",
+            "--set",
+            f"run.output_dir={tmp_path / 'runs'}",
+        ],
+        env=cluster.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("lab: error:")]
     assert len(lines) == 2 and "task 0 of 2 of a Slurm step" in proc.stderr and "Traceback" not in proc.stderr
@@ -228,13 +272,20 @@ def test_srun_with_one_task_per_rank_is_refused_in_one_line_never_two_runs_of_wo
 
 def test_each_nodes_exporter_is_announced_to_prometheus_with_the_job_id_then_withdrawn(cluster, prometheus, tmp_path):
     port = free_ports()
-    job_id = cluster.sbatch("sbatch -N 2 slurm/lab.sbatch", ROOT, tmp_path,
-                            env=_job_env(tmp_path / "runs", LAB_METRICS_PORT_BASE=str(port),
-                                         LAB_TARGETS_DIR=str(prometheus["targets"]),
-                                         # 320 steps, about 16 s on a quiet machine: at 6 epochs (3 s) a fast
-                                         # machine ended the run before Prometheus's 1 s file_sd refresh and
-                                         # scrape had seen both nodes (a clean-clone run failed so)
-                                         LAB_SET="model.width=8 train.epochs=40"))
+    job_id = cluster.sbatch(
+        "sbatch -N 2 slurm/lab.sbatch",
+        ROOT,
+        tmp_path,
+        env=_job_env(
+            tmp_path / "runs",
+            LAB_METRICS_PORT_BASE=str(port),
+            LAB_TARGETS_DIR=str(prometheus["targets"]),
+            # 320 steps, about 16 s on a quiet machine: at 6 epochs (3 s) a fast
+            # machine ended the run before Prometheus's 1 s file_sd refresh and
+            # scrape had seen both nodes (a clean-clone run failed so)
+            LAB_SET="model.width=8 train.epochs=40",
+        ),
+    )
     seen: set[str] = set()
     while cluster.job(job_id).state in ("PENDING", "CONFIGURING", "RUNNING") and len(seen) < 2:
         seen |= {r["metric"]["instance"] for r in _query(prometheus["url"], f'up{{slurm_job_id="{job_id}"}} == 1')}
@@ -260,8 +311,14 @@ def test_the_fabric_check_as_a_slurm_job_writes_validate_json_naming_both_nodes(
 
 def test_doctor_on_every_node_reports_the_allocation(cluster, tmp_path):
     env = {**cluster.env, "PATH": f"{Path(PYTHON).parent}:{os.environ['PATH']}"}  # `lab` on PATH, as installed
-    proc = subprocess.run(["srun", "-N", "2", "lab", "doctor", "--output-dir", str(tmp_path / "runs")], env=env,
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["srun", "-N", "2", "lab", "doctor", "--output-dir", str(tmp_path / "runs")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for node, index in (("n1", 0), ("n2", 1)):
         assert f"2 node(s) n1,n2; this is {node} (node {index}), step task {index} of 2" in proc.stdout

@@ -12,11 +12,12 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from lab.observability import metrics
 from lab.config import MetricsConfig
+from lab.observability import metrics
 from tests.conftest import ROOT
 from tests.infra.test_ansible import LOCAL, NODES, _playbook
 
@@ -52,20 +53,24 @@ def test_the_controller_lists_every_rank_as_the_ranks_themselves_would(tmp_path,
     port_base = _free_port_on_both_nodes()
     central = tmp_path / "prometheus-targets"
     central.mkdir()
-    proc, recap = _playbook(tmp_path, LOCAL, "--tags", "telemetry", lab_metrics_port_base=port_base,
-                            lab_prometheus_targets_dir=str(central))
+    proc, recap = _playbook(
+        tmp_path, LOCAL, "--tags", "telemetry", lab_metrics_port_base=port_base, lab_prometheus_targets_dir=str(central)
+    )
     assert set(recap) == set(NODES) and all(r["failed"] == 0 for r in recap.values()), proc.stdout
 
     record = tmp_path / "controller" / "job1" / "targets.json"
     targets = json.loads(record.read_text())
     # Both nodes' ranks in rank order, on the node addresses (the launch role binds the exporters there)
-    assert [(t["targets"], t["labels"]["rank"]) for t in targets] == [([f"{node}:{port_base}"], str(rank))
-                                                                     for rank, node in enumerate(NODES)]
+    assert [(t["targets"], t["labels"]["rank"]) for t in targets] == [
+        ([f"{node}:{port_base}"], str(rank)) for rank, node in enumerate(NODES)
+    ]
     # ... and exactly what the ranks' exporters publish: what rank 0 gathers into its own file_sd file.
     # The launch role passes each node's lab_node_address as metrics.bind_address; the head is 127.0.0.1.
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    exporters = [metrics.start(MetricsConfig(port_base=port_base, bind_address=node), _Rank(rank), "job1", {})
-                 for rank, node in enumerate(NODES)]
+    exporters = [
+        metrics.start(MetricsConfig(port_base=port_base, bind_address=node), _Rank(rank), "job1", {})
+        for rank, node in enumerate(NODES)
+    ]
     try:
         published = [exporter.target() for exporter in exporters]
     finally:
@@ -91,15 +96,18 @@ def test_the_exporters_match_compose_and_the_central_prometheus_globs():
     # each image's tag starts with the DCGM major version it is chosen for
     dcgm = services["dcgm-exporter"]
     assert dcgm["image"] == "${LAB_DCGM_EXPORTER_IMAGE:-" + defaults["telemetry_dcgm_exporter_images"]["4"] + "}"
-    assert all(image.split(":")[1].startswith(major + ".")
-               for major, image in defaults["telemetry_dcgm_exporter_images"].items())
+    assert all(
+        image.split(":")[1].startswith(major + ".")
+        for major, image in defaults["telemetry_dcgm_exporter_images"].items()
+    )
     # no SYS_ADMIN under compose: its counters file has no profiling field, the only ones that need it
     assert "cap_add" not in dcgm and dcgm["command"] == ["-f", "/etc/lab/dcgm-counters.csv"]
     assert "./monitoring/dcgm/counters.csv:/etc/lab/dcgm-counters.csv:ro" in dcgm["volumes"]
     assert dcgm["environment"] == {"DCGM_REMOTE_HOSTENGINE_INFO": None}  # passed through only when set
     # the role writes targets/<job>/<node>.json; prometheus.yml's node and dcgm jobs glob there
-    jobs = {j["job_name"]: j for j in yaml.safe_load((ROOT / "monitoring" / "prometheus.yml").read_text())
-            ["scrape_configs"]}
+    jobs = {
+        j["job_name"]: j for j in yaml.safe_load((ROOT / "monitoring" / "prometheus.yml").read_text())["scrape_configs"]
+    }
     exporters = (ROLE / "tasks" / "exporters.yml").read_text()
     for job, folder in (("node", "node-exporter"), ("dcgm-exporter", "dcgm-exporter")):
         assert f"job: {folder}" in exporters
@@ -147,8 +155,17 @@ def test_exporter_containers_are_replaced_when_stale_and_left_alone_when_current
 
     def play() -> tuple[dict, list[list[str]]]:
         log.unlink(missing_ok=True)
-        proc, recap = _playbook(tmp_path, LOCAL, "--tags", "telemetry", "--limit", "127.0.0.1", lab_runtime="docker",
-                                lab_prometheus_targets_dir=str(central), telemetry_node_exporter_port=port)
+        proc, recap = _playbook(
+            tmp_path,
+            LOCAL,
+            "--tags",
+            "telemetry",
+            "--limit",
+            "127.0.0.1",
+            lab_runtime="docker",
+            lab_prometheus_targets_dir=str(central),
+            telemetry_node_exporter_port=port,
+        )
         assert recap["127.0.0.1"]["failed"] == 0, proc.stdout
         assert "no per-rank metrics targets: metrics are off (lab_metrics_port_base is 0)" in proc.stdout
         return recap["127.0.0.1"], [json.loads(line) for line in log.read_text().splitlines()]
@@ -158,12 +175,21 @@ def test_exporter_containers_are_replaced_when_stale_and_left_alone_when_current
     assert ["rm", "--force", "lab-node-exporter"] in calls and len(runs) == 1 + gpus
     node_exporter = runs[0]
     assert node_exporter[:6] == ["run", "--detach", "--restart", "unless-stopped", "--name", "lab-node-exporter"]
-    assert node_exporter[8:] == ["--network", "host", "--pid", "host", "--volume", "/:/host:ro,rslave",
-                                 "prom/node-exporter:v1.8.2", "--path.rootfs=/host",
-                                 f"--web.listen-address=127.0.0.1:{port}"]
+    assert node_exporter[8:] == [
+        "--network",
+        "host",
+        "--pid",
+        "host",
+        "--volume",
+        "/:/host:ro,rslave",
+        "prom/node-exporter:v1.8.2",
+        "--path.rootfs=/host",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
     files = {p.relative_to(central).as_posix(): json.loads(p.read_text()) for p in central.rglob("*.json")}
-    assert files["node-exporter/127.0.0.1.json"] == [{"targets": [f"127.0.0.1:{port}"],
-                                                      "labels": {"node": socket.gethostname()}}]
+    assert files["node-exporter/127.0.0.1.json"] == [
+        {"targets": [f"127.0.0.1:{port}"], "labels": {"node": socket.gethostname()}}
+    ]
     assert set(files) == {"node-exporter/127.0.0.1.json"} | ({"dcgm-exporter/127.0.0.1.json"} if gpus else set())
 
     # Again: everything is as specified, so nothing is removed or started and nothing changes
@@ -181,14 +207,19 @@ def test_the_counters_files_collect_every_field_the_rules_and_dashboard_name():
     dcgm = ROOT / "monitoring" / "dcgm"
     plain, profiling = _fields(dcgm / "counters.csv"), _fields(dcgm / "counters-profiling.csv")
     named = set()
-    for path in [*(ROOT / "monitoring" / "rules").glob("*.yml"), ROOT / "monitoring" / "grafana" / "dashboards" /
-                 "lab.json"]:
+    for path in [
+        *(ROOT / "monitoring" / "rules").glob("*.yml"),
+        ROOT / "monitoring" / "grafana" / "dashboards" / "lab.json",
+    ]:
         named |= set(re.findall(r"\bDCGM_(?:FI|EXP)_[A-Z0-9_]+", path.read_text()))
     assert {"DCGM_EXP_XID_ERRORS_COUNT", "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"} <= named
     assert named <= set(plain), named - set(plain)
     assert not [f for f in plain if f.startswith("DCGM_FI_PROF_")]  # no field that needs SYS_ADMIN
-    assert profiling[:len(plain)] == plain and {f for f in profiling[len(plain):]} == {
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"}
+    assert profiling[: len(plain)] == plain and {f for f in profiling[len(plain) :]} == {
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+    }
 
 
 # `dcgmi -v` as DCGM prints it (its dcgmi/Version.cpp; the layout of NVIDIA/DCGM issue 183): the client's build,
@@ -227,10 +258,22 @@ def _fake_gpu_node(tmp_path: Path, monkeypatch, dcgmi: str | None, hostengine: b
 
 def _dcgm_exporter_run(tmp_path: Path, device: Path, log: Path, **extra) -> tuple[list[str], str]:
     log.unlink(missing_ok=True)
-    ports = {"telemetry_node_exporter_port": _free_port_on_both_nodes(),
-             "telemetry_dcgm_exporter_port": _free_port_on_both_nodes()}
-    proc, recap = _playbook(tmp_path, LOCAL, "--tags", "telemetry", "--limit", "127.0.0.1", lab_runtime="docker",
-                            telemetry_nvidia_device=str(device), **ports, **extra)
+    ports: dict[str, Any] = {
+        "telemetry_node_exporter_port": _free_port_on_both_nodes(),
+        "telemetry_dcgm_exporter_port": _free_port_on_both_nodes(),
+    }
+    proc, recap = _playbook(
+        tmp_path,
+        LOCAL,
+        "--tags",
+        "telemetry",
+        "--limit",
+        "127.0.0.1",
+        lab_runtime="docker",
+        telemetry_nvidia_device=str(device),
+        **ports,
+        **extra,
+    )
     assert recap["127.0.0.1"]["failed"] == 0, proc.stdout
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     runs = [c for c in calls if c[0] == "run" and "lab-dcgm-exporter" in c]
@@ -248,7 +291,7 @@ def test_dcgm_exporter_matches_the_hosts_dcgm_and_reads_its_host_engine(tmp_path
     device, log = _fake_gpu_node(tmp_path, monkeypatch, DCGMI.format(client="3.3.7", engine=engine), hostengine=True)
     argv, _ = _dcgm_exporter_run(tmp_path, device, log)
     assert images["3"] in argv and "SYS_ADMIN" not in argv, argv
-    assert argv[argv.index(images["3"]) + 1:][:2] == ["-f", "/etc/lab/dcgm-counters.csv"]
+    assert argv[argv.index(images["3"]) + 1 :][:2] == ["-f", "/etc/lab/dcgm-counters.csv"]
     assert argv[-2:] == ["--remote-hostengine-info", "localhost:5555"]
     assert f"{workdir}/telemetry/counters.csv:/etc/lab/dcgm-counters.csv:ro" in argv
     assert (workdir / "telemetry" / "counters.csv").read_bytes() == (ROOT / "monitoring/dcgm/counters.csv").read_bytes()
@@ -271,8 +314,10 @@ def test_dcgm_exporter_without_host_dcgm_embeds_its_engine_and_an_unknown_dcgm_i
     device, log = _fake_gpu_node(tmp_path, monkeypatch, DCGMI.format(client="5.0.0", engine=""), hostengine=False)
     argv, stdout = _dcgm_exporter_run(tmp_path, device, log)
     assert argv == []
-    assert ("127.0.0.1: dcgm-exporter not started: `dcgmi -v` says DCGM 5.0.0, and telemetry_dcgm_exporter_images "
-            "has no image for major version 5") in stdout
+    assert (
+        "127.0.0.1: dcgm-exporter not started: `dcgmi -v` says DCGM 5.0.0, and telemetry_dcgm_exporter_images "
+        "has no image for major version 5"
+    ) in stdout
 
 
 def test_targets_are_withdrawn_as_the_workers_exit_before_collect_and_report(tmp_path):
@@ -285,13 +330,20 @@ def test_targets_are_withdrawn_as_the_workers_exit_before_collect_and_report(tmp
     bin_dir.mkdir()
     seen = tmp_path / "seen-at-report.txt"
     lab_bin = Path(sys.executable).parent / "lab"
-    (bin_dir / "lab").write_text(f"#!/bin/sh\nls -A {central} > {seen}\nexec {lab_bin} \"$@\"\n")
-    (bin_dir / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")  # the role's writer runs it
+    (bin_dir / "lab").write_text(f'#!/bin/sh\nls -A {central} > {seen}\nexec {lab_bin} "$@"\n')
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # the role's writer runs it
     for name in ("lab", "python"):
         (bin_dir / name).chmod(0o755)
-    proc, recap = _playbook(tmp_path, LOCAL, "--tags", "telemetry,launch,collect",
-                            lab_metrics_port_base=_free_port_on_both_nodes(), lab_prometheus_targets_dir=str(central),
-                            lab_controller_lab=str(bin_dir / "lab"), preflight_gpu_count=0)  # CPU "nodes"
+    proc, recap = _playbook(
+        tmp_path,
+        LOCAL,
+        "--tags",
+        "telemetry,launch,collect",
+        lab_metrics_port_base=_free_port_on_both_nodes(),
+        lab_prometheus_targets_dir=str(central),
+        lab_controller_lab=str(bin_dir / "lab"),
+        preflight_gpu_count=0,
+    )  # CPU "nodes"
     assert set(recap) == set(NODES) and all(r["failed"] == 0 for r in recap.values()), proc.stdout[-4000:]
     assert (tmp_path / "controller" / "job1" / "targets.json").exists()  # published before launch
     assert seen.read_text() == ""  # withdrawn before collect's `lab report`

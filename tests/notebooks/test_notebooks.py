@@ -1,6 +1,7 @@
 """Every lesson in notebooks/ executed headless, cell by cell, by a real Jupyter kernel (nbclient + ipykernel),
 as JupyterLab would run it: a cell that raises (a lab command that failed, a "what you should see" check that
-did not hold) fails the test with that cell's error."""
+did not hold) fails the test with that cell's error. Each lesson runs once a session (tests/lessons.py): the
+tests that assert the details of the same runs (tests/distributed/test_pitfalls.py, ...) read its results."""
 
 from __future__ import annotations
 
@@ -21,31 +22,22 @@ def test_there_is_one_lesson_per_part_of_the_course():
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
-def test_lesson_runs_clean_with_its_checks(path, tmp_path, monkeypatch):
+def test_lesson_runs_clean_with_its_checks(path, lessons):
     if path.stem == "06_metrics_in_prometheus" and not shutil.which("prometheus") and os.environ.get("CI") != "true":
         pytest.skip("no prometheus on PATH (scripts/install-test-tools.sh installs it as root on Debian)")
     if path.stem == "01_baseline_and_ddp" and room_test_cannot_run() is None:
-        pytest.skip("tests/infra/test_room.py runs lesson 1 in three seats' own kernels at once, with the same "
-                    "checks (every 'what you should see' held, its table and plots shown): not a fourth time here")
-    import jupytext
-    from nbclient import NotebookClient
-
-    notebook = jupytext.read(path)
-    assert notebook.metadata["kernelspec"]["name"] == "python3"
-    checks = [c for c in notebook.cells if c.cell_type == "code" and "lesson.expect(" in c.source]
+        pytest.skip(
+            "tests/infra/test_room.py runs lesson 1 in three seats' own kernels at once, with the same "
+            "checks (every 'what you should see' held, its table and plots shown): not a fourth time here"
+        )
+    lesson = lessons(path.stem)  # executed once this session: a test that reads its results may have run it
+    assert lesson.notebook.metadata["kernelspec"]["name"] == "python3"
+    checks = [c for c in lesson.notebook.cells if c.cell_type == "code" and "lesson.expect(" in c.source]
     assert checks, f"{path.name} ends without a 'what you should see' check"
-    # Kernels start in notebooks/, as JupyterLab starts them; runs write under tmp_path, as they would under
-    # runs/lessons/ in the checkout; 1 thread per process.
-    monkeypatch.setenv("LAB_LESSON_RUNS", str(tmp_path / "lessons"))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    client = NotebookClient(notebook, kernel_name="python3", timeout=600,
-                            resources={"metadata": {"path": str(ROOT / "notebooks")}})
-    client.execute()
-    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert printed.count("as expected: ") == sum(c.source.count("lesson.expect(") for c in checks)
-    assert any(o.output_type == "display_data" for o in outputs), "the lesson shows no table or plot inline"
+    lesson.check()  # a cell that raised (a lab command that failed, a check that did not hold) fails here
+    assert not [o for o in lesson.outputs if o.output_type == "error"]
+    assert lesson.printed.count("as expected: ") == sum(c.source.count("lesson.expect(") for c in checks)
+    assert any(o.output_type == "display_data" for o in lesson.outputs), "the lesson shows no table or plot inline"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])

@@ -27,6 +27,8 @@ def test_sizes_follow_begin_end_factor():
 
 
 def test_average_covers_out_of_place_and_in_place():
-    rows = [Row(8, 2, "float", "sum", -1, 1, 1, 1.0, 0, 1, 1, 3.0, 0),
-            Row(16, 4, "float", "sum", -1, 1, 1, 2.0, 0, 1, 1, 6.0, 0)]
+    rows = [
+        Row(8, 2, "float", "sum", -1, 1, 1, 1.0, 0, 1, 1, 3.0, 0),
+        Row(16, 4, "float", "sum", -1, 1, 1, 2.0, 0, 1, 1, 6.0, 0),
+    ]
     assert average_busbw(rows) == 3.0

@@ -16,7 +16,7 @@ def test_crop_flip_matches_per_sample_reference():
     for i in range(16):
         padded = F.pad(images[i], (4, 4, 4, 4))
         dy, dx = offsets[i].tolist()
-        expected = padded[:, dy:dy + 32, dx:dx + 32]
+        expected = padded[:, dy : dy + 32, dx : dx + 32]
         if flips[i]:
             expected = expected.flip(-1)
         assert torch.equal(out[i], expected)

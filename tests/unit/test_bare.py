@@ -18,7 +18,8 @@ BARE = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "bare"), os.environ.
 
 PROBE = """
 import importlib.util, subprocess, sys
-import torch, torchvision, yaml, numpy, lab, lab.plots, lab.observability.metrics   # lab's modules import without the extras
+# lab's modules import without the extras
+import torch, torchvision, yaml, numpy, lab, lab.plots, lab.observability.metrics
 hidden = []
 for name in ("matplotlib", "prometheus_client", "tqdm", "deepspeed", "pytest"):
     try:
@@ -34,27 +35,50 @@ print(child.returncode, child.stderr.strip().splitlines()[-1])   # children inhe
 
 def test_the_bare_interpreter_hides_every_optional_package_and_keeps_torch_and_its_requirements():
     lines = run([sys.executable, "-c", PROBE], env=BARE).stdout.splitlines()
-    assert lines == ["matplotlib prometheus_client tqdm deepspeed pytest", "None",
-                     "1 ModuleNotFoundError: No module named 'tqdm'"]
+    assert lines == [
+        "matplotlib prometheus_client tqdm deepspeed pytest",
+        "None",
+        "1 ModuleNotFoundError: No module named 'tqdm'",
+    ]
 
 
 @pytest.mark.slow  # a real run on the bare interpreter: about 5 s
 def test_training_runs_on_a_bare_interpreter(tmp_path):
-    lab("train", "--config", "smoke", "--set", "train.max_steps=2", "--set", f"run.output_dir={tmp_path}",
-        "--set", "run.id=bare", env=BARE)
+    lab(
+        "train",
+        "--config",
+        "smoke",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        f"run.output_dir={tmp_path}",
+        "--set",
+        "run.id=bare",
+        env=BARE,
+    )
     summary = json.loads((tmp_path / "bare" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 2
 
 
 @pytest.mark.slow  # two lab commands on the bare interpreter: about 5 s
 def test_a_command_that_needs_a_missing_package_names_it_and_the_pip_command_in_one_line(tmp_path):
-    exporter = lab("train", "--config", "smoke", "--set", "metrics.port_base=29911", "--set",
-                   f"run.output_dir={tmp_path}", env=BARE, check=False)
+    exporter = lab(
+        "train",
+        "--config",
+        "smoke",
+        "--set",
+        "metrics.port_base=29911",
+        "--set",
+        f"run.output_dir={tmp_path}",
+        env=BARE,
+        check=False,
+    )
     assert exporter.returncode == 2 and exporter.stderr.count("\n") == 1 and "Traceback" not in exporter.stderr
     assert "prometheus_client is not installed (pip install prometheus_client)" in exporter.stderr
     assert not list(tmp_path.glob("*/metrics.jsonl"))  # refused before training, not after
-    figure = lab("bench", "strategies", "--nproc-per-node", "2", "--plot", str(tmp_path / "s.png"), env=BARE,
-                 check=False)
+    figure = lab(
+        "bench", "strategies", "--nproc-per-node", "2", "--plot", str(tmp_path / "s.png"), env=BARE, check=False
+    )
     assert figure.returncode == 2 and figure.stderr.count("\n") == 1
     assert "matplotlib is not installed (pip install matplotlib)" in figure.stderr
     assert "torch.distributed.run" not in figure.stdout  # refused before any job started

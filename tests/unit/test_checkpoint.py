@@ -9,8 +9,8 @@ import textwrap
 import pytest
 import torch
 
-from lab.training import checkpoint
 from lab.errors import CheckpointError
+from lab.training import checkpoint
 
 # Runs in a child process: save A, then die by SIGKILL inside save(B) after the data is
 # written and fsynced but before the rename - a crash at the worst moment.

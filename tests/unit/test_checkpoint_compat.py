@@ -14,6 +14,7 @@ import pickle
 import pickletools
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -31,7 +32,9 @@ PUTS = {"BINPUT", "LONG_BINPUT", "PUT"}
 
 def globals_named(data: bytes) -> set[str]:
     """Every `module.qualname` a pickle names: what unpickling it would import."""
-    named, memo, pushed = set(), {}, []
+    named: set[str] = set()
+    memo: dict[Any, Any] = {}
+    pushed: list[Any] = []
     last = None  # the string the previous opcode pushed, if it pushed one
     for opcode, arg, _ in pickletools.genops(data):
         value = None
@@ -44,7 +47,7 @@ def globals_named(data: bytes) -> set[str]:
         elif opcode.name in PUTS:
             memo[arg] = last
         elif opcode.name == "GLOBAL":
-            named.add(".".join(arg.split(" ", 1)))
+            named.add(".".join(str(arg).split(" ", 1)))
         elif opcode.name == "STACK_GLOBAL":
             named.add(f"{pushed[-2]}.{pushed[-1]}")
         if opcode.name in STRINGS or opcode.name in GETS:
@@ -74,8 +77,9 @@ def dcp_items(folder: Path) -> list[bytes]:
     from torch.distributed.checkpoint import FileSystemReader
 
     storage = FileSystemReader(str(folder)).read_metadata().storage_data
-    items = [(folder / info.relative_path).read_bytes()[info.offset:info.offset + info.length]
-             for info in storage.values()]
+    items = [
+        (folder / info.relative_path).read_bytes()[info.offset : info.offset + info.length] for info in storage.values()
+    ]
     return [(folder / ".metadata").read_bytes(), *items]
 
 
@@ -90,9 +94,19 @@ def one_thread(monkeypatch):
 
 def _one_step(tmp_path: Path, *overrides: str) -> Path:
     """A one-step run of the smoke config in this process, as `lab train` runs it alone; its checkpoints folder."""
-    cfg = config.load("smoke", ["model.width=8", "run.id=compat", f"run.output_dir={tmp_path}", "train.max_steps=1",
-                                "train.global_batch_size=16", "data.synthetic_train_size=32",
-                                "data.synthetic_test_size=16", *overrides])
+    cfg = config.load(
+        "smoke",
+        [
+            "model.width=8",
+            "run.id=compat",
+            f"run.output_dir={tmp_path}",
+            "train.max_steps=1",
+            "train.global_batch_size=16",
+            "data.synthetic_train_size=32",
+            "data.synthetic_test_size=16",
+            *overrides,
+        ],
+    )
     assert lifecycle.run(cfg)["status"] == "completed"
     return tmp_path / "compat" / "checkpoints"
 
@@ -106,8 +120,9 @@ def test_the_baselines_checkpoint_names_no_lab_module_and_loads_weights_only(tmp
     assert checkpoint.load(path)["progress"]["step"] == 1
 
 
-@pytest.mark.skipif(not compat.fsdp_runs_on_cpu(),
-                    reason="FSDP2 on CPU tensors needs torch.cpu.Stream.record_event (torch > 2.6)")
+@pytest.mark.skipif(
+    not compat.fsdp_runs_on_cpu(), reason="FSDP2 on CPU tensors needs torch.cpu.Stream.record_event (torch > 2.6)"
+)
 def test_fsdps_sharded_checkpoint_names_no_lab_module(tmp_path):
     # One rank in a group of one (`lab train --set dist.strategy=fsdp` alone): the files of 8 GPUs, in one shard.
     folder = _one_step(tmp_path, "dist.strategy=fsdp") / "fsdp"
@@ -117,15 +132,21 @@ def test_fsdps_sharded_checkpoint_names_no_lab_module(tmp_path):
     assert checkpoint.load(folder / checkpoint.TRAINER_PART)["progress"]["step"] == 1  # weights_only, as it resumes
 
 
-@pytest.mark.parametrize("write", [
-    lambda path, state: torch.save(state, path),                          # torch's zip, protocol 2: GLOBAL
-    lambda path, state: path.write_bytes(pickle.dumps(state, protocol=5)),  # DCP's .metadata style: STACK_GLOBAL
-], ids=["torch.save", "pickle-5"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda path, state: torch.save(state, path),  # torch's zip, protocol 2: GLOBAL
+        lambda path, state: path.write_bytes(pickle.dumps(state, protocol=5)),  # DCP's .metadata style: STACK_GLOBAL
+    ],
+    ids=["torch.save", "pickle-5"],
+)
 def test_a_lab_object_in_a_checkpoint_is_caught(tmp_path, write):
     # The mistake this guards against: a lab object (here an error, as a config object would be) in the state.
     path = tmp_path / "planted.pt"
-    write(path, {"model": {"w": torch.zeros(2)}, "why": LabError("x"), "again": LabError("y"),
-                 "also": CheckpointError("z")})  # a second class of the same module: its name comes from the memo
+    write(
+        path,
+        {"model": {"w": torch.zeros(2)}, "why": LabError("x"), "again": LabError("y"), "also": CheckpointError("z")},
+    )  # a second class of the same module: its name comes from the memo
     assert lab_globals(path.read_bytes()) == {"lab.errors.LabError", "lab.errors.CheckpointError"}
     if zipfile.is_zipfile(path):
         with pytest.raises(pickle.UnpicklingError, match="weights_only"):

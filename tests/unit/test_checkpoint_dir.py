@@ -11,10 +11,10 @@ import json
 import pytest
 import torch
 
-from lab.training import checkpoint, lifecycle as train
-
 from lab import config
 from lab.errors import LabError
+from lab.training import checkpoint
+from lab.training import lifecycle as train
 
 
 @pytest.fixture(autouse=True)
@@ -28,9 +28,20 @@ def one_thread(monkeypatch):
 
 
 def _start(tmp_path, node: str, *overrides: str) -> dict:
-    cfg = config.load("smoke", ["model.width=8", "run.id=job", f"run.output_dir={tmp_path / node}",
-                                f"checkpoint.dir={tmp_path / 'shared'}", "train.max_steps=4", "train.global_batch_size=16",
-                                "data.synthetic_train_size=128", "data.synthetic_test_size=32", *overrides])
+    cfg = config.load(
+        "smoke",
+        [
+            "model.width=8",
+            "run.id=job",
+            f"run.output_dir={tmp_path / node}",
+            f"checkpoint.dir={tmp_path / 'shared'}",
+            "train.max_steps=4",
+            "train.global_batch_size=16",
+            "data.synthetic_train_size=128",
+            "data.synthetic_test_size=32",
+            *overrides,
+        ],
+    )
     return train.run(cfg)
 
 

@@ -7,10 +7,10 @@ import shlex
 
 import pytest
 
-from lab.sizing import choose
-from lab.sizing.choose import Request, decide, parse_params, render
 from lab.cli import build_parser
 from lab.errors import LabError
+from lab.sizing import choose
+from lab.sizing.choose import Request, decide, parse_params, render
 from lab.sizing.memory import activation_bytes
 from tests.conftest import PYTHON, lab, run
 
@@ -76,8 +76,9 @@ def test_70b_on_two_nodes_full_shards_whatever_the_link():
     assert slow.decisions[3].numbers["full_shard_link_seconds"] == pytest.approx(393.75 / 3.125)  # 126 s a step
 
 
-@pytest.mark.parametrize("link, strategy", [("ib-ndr", "fsdp-hybrid"), ("ethernet-25", "fsdp-hybrid"),
-                                            ("nvlink-nvl72", "fsdp-full")])
+@pytest.mark.parametrize(
+    "link, strategy", [("ib-ndr", "fsdp-hybrid"), ("ethernet-25", "fsdp-hybrid"), ("nvlink-nvl72", "fsdp-full")]
+)
 def test_the_link_picks_hybrid_shard_when_hybrid_fits(link, strategy):
     # 30B: full shard 480/16 = 30 GB; hybrid 480/8 = 60 GB <= 72 GB. Below 100 GB/s per GPU, keep sharding in a node.
     choice = decide(Request(30e9, gpus_per_node=8, nodes=2, link_gbps=choose.INTERCONNECT_GBPS[link]))
@@ -91,8 +92,11 @@ def test_a_125m_model_is_ddp():
     assert choice.strategy == "ddp" and len(choice.decisions) == 1
     assert choice.decisions[0].answer.startswith("yes: 2 GB per GPU <= 72 GB usable")
     assert _parses(choice.lab_train) == []
-    assert render(choice).splitlines()[1:] == [f"2. Horovod? {choose.horovod_line(True)}", "choice: DDP",
-                                               "lab train --config ddp --nproc-per-node 8"]
+    assert render(choice).splitlines()[1:] == [
+        f"2. Horovod? {choose.horovod_line(True)}",
+        "choice: DDP",
+        "lab train --config ddp --nproc-per-node 8",
+    ]
 
 
 def test_a_1_5t_model_on_8_gpus_offloads_or_needs_334_gpus():
@@ -110,8 +114,21 @@ def test_a_1_5t_model_on_8_gpus_offloads_or_needs_334_gpus():
 
 def test_activations_that_fit_nowhere_leave_no_lab_train_line(capsys):
     # 80 layers x 4096 x 8192 x (34 + 5 x 64 x 4096 / 8192) bytes = 520.76 GB of activations > 126.9 GB usable.
-    out = _choose(capsys, "--params", "1.5T", "--nodes", "64", "--gpu-memory", "141", "--seq-len", "4096",
-                  "--hidden", "8192", "--layers", "80")
+    out = _choose(
+        capsys,
+        "--params",
+        "1.5T",
+        "--nodes",
+        "64",
+        "--gpu-memory",
+        "141",
+        "--seq-len",
+        "4096",
+        "--hidden",
+        "8192",
+        "--layers",
+        "80",
+    )
     assert "activations alone (520.76 GB) exceed 126.9 GB" in out
     assert "note: tensor/pipeline parallelism (beyond the lab)" in out
     assert out.strip().splitlines()[-1] == "(no lab train line: see the notes)"
@@ -125,8 +142,19 @@ def test_activations_count_in_every_row():
     assert with_them.decisions[0].numbers["total_bytes"] == pytest.approx(16e9 + 32 * layer)
 
 
-@pytest.mark.parametrize("text, value", [("7B", 7e9), ("70e9", 70e9), ("1.5T", 1.5e12), ("350M", 350e6),
-                                         ("125e6", 125e6), ("7 B", 7e9), ("7b", 7e9), ("100", 100.0)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("7B", 7e9),
+        ("70e9", 70e9),
+        ("1.5T", 1.5e12),
+        ("350M", 350e6),
+        ("125e6", 125e6),
+        ("7 B", 7e9),
+        ("7b", 7e9),
+        ("100", 100.0),
+    ],
+)
 def test_params_parse(text, value):
     assert parse_params(text) == value
 
@@ -137,14 +165,17 @@ def test_params_refused(text):
         parse_params(text)
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--device", "h100", "--gpu-memory", "80"], "not allowed with argument --device"),
-    (["--seq-len", "4096"], "--seq-len, --hidden, --layers: give all three"),
-    (["--heads", "32"], "--seq-len, --hidden, --layers: give all three"),
-    (["--gpu-memory", "0"], "--gpu-memory: '0' GB; use a positive size"),
-    (["--headroom", "1"], "--headroom: '1'; use a fraction"),
-    (["--nodes", "0"], "--nodes: 0 nodes; use 1 or more"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--device", "h100", "--gpu-memory", "80"], "not allowed with argument --device"),
+        (["--seq-len", "4096"], "--seq-len, --hidden, --layers: give all three"),
+        (["--heads", "32"], "--seq-len, --hidden, --layers: give all three"),
+        (["--gpu-memory", "0"], "--gpu-memory: '0' GB; use a positive size"),
+        (["--headroom", "1"], "--headroom: '1'; use a fraction"),
+        (["--nodes", "0"], "--nodes: 0 nodes; use 1 or more"),
+    ],
+)
 def test_bad_input_is_one_lab_error(capsys, args, says):
     with pytest.raises(LabError, match=says) as error:
         _choose(capsys, "--params", "7B", *args)
@@ -154,7 +185,10 @@ def test_bad_input_is_one_lab_error(capsys, args, says):
 def test_the_command_writes_json_and_never_imports_torch(tmp_path):
     proc = lab("choose", "--params", "70B", "--nodes", "2", "--json", str(tmp_path / "choice.json"), cwd=tmp_path)
     assert "(no --device or --gpu-memory: assuming h100)" in proc.stdout
-    assert "Horovod? no: it shards nothing (a whole replica per GPU, as DDP, which does not fit); last release 0.28.1 (June 2023)" in proc.stdout
+    assert (
+        "Horovod? no: it shards nothing (a whole replica per GPU, as DDP, which does not fit); last release 0.28.1 "
+        "(June 2023)" in proc.stdout
+    )
     result = json.loads((tmp_path / "choice.json").read_text())
     assert (result["params"], result["gpus"], result["device_memory_bytes"]) == (70e9, 16, 80e9)
     assert [set(d) for d in result["decisions"]] == [{"question", "answer", "numbers"}] * 4

@@ -16,6 +16,7 @@ from lab.errors import LaunchError
 @pytest.fixture
 def gpus(monkeypatch):
     """gpus(n, visible=...): this process sees n CUDA devices, with CUDA_VISIBLE_DEVICES set to `visible`."""
+
     def fake(count: int, visible: str | None = None) -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
@@ -23,6 +24,7 @@ def gpus(monkeypatch):
             monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         else:
             monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+
     return fake
 
 
@@ -52,8 +54,10 @@ def test_too_few_devices_are_refused_with_the_numbers_and_both_remedies(gpus, co
         dist.choose_device("auto", local_rank, 4 if count == 2 else 2)
     message = str(info.value)
     local_world_size = 4 if count == 2 else 2
-    assert message.startswith(f"dist.device: local rank {local_rank} of {local_world_size} processes on this node "
-                              f"has no GPU of its own: {count} visible (CUDA_VISIBLE_DEVICES={visible or 'unset'})")
+    assert message.startswith(
+        f"dist.device: local rank {local_rank} of {local_world_size} processes on this node "
+        f"has no GPU of its own: {count} visible (CUDA_VISIBLE_DEVICES={visible or 'unset'})"
+    )
     assert f"start at most {count} processes per node" in message
     assert "give each process one device of its own" in message and "--gpus-per-task=1" in message
     assert "\n" not in message

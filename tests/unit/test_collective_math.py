@@ -12,9 +12,14 @@ from lab.bench.comm.collective_perf import Row, algbw, average_busbw, format_row
 from lab.errors import LabError
 
 # nccl-tests' src/*.cu GetBw: busbw / algbw for n ranks
-FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-           "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
-           "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "sendrecv": lambda n: 1.0,
+}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -27,15 +32,23 @@ def test_busbw_factor_per_op(name, n):
     assert {2: 1.0, 4: 1.5, 8: 1.75}[n] == pytest.approx(COLLECTIVES["all_reduce"].factor(n))
 
 
-@pytest.mark.parametrize("name, size, element, n, expected", [
-    # the whole buffer: the count column counts its elements
-    ("all_reduce", 1000, 4, 8, (250, 1000)), ("broadcast", 1000, 2, 8, (500, 1000)),
-    ("sendrecv", 6, 4, 2, (1, 4)),
-    # per rank: the size is the total (all_gather's output, reduce_scatter's input, alltoall's n blocks), the
-    # count per rank rounded down to whole 16-byte blocks (4 floats, 8 halves), as nccl-tests' GetCollByteCount
-    ("all_gather", 1024, 4, 4, (64, 1024)), ("all_gather", 100, 4, 2, (12, 96)), ("all_gather", 8, 4, 2, (0, 0)),
-    ("reduce_scatter", 100, 2, 2, (24, 96)), ("alltoall", 4096, 4, 8, (128, 4096)), ("alltoall", 1000, 4, 3, (80, 960)),
-])
+@pytest.mark.parametrize(
+    "name, size, element, n, expected",
+    [
+        # the whole buffer: the count column counts its elements
+        ("all_reduce", 1000, 4, 8, (250, 1000)),
+        ("broadcast", 1000, 2, 8, (500, 1000)),
+        ("sendrecv", 6, 4, 2, (1, 4)),
+        # per rank: the size is the total (all_gather's output, reduce_scatter's input, alltoall's n blocks), the
+        # count per rank rounded down to whole 16-byte blocks (4 floats, 8 halves), as nccl-tests' GetCollByteCount
+        ("all_gather", 1024, 4, 4, (64, 1024)),
+        ("all_gather", 100, 4, 2, (12, 96)),
+        ("all_gather", 8, 4, 2, (0, 0)),
+        ("reduce_scatter", 100, 2, 2, (24, 96)),
+        ("alltoall", 4096, 4, 8, (128, 4096)),
+        ("alltoall", 1000, 4, 3, (80, 960)),
+    ],
+)
 def test_sizes_per_op_follow_nccl_tests(name, size, element, n, expected):
     assert COLLECTIVES[name].counts(size, element, n) == expected
 
@@ -49,16 +62,21 @@ def test_what_reduces_and_where_the_root_is():
 def test_ops_by_name_list_or_all():
     assert parse_names("all") == list(NAMES)
     assert parse_names("sendrecv, broadcast") == ["sendrecv", "broadcast"]
-    for bad, message in (("allgather", "OP allgather: unknown collective"), ("", "unknown collective"),
-                         ("broadcast,broadcast", "named twice")):
+    for bad, message in (
+        ("allgather", "OP allgather: unknown collective"),
+        ("", "unknown collective"),
+        ("broadcast,broadcast", "named twice"),
+    ):
         with pytest.raises(LabError, match=message):
             parse_names(bad)
 
 
 def test_one_json_per_op_when_several():
     assert json_paths("r/c.json", ["alltoall"]) == {"alltoall": "r/c.json"}
-    assert json_paths("r/c.json", ["alltoall", "sendrecv"]) == {"alltoall": "r/c-alltoall.json",
-                                                                 "sendrecv": "r/c-sendrecv.json"}
+    assert json_paths("r/c.json", ["alltoall", "sendrecv"]) == {
+        "alltoall": "r/c-alltoall.json",
+        "sendrecv": "r/c-sendrecv.json",
+    }
 
 
 def test_in_place_not_checked_prints_n_a_and_still_counts_in_the_average():
@@ -67,8 +85,9 @@ def test_in_place_not_checked_prints_n_a_and_still_counts_in_the_average():
 
 
 def _args(ops: str, **given) -> argparse.Namespace:
-    return argparse.Namespace(**{"collectives": ops, "minbytes": "8", "maxbytes": "1K", "stepfactor": 2.0,
-                                 "link": None, "op": None, **given})
+    return argparse.Namespace(
+        **{"collectives": ops, "minbytes": "8", "maxbytes": "1K", "stepfactor": 2.0, "link": None, "op": None, **given}
+    )
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from lab import config
-from tests.conftest import lab
 from lab.errors import ConfigError
+from tests.conftest import lab
 
 
 def test_precedence_defaults_then_file_then_overrides(tmp_path):
@@ -21,7 +21,7 @@ def test_precedence_defaults_then_file_then_overrides(tmp_path):
 def test_configs_are_frozen():
     cfg = config.load(None)
     with pytest.raises(AttributeError):
-        cfg.train.lr = 1.0  # type: ignore[misc]
+        cfg.train.lr = 1.0
 
 
 @pytest.mark.parametrize("name", config.shipped_names())
@@ -50,29 +50,42 @@ def test_scientific_notation_is_a_number_in_files_and_overrides(tmp_path):
         config.load(None, ["train.lr=fast"])
 
 
-@pytest.mark.parametrize("yaml_text, overrides, expected", [
-    ("train:\n  lrr: 0.1\n", [], "c.yaml: train.lrr: unknown key; did you mean lr?"),
-    ("trian:\n  lr: 0.1\n", [], "c.yaml: trian: unknown key; did you mean train?"),
-    ("train:\n  lr: fast\n", [], "c.yaml: train.lr: expected a number >= 0, got text 'fast'"),
-    ("train:\n  global_batch_size: -4\n", [], "train.global_batch_size: -4 is out of range; expected an integer >= 1"),
-    ("train:\n  global_batch_size: 2.5\n", [], "train.global_batch_size: expected an integer >= 1, got float 2.5"),
-    ("model:\n  norm: layer\n", [], "model.norm: 'layer' is not allowed; expected one of batch, group"),
-    ("run:\n  deterministic: 1\n", [], "run.deterministic: expected true or false, got int 1"),
-    ("train: [1, 2]\n", [], "c.yaml: train: must be a mapping of keys, got a list"),
-    ("- 1\n- 2\n", [], "c.yaml: top level must be a mapping of sections"),
-    ("train:\n  lr: 0.1\n lr: 2\n", [], "c.yaml: line 3, column 2: invalid YAML"),
-    ("", ["train.epochs=0"], "--set train.epochs: 0 is out of range; expected an integer >= 1"),
-    ("", ["train.nope=1"], "--set train.nope: unknown key"),
-    ("", ["lr=1"], "--set lr=1: expected section.key=value"),
-    ("", ["train.momentum=1.5"], "--set train.momentum: 1.5 is out of range; expected a number in [0, 1]"),
-    ("", ["train.global_batch_size=100", "train.grad_accum_steps=3"],
-     "train.global_batch_size: 100 is not divisible by world size 1 x train.grad_accum_steps 3 = 3; "
-     "use a multiple of 3 such as 99 or 102"),
-    ("", ["data.uneven=join", "train.grad_accum_steps=2"], "data.uneven: join needs train.grad_accum_steps=1"),
-    ("", ["model.sync_batchnorm=true", "data.uneven=join"],
-     "model.sync_batchnorm: true cannot be combined with data.uneven=join (Join does not cover SyncBatchNorm's "
-     "all-gather: the other ranks hang); use data.uneven=pad or drop, or model.sync_batchnorm=false"),
-])
+@pytest.mark.parametrize(
+    "yaml_text, overrides, expected",
+    [
+        ("train:\n  lrr: 0.1\n", [], "c.yaml: train.lrr: unknown key; did you mean lr?"),
+        ("trian:\n  lr: 0.1\n", [], "c.yaml: trian: unknown key; did you mean train?"),
+        ("train:\n  lr: fast\n", [], "c.yaml: train.lr: expected a number >= 0, got text 'fast'"),
+        (
+            "train:\n  global_batch_size: -4\n",
+            [],
+            "train.global_batch_size: -4 is out of range; expected an integer >= 1",
+        ),
+        ("train:\n  global_batch_size: 2.5\n", [], "train.global_batch_size: expected an integer >= 1, got float 2.5"),
+        ("model:\n  norm: layer\n", [], "model.norm: 'layer' is not allowed; expected one of batch, group"),
+        ("run:\n  deterministic: 1\n", [], "run.deterministic: expected true or false, got int 1"),
+        ("train: [1, 2]\n", [], "c.yaml: train: must be a mapping of keys, got a list"),
+        ("- 1\n- 2\n", [], "c.yaml: top level must be a mapping of sections"),
+        ("train:\n  lr: 0.1\n lr: 2\n", [], "c.yaml: line 3, column 2: invalid YAML"),
+        ("", ["train.epochs=0"], "--set train.epochs: 0 is out of range; expected an integer >= 1"),
+        ("", ["train.nope=1"], "--set train.nope: unknown key"),
+        ("", ["lr=1"], "--set lr=1: expected section.key=value"),
+        ("", ["train.momentum=1.5"], "--set train.momentum: 1.5 is out of range; expected a number in [0, 1]"),
+        (
+            "",
+            ["train.global_batch_size=100", "train.grad_accum_steps=3"],
+            "train.global_batch_size: 100 is not divisible by world size 1 x train.grad_accum_steps 3 = 3; "
+            "use a multiple of 3 such as 99 or 102",
+        ),
+        ("", ["data.uneven=join", "train.grad_accum_steps=2"], "data.uneven: join needs train.grad_accum_steps=1"),
+        (
+            "",
+            ["model.sync_batchnorm=true", "data.uneven=join"],
+            "model.sync_batchnorm: true cannot be combined with data.uneven=join (Join does not cover SyncBatchNorm's "
+            "all-gather: the other ranks hang); use data.uneven=pad or drop, or model.sync_batchnorm=false",
+        ),
+    ],
+)
 def test_bad_input_is_named_with_what_would_be_valid(tmp_path, yaml_text, overrides, expected):
     path = tmp_path / "c.yaml"
     path.write_text(yaml_text)
@@ -110,8 +123,16 @@ def test_sync_batchnorm_goes_with_padding_or_dropping(uneven):
 
 def test_lab_train_refuses_sync_batchnorm_with_join_in_one_line(tmp_path):
     """Join shadows DDP's all-reduce, not SyncBatchNorm's all-gather: the pair would hang until NCCL's watchdog."""
-    proc = lab("train", "--set", "model.sync_batchnorm=true", "--set", "data.uneven=join",
-               check=False, timeout=120, cwd=tmp_path)
+    proc = lab(
+        "train",
+        "--set",
+        "model.sync_batchnorm=true",
+        "--set",
+        "data.uneven=join",
+        check=False,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr

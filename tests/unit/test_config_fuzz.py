@@ -15,19 +15,37 @@ from hypothesis import strategies as st
 from lab import config
 from lab.errors import ConfigError
 
-SECTIONS = {f.name: [k.name for k in dataclasses.fields(f.type if isinstance(f.type, type) else
-                                                        getattr(config, f.type))]
-            for f in dataclasses.fields(config.Config) if f.name != "origin"}
+SECTIONS = {
+    f.name: [k.name for k in dataclasses.fields(f.type if isinstance(f.type, type) else getattr(config, f.type))]
+    for f in dataclasses.fields(config.Config)
+    if f.name != "origin"
+}
 NAMES = sorted(SECTIONS) + sorted({k for keys in SECTIONS.values() for k in keys}) + ["", "0", "null", "~"]
 
-scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
-           | st.text(max_size=30) | st.sampled_from(NAMES))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                      | st.dictionaries(st.sampled_from(NAMES) | st.text(max_size=8), inner, max_size=4), max_leaves=12)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=30)
+    | st.sampled_from(NAMES)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(NAMES) | st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 # Mostly the real shape (known sections and keys, hostile values), sometimes anything at all.
-documents = (st.dictionaries(st.sampled_from(sorted(SECTIONS)),
-                             st.dictionaries(st.sampled_from(NAMES), values, max_size=5) | values, max_size=4)
-             | values)
+documents = (
+    st.dictionaries(
+        st.sampled_from(sorted(SECTIONS)),
+        st.dictionaries(st.sampled_from(NAMES), values, max_size=5) | values,
+        max_size=4,
+    )
+    | values
+)
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -67,8 +85,18 @@ def test_any_text_loads_or_is_refused_in_one_line(text):
 
 
 @FUZZ
-@given(st.lists(st.text(max_size=40) | st.builds(lambda s, k, v: f"{s}.{k}={v}", st.sampled_from(sorted(SECTIONS)),
-                                                 st.sampled_from(NAMES), st.text(max_size=12)), max_size=3))
+@given(
+    st.lists(
+        st.text(max_size=40)
+        | st.builds(
+            lambda s, k, v: f"{s}.{k}={v}",
+            st.sampled_from(sorted(SECTIONS)),
+            st.sampled_from(NAMES),
+            st.text(max_size=12),
+        ),
+        max_size=3,
+    )
+)
 def test_any_override_is_applied_or_refused_in_one_line(overrides):
     try:
         assert isinstance(config.load(None, overrides), config.Config)

@@ -81,13 +81,22 @@ def test_missing_batch_file_is_named(synth_root):
         data.load(DataConfig(source="cifar10", root=str(synth_root)))
 
 
-@pytest.mark.parametrize("content, message", [
-    ({"data": np.zeros((4, 100), np.uint8), "labels": [0] * 4}, r"data has shape \(4, 100\).*expected \(N, 3072\) uint8"),
-    ({"data": np.zeros((4, 3072), np.float32), "labels": [0] * 4}, "type float32; expected"),
-    ({"data": np.zeros((4, 3072), np.uint8), "labels": [0, 1, 2, 10]}, r"labels range over \[0, 10\]; expected 0..9"),
-    ({"data": np.zeros((4, 3072), np.uint8), "labels": [0, 1]}, "labels have shape"),
-    ({"pixels": np.zeros((4, 3072), np.uint8)}, "keys 'data' and 'labels' expected"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            {"data": np.zeros((4, 100), np.uint8), "labels": [0] * 4},
+            r"data has shape \(4, 100\).*expected \(N, 3072\) uint8",
+        ),
+        ({"data": np.zeros((4, 3072), np.float32), "labels": [0] * 4}, "type float32; expected"),
+        (
+            {"data": np.zeros((4, 3072), np.uint8), "labels": [0, 1, 2, 10]},
+            r"labels range over \[0, 10\]; expected 0..9",
+        ),
+        ({"data": np.zeros((4, 3072), np.uint8), "labels": [0, 1]}, "labels have shape"),
+        ({"pixels": np.zeros((4, 3072), np.uint8)}, "keys 'data' and 'labels' expected"),
+    ],
+)
 def test_wrong_shapes_and_labels_are_refused(synth_root, content, message):
     with open(_batch_path(synth_root), "wb") as f:
         pickle.dump(content, f)

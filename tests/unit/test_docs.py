@@ -30,8 +30,9 @@ RUN_HERE = {
     "--hidden 8192 --layers 80": "choice:",
     ".venv/bin/lab memory --params 7e9 --world-size 8 --device h100": "ZeRO",
     ".venv/bin/lab memory --params 7e9 --seq-len 4096 --micro-batch 1 --hidden 4096 --heads 32 --layers 32": "ZeRO",
-    ".venv/bin/lab memory --convention deepspeed --params 7e9 --world-size 8 --largest-layer 131e6 --device h100":
-        "27.71 GiB (29,750,000,000 bytes)",
+    ".venv/bin/lab memory --convention deepspeed --params 7e9 --world-size 8 --largest-layer 131e6 --device h100": (
+        "27.71 GiB (29,750,000,000 bytes)"
+    ),
     "diff -u examples/single_device.py examples/ddp_torchrun.py": "+    sampler = DistributedSampler(",
     ".venv/bin/lab room plan --gpus 8 --seats 4 --cores 112 --memory 2048": "| seat4 | 6,7 | 84-111 |",
     ".venv/bin/lab room plan --seats 4": "| seat4 |",
@@ -47,22 +48,34 @@ TORCHRUN_HERE = [
 ]
 
 GPUS = "needs a GPU server (8 GPUs, NCCL): CPU sizes of the same command run in tests/distributed"
-DGX = "needs a cluster of GPU hosts in playbooks/inventory/dgx.yml; tests/infra/test_ansible.py runs the play on local nodes"
-REGISTRY = ("needs Docker with an image registry (the NGC base, Prometheus' images); tests/infra/test_container.py "
-            "builds and runs the CPU variant from a local base")
+DGX = (
+    "needs a cluster of GPU hosts in playbooks/inventory/dgx.yml; tests/infra/test_ansible.py runs the play on "
+    "local nodes"
+)
+REGISTRY = (
+    "needs Docker with an image registry (the NGC base, Prometheus' images); tests/infra/test_container.py "
+    "builds and runs the CPU variant from a local base"
+)
 HOURS = "trains full ResNet-18 for hours on 2 CPU cores; tests/distributed runs lab train at toy sizes"
 MINUTES = "minutes of CPU per run; the test named in the docs beside it runs the same code at toy sizes"
-PLACEHOLDER = "holds a placeholder (<run_id>, <workshop id>) for a run of the reader's; tests/distributed runs it on real records"
+PLACEHOLDER = (
+    "holds a placeholder (<run_id>, <workshop id>) for a run of the reader's; tests/distributed runs it on real records"
+)
 SERVER = "a server that runs until stopped; tests/infra/test_jupyterlab_browser.py starts the same JupyterLab"
 SUITE = "the test suite itself (or the workshop, whose parts tests/unit/test_workshop.py runs)"
 NETWORK = "needs the internet (a download) or a GPU host's own Python; nothing here reaches either"
 
-SLURM_JOB = ("acts on a job id of the reader's Slurm cluster; tests/infra/test_slurm.py submits, requeues and releases its "
-             "own jobs on a real two-node Slurm")
-SLURM_DGX = "needs a Slurm cluster of GPU nodes; tests/infra/test_slurm.py submits the same script on a real two-node Slurm"
+SLURM_JOB = (
+    "acts on a job id of the reader's Slurm cluster; tests/infra/test_slurm.py submits, requeues and releases its "
+    "own jobs on a real two-node Slurm"
+)
+SLURM_DGX = (
+    "needs a Slurm cluster of GPU nodes; tests/infra/test_slurm.py submits the same script on a real two-node Slurm"
+)
 
-ROOM = ("acts on a running room's seats (root, system users); tests/infra/test_room.py serves a real room and runs "
-        "it there")
+ROOM = (
+    "acts on a running room's seats (root, system users); tests/infra/test_room.py serves a real room and runs it there"
+)
 
 NOT_RUN_HERE = {
     "docker compose --profile room up hub": REGISTRY,
@@ -84,8 +97,8 @@ NOT_RUN_HERE = {
     "WITH_CIFAR=1 docker compose build lab": REGISTRY,
     "docker compose pull prometheus pushgateway grafana node-exporter dcgm-exporter": REGISTRY,
     "docker save lab:0.1.0 prom/prometheus:v2.53.4 prom/pushgateway:v1.11.0 grafana/grafana:11.4.0 "
-    "prom/node-exporter:v1.8.2 nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04 | gzip > lab-images.tar.gz":
-        REGISTRY,
+    "prom/node-exporter:v1.8.2 nvcr.io/nvidia/k8s/dcgm-exporter:4.4.2-4.7.1-ubuntu22.04 "
+    "| gzip > lab-images.tar.gz": REGISTRY,
     "docker load < lab-images.tar.gz": REGISTRY,
     "LAB_DATA_ROOT=/opt/lab/data docker compose up --no-build lab": REGISTRY,
     "cp playbooks/inventory/dgx.example.yml playbooks/inventory/dgx.yml": DGX,
@@ -93,10 +106,10 @@ NOT_RUN_HERE = {
     "ansible-playbook -i playbooks/inventory/dgx.yml playbooks/multinode.yml --tags validate": DGX,
     "ansible-playbook -i playbooks/inventory/dgx.yml playbooks/multinode.yml --skip-tags validate": DGX,
     "ansible-playbook -i playbooks/inventory/dgx.yml playbooks/multinode.yml -e lab_run_id=resnet-2x8 "
-    "-e '{\"lab_train_overrides\": [\"train.epochs=5\"]}'": DGX,
+    '-e \'{"lab_train_overrides": ["train.epochs=5"]}\'': DGX,
     "ansible-playbook -i playbooks/inventory/dgx.yml playbooks/multinode.yml --skip-tags provision "
-    "-e '{\"lab_target\": [\"-m\", \"lab\", \"bench\", \"allreduce\", \"-e\", \"1G\", \"--json\", "
-    "\"{{ lab_node_run_dir }}/allreduce.json\"]}'": DGX,
+    '-e \'{"lab_target": ["-m", "lab", "bench", "allreduce", "-e", "1G", "--json", '
+    '"{{ lab_node_run_dir }}/allreduce.json"]}\'': DGX,
     "ansible-playbook -i playbooks/inventory/dgx.yml playbooks/multinode.yml "
     "-e lab_metrics_port_base=9500 -e lab_prometheus_targets_dir=/srv/prometheus/targets": DGX,
     ".venv/bin/lab train --config ddp --nproc-per-node 8": GPUS,
@@ -112,7 +125,7 @@ NOT_RUN_HERE = {
     ".venv/bin/lab train --config ddp --nproc-per-node 2 --profile": HOURS,
     ".venv/bin/lab train --config ddp --nproc-per-node 2 --set metrics.port_base=9500": HOURS,
     "curl -s http://127.0.0.1:9500/metrics | grep ^lab_train": "reads the run above while it trains; "
-                                                                 "tests/infra/test_prometheus.py scrapes a real 2-rank run",
+    "tests/infra/test_prometheus.py scrapes a real 2-rank run",
     ".venv/bin/lab train --config smoke --set train.lr=0.05 --set model.width=16": MINUTES,
     ".venv/bin/python examples/single_device.py --synthetic 2048 --epochs 2": MINUTES,
     ".venv/bin/torchrun --standalone --nproc-per-node 2 examples/ddp_torchrun.py --synthetic 2048 --epochs 2": MINUTES,
@@ -139,8 +152,11 @@ def shell_commands(text: str) -> list[str]:
     """Each command line of the text's shell code blocks: continuations joined, comments dropped."""
     commands = []
     for kind, body in SHELL_BLOCK.findall(text):
-        lines = [line[2:] for line in body.splitlines() if line.startswith("$ ")] if kind == "console" \
+        lines = (
+            [line[2:] for line in body.splitlines() if line.startswith("$ ")]
+            if kind == "console"
             else body.splitlines()
+        )
         joined = re.sub(r"\\\n\s*", "", "\n".join(lines))
         for line in joined.splitlines():
             line = re.sub(r"\s+# .*$", "", line).strip()
@@ -184,10 +200,14 @@ def test_every_documented_command_is_run_as_typed_or_says_why_not():
     here = set(RUN_HERE) | set(TORCHRUN_HERE)
     documented = documented_commands()
     assert len(documented) > 20, "the command scan found almost nothing: it is broken"
-    untested = [f"{doc}: {command}" for command, doc in documented.items()
-                if command not in sources and command not in here and command not in NOT_RUN_HERE]
-    assert not untested, "run these in a test as typed, or list them in NOT_RUN_HERE with the reason:\n" + \
-        "\n".join(untested)
+    untested = [
+        f"{doc}: {command}"
+        for command, doc in documented.items()
+        if command not in sources and command not in here and command not in NOT_RUN_HERE
+    ]
+    assert not untested, "run these in a test as typed, or list them in NOT_RUN_HERE with the reason:\n" + "\n".join(
+        untested
+    )
     stale = sorted((here | set(NOT_RUN_HERE)) - set(documented))
     assert not stale, f"no page shows these any more: {stale}"
 

@@ -12,8 +12,14 @@ from tests.conftest import lab
 
 
 def test_a_healthy_host_passes_with_one_line_per_check_and_json(tmp_path):
-    proc = lab("doctor", "--output-dir", str(tmp_path / "runs"), "--json", str(tmp_path / "doctor.json"),
-               env={"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"})
+    proc = lab(
+        "doctor",
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--json",
+        str(tmp_path / "doctor.json"),
+        env={"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"},
+    )
     lines = proc.stdout.strip().splitlines()
     assert all(line.split()[0] in ("ok", "warn") for line in lines[:-1])
     assert lines[-1].startswith("doctor: ") and "checks passed" in lines[-1]
@@ -32,8 +38,17 @@ def test_a_busy_port_and_a_missing_interface_fail_with_exit_1(tmp_path):
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = lab("doctor", "--port", str(port), "--output-dir", str(tmp_path), "--json", "-",
-                   env={"NCCL_SOCKET_IFNAME": "=ib9", "GLOO_SOCKET_IFNAME": "lo,ib9"}, check=False)
+        proc = lab(
+            "doctor",
+            "--port",
+            str(port),
+            "--output-dir",
+            str(tmp_path),
+            "--json",
+            "-",
+            env={"NCCL_SOCKET_IFNAME": "=ib9", "GLOO_SOCKET_IFNAME": "lo,ib9"},
+            check=False,
+        )
     assert proc.returncode == 1
     report = json.loads(proc.stdout)  # --json -: JSON on stdout, the lines on stderr
     failed = {c["name"]: c["detail"] for c in report["checks"] if c["status"] == "fail"}
@@ -84,7 +99,15 @@ def test_torch_compile_without_a_compiler_or_python_h_is_a_warning_naming_both_a
     assert "apt-get install -y gcc python3." in check.fix and "-dev" in check.fix
     # $CC names the compiler when set; a missing $CC is not rescued by cc on PATH
     _fake_cc(tmp_path / "bin")
-    assert "C compiler" in doctor.check_compile({"PATH": str(tmp_path / "bin"), "CC": "clang-99"},
-                                                include_dir=str(tmp_path / "no-include")).detail
-    assert "C compiler" not in doctor.check_compile({"PATH": str(tmp_path / "empty"), "CC": str(tmp_path / "bin/cc")},
-                                                    include_dir=str(tmp_path / "no-include")).detail
+    assert (
+        "C compiler"
+        in doctor.check_compile(
+            {"PATH": str(tmp_path / "bin"), "CC": "clang-99"}, include_dir=str(tmp_path / "no-include")
+        ).detail
+    )
+    assert (
+        "C compiler"
+        not in doctor.check_compile(
+            {"PATH": str(tmp_path / "empty"), "CC": str(tmp_path / "bin/cc")}, include_dir=str(tmp_path / "no-include")
+        ).detail
+    )

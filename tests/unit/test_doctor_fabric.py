@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.health import doctor, fabric_manager
 from lab.cluster import nvml
+from lab.health import doctor, fabric_manager
 
 ERROR_802 = "CUDA error 802: system not yet initialized"
 NOT_INSTALLED = (127, "systemctl: command not found")
@@ -19,24 +19,28 @@ NOT_INSTALLED = (127, "systemctl: command not found")
 
 def smi_q(state: str, gpus: int = 8, driver: str = "550.54.15") -> str:
     """nvidia-smi -q's lines the reader looks at, for `gpus` GPUs in fabric state `state`."""
-    gpu = ("GPU 00000000:{bus:02X}:00.0\n    Product Name                          : NVIDIA H100 80GB HBM3\n"
-           "    Fabric\n        State                             : {state}\n"
-           "        Status                            : N/A\n    Processes                             : None\n")
-    return (f"==============NVSMI LOG==============\n\nDriver Version                            : {driver}\n"
-            f"CUDA Version                              : 12.4\n\nAttached GPUs                             : {gpus}\n"
-            + "".join(gpu.format(bus=0x18 + i, state=state) for i in range(gpus)))
+    gpu = (
+        "GPU 00000000:{bus:02X}:00.0\n    Product Name                          : NVIDIA H100 80GB HBM3\n"
+        "    Fabric\n        State                             : {state}\n"
+        "        Status                            : N/A\n    Processes                             : None\n"
+    )
+    return (
+        f"==============NVSMI LOG==============\n\nDriver Version                            : {driver}\n"
+        f"CUDA Version                              : 12.4\n\nAttached GPUs                             : {gpus}\n"
+        + "".join(gpu.format(bus=0x18 + i, state=state) for i in range(gpus))
+    )
 
 
-def canned(outputs: dict[str, tuple[int, str]]):
+class canned:
     """A command runner that answers from `outputs` (keyed by the command's first word) and records each call."""
-    calls: list[list[str]] = []
 
-    def run(argv: list[str]) -> tuple[int, str]:
-        calls.append(argv)
-        return outputs.get(argv[0], (127, f"{argv[0]}: command not found"))
+    def __init__(self, outputs: dict[str, tuple[int, str]]) -> None:
+        self.outputs = outputs
+        self.calls: list[list[str]] = []
 
-    run.calls = calls
-    return run
+    def __call__(self, argv: list[str]) -> tuple[int, str]:
+        self.calls.append(argv)
+        return self.outputs.get(argv[0], (127, f"{argv[0]}: command not found"))
 
 
 def node(tmp_path, smi: str | None, systemctl: tuple[int, str], switches: int = 0):
@@ -45,20 +49,25 @@ def node(tmp_path, smi: str | None, systemctl: tuple[int, str], switches: int = 
     dev.mkdir()
     for i in range(switches):
         (dev / f"nvidia-nvswitch{i}").touch()
-    run = canned({"nvidia-smi": (0, smi) if smi is not None else (127, "nvidia-smi: command not found"),
-                  "systemctl": systemctl})
+    run = canned(
+        {"nvidia-smi": (0, smi) if smi is not None else (127, "nvidia-smi: command not found"), "systemctl": systemctl}
+    )
     return lambda: fabric_manager.read(run, dev=dev)
 
 
 def test_an_nvswitch_node_with_the_fabric_manager_inactive_says_start_it_not_install_torch(tmp_path):
-    check, facts = doctor.check_unusable_gpus("12.8", ERROR_802,
-                                              node(tmp_path, smi_q("In Progress"), (3, "inactive\n"), switches=4))
+    check, facts = doctor.check_unusable_gpus(
+        "12.8", ERROR_802, node(tmp_path, smi_q("In Progress"), (3, "inactive\n"), switches=4)
+    )
     assert check.status == "fail"
-    assert check.detail.startswith("torch (CUDA build 12.8) cannot start CUDA: CUDA error 802: system not yet "
-                                   "initialized; this is an NVSwitch system (")
+    assert check.detail.startswith(
+        "torch (CUDA build 12.8) cannot start CUDA: CUDA error 802: system not yet "
+        "initialized; this is an NVSwitch system ("
+    )
     assert "nvidia-nvswitch0 exists) and nvidia-fabricmanager is inactive" in check.detail
-    assert check.fix.startswith("sudo systemctl start nvidia-fabricmanager (its package must be the driver's "
-                                "version, 550.54.15;")
+    assert check.fix.startswith(
+        "sudo systemctl start nvidia-fabricmanager (its package must be the driver's version, 550.54.15;"
+    )
     assert "install" not in check.line().replace("must be", "")  # no torch to install: the manager is the cause
     assert facts["fabric"]["manager"] == "inactive" and facts["fabric"]["states"] == ["In Progress"] * 8
 
@@ -66,8 +75,9 @@ def test_an_nvswitch_node_with_the_fabric_manager_inactive_says_start_it_not_ins
 def test_without_device_files_the_fabric_state_in_nvidia_smi_shows_the_switches(tmp_path):
     # Inside a container /dev/nvidia-nvswitch* are usually absent; nvidia-smi -q still shows the fabric state.
     check, _ = doctor.check_unusable_gpus("12.8", ERROR_802, node(tmp_path, smi_q("Not Started"), (3, "failed\n")))
-    assert "NVSwitch system (nvidia-smi -q: fabric state Not Started) and nvidia-fabricmanager is failed" in \
-        check.detail
+    assert (
+        "NVSwitch system (nvidia-smi -q: fabric state Not Started) and nvidia-fabricmanager is failed" in check.detail
+    )
     assert check.fix.startswith("sudo systemctl start nvidia-fabricmanager")
     # No switch seen at all (nvidia-smi missing, no device files), yet error 802 and the manager inactive.
     bare = tmp_path / "bare"
@@ -80,8 +90,10 @@ def test_where_systemd_cannot_be_asked_the_doctor_says_so_and_where_to_look(tmp_
     no_systemd = (1, "System has not been booted with systemd as init system (PID 1). Can't operate.\n")
     check, _ = doctor.check_unusable_gpus("12.8", ERROR_802, node(tmp_path, smi_q("In Progress"), no_systemd))
     assert "the fabric manager's state cannot be read here (systemctl: System has not been booted" in check.detail
-    assert check.fix.startswith("on the host (not in a container): systemctl status nvidia-fabricmanager; if it is "
-                                "not active, sudo systemctl start nvidia-fabricmanager")
+    assert check.fix.startswith(
+        "on the host (not in a container): systemctl status nvidia-fabricmanager; if it is "
+        "not active, sudo systemctl start nvidia-fabricmanager"
+    )
     # Error 802 alone names the fabric manager too: nvidia-smi missing, no device files, no systemctl.
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -94,17 +106,23 @@ def test_a_cpu_build_of_torch_is_told_to_install_a_cuda_build_without_asking_the
         raise AssertionError("a CPU build needs no fabric facts")
 
     check, facts = doctor.check_unusable_gpus(None, "", never)
-    assert check.line() == ("fail  devices    NVIDIA devices are present but this torch is a CPU build; install a "
-                            "CUDA build of torch that matches the driver (or use the lab image)")
+    assert check.line() == (
+        "fail  devices    NVIDIA devices are present but this torch is a CPU build; install a "
+        "CUDA build of torch that matches the driver (or use the lab image)"
+    )
     assert facts == {}
 
 
-@pytest.mark.parametrize("smi, systemctl, switches", [
-    (smi_q("N/A", gpus=2), (3, "inactive\n"), 0),       # PCIe GPUs: no fabric, the manager is not needed
-    (smi_q("Completed"), (0, "active\n"), 4),           # NVSwitch, manager up: the cause is elsewhere
-])
-def test_other_cuda_errors_get_cudas_words_and_the_usual_causes_not_the_fabric_manager(tmp_path, smi, systemctl,
-                                                                                      switches):
+@pytest.mark.parametrize(
+    "smi, systemctl, switches",
+    [
+        (smi_q("N/A", gpus=2), (3, "inactive\n"), 0),  # PCIe GPUs: no fabric, the manager is not needed
+        (smi_q("Completed"), (0, "active\n"), 4),  # NVSwitch, manager up: the cause is elsewhere
+    ],
+)
+def test_other_cuda_errors_get_cudas_words_and_the_usual_causes_not_the_fabric_manager(
+    tmp_path, smi, systemctl, switches
+):
     error = "CUDA error 35: CUDA driver version is insufficient for CUDA runtime version"
     check, _ = doctor.check_unusable_gpus("12.8", error, node(tmp_path, smi, systemctl, switches))
     assert check.detail == f"torch (CUDA build 12.8) cannot start CUDA: {error}"
@@ -131,9 +149,11 @@ def test_cudas_error_is_read_from_torchs_message():
     class FakeCuda:  # torch's RuntimeError text on a node with the manager down, as c10 words it
         @staticmethod
         def init():
-            raise RuntimeError("Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
-                               "calling NumCudaDevices() that might have already set an error? Error 802: system not "
-                               "yet initialized")
+            raise RuntimeError(
+                "Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
+                "calling NumCudaDevices() that might have already set an error? Error 802: system not "
+                "yet initialized"
+            )
 
     assert doctor.cuda_init_error(type("FakeTorch", (), {"cuda": FakeCuda})) == ERROR_802
 
@@ -141,12 +161,17 @@ def test_cudas_error_is_read_from_torchs_message():
 def test_the_real_runner_reads_fake_host_commands_on_path(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("nvidia-smi", f"cat <<'EOF'\n{smi_q('In Progress', gpus=2)}EOF"),
-                       ("systemctl", "echo inactive; exit 3")):
+    for name, body in (
+        ("nvidia-smi", f"cat <<'EOF'\n{smi_q('In Progress', gpus=2)}EOF"),
+        ("systemctl", "echo inactive; exit 3"),
+    ):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     fabric = fabric_manager.read(dev=tmp_path)
-    assert (fabric.nvswitch, fabric.manager, fabric.driver) == ("nvidia-smi -q: fabric state In Progress",
-                                                                "inactive", "550.54.15")
+    assert (fabric.nvswitch, fabric.manager, fabric.driver) == (
+        "nvidia-smi -q: fabric state In Progress",
+        "inactive",
+        "550.54.15",
+    )
     assert fabric_manager.run_command(["no-such-tool-here"]) == (127, "no-such-tool-here: command not found")

@@ -25,8 +25,10 @@ MULTI_NODE = {"LAB_NNODES": "2", "LAB_RDZV_ENDPOINT": "10.0.0.11:29400"}  # what
 @pytest.fixture
 def resolves_to(monkeypatch):
     """Make the host name resolve to the given addresses (a mock: /etc/hosts cannot be changed in a test)."""
+
     def answer(*addresses: str) -> None:
         monkeypatch.setattr(doctor, "resolve_host", lambda name: list(addresses))
+
     return answer
 
 
@@ -37,7 +39,8 @@ def test_a_loopback_host_name_fails_a_multi_node_run_with_the_fix(resolves_to):
     assert check.line() == (
         "fail  hostname   dgx-01 resolves to 127.0.1.1 (loopback) and GLOO_SOCKET_IFNAME is unset: in this "
         "2-node run gloo would give 127.0.1.1 to the other nodes; set GLOO_SOCKET_IFNAME to the cluster interface "
-        "(lab_env in the inventory), or map the host name to its cluster address in /etc/hosts")
+        "(lab_env in the inventory), or map the host name to its cluster address in /etc/hosts"
+    )
     # torchrun's own environment says the same: two worker groups are two nodes
     assert doctor.check_hostname({"GROUP_WORLD_SIZE": "2"}, hostname="dgx-01").status == "fail"
     # an elastic job that may grow past one node, and an IPv6 loopback
@@ -48,15 +51,20 @@ def test_a_loopback_host_name_fails_a_multi_node_run_with_the_fix(resolves_to):
 def test_a_name_that_does_not_resolve_fails_too_since_gloo_falls_back_to_loopback(resolves_to):
     resolves_to()
     check = doctor.check_hostname(MULTI_NODE, hostname="dgx-01")
-    assert check.status == "fail" and "dgx-01 does not resolve (gloo falls back to the loopback address)" in check.line()
+    assert (
+        check.status == "fail" and "dgx-01 does not resolve (gloo falls back to the loopback address)" in check.line()
+    )
 
 
-@pytest.mark.parametrize("env", [
-    {**MULTI_NODE, "GLOO_SOCKET_IFNAME": "bond0"},              # gloo binds that interface instead
-    {"LAB_NNODES": "1", "LAB_RDZV_ENDPOINT": "10.0.0.11:29400"},  # one node: loopback is where the ranks are
-    {"LAB_NNODES": "2", "LAB_RDZV_ENDPOINT": "127.0.0.1:29400"},  # every "node" on this machine (local.yml)
-    {},                                                         # plain `lab doctor`: nothing says multi-node
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {**MULTI_NODE, "GLOO_SOCKET_IFNAME": "bond0"},  # gloo binds that interface instead
+        {"LAB_NNODES": "1", "LAB_RDZV_ENDPOINT": "10.0.0.11:29400"},  # one node: loopback is where the ranks are
+        {"LAB_NNODES": "2", "LAB_RDZV_ENDPOINT": "127.0.0.1:29400"},  # every "node" on this machine (local.yml)
+        {},  # plain `lab doctor`: nothing says multi-node
+    ],
+)
 def test_loopback_is_fine_where_gloo_does_not_offer_it_to_another_host(resolves_to, env):
     resolves_to("127.0.1.1")
     assert doctor.check_hostname(env, hostname="dgx-01").status == "ok"
@@ -78,8 +86,14 @@ def test_the_real_resolver_through_the_real_command(tmp_path):
     addresses = [info[4][0] for info in _getaddrinfo(socket.gethostname())]
     loopback = not addresses or ipaddress.ip_address(addresses[0].split("%")[0]).is_loopback
     env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"} | MULTI_NODE
-    proc = subprocess.run([sys.executable, "-m", "lab", "doctor", "--output-dir", str(tmp_path), "--json", "-"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lab", "doctor", "--output-dir", str(tmp_path), "--json", "-"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     checks = {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
     assert checks["hostname"]["status"] == ("fail" if loopback else "ok"), checks["hostname"]
     assert proc.returncode == (1 if loopback else 0), proc.stderr

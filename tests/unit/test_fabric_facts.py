@@ -21,8 +21,9 @@ H100 = ROOT / "tests/fixtures/fabric/h100"
 
 
 def test_node_facts_writes_every_fact_with_its_status_and_never_fails(tmp_path):
-    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "facts"), "0"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "facts"), "0"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     facts = nf.read_all(tmp_path / "facts")
     assert set(facts) == set(nf.FACT_NAMES)
@@ -38,8 +39,12 @@ def test_node_facts_writes_every_fact_with_its_status_and_never_fails(tmp_path):
 
 @pytest.mark.parametrize("args, said", [(["x", "9"], "DCGM_LEVEL is '9'"), ([], "usage:")])
 def test_node_facts_refuses_a_bad_level_in_one_line(tmp_path, args, said):
-    proc = subprocess.run(["bash", str(SCRIPT), *[str(tmp_path / a) if a == "x" else a for a in args]],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *[str(tmp_path / a) if a == "x" else a for a in args]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and said in proc.stderr
 
 
@@ -50,8 +55,9 @@ def test_lab_validate_judges_this_machines_real_facts_as_a_cpu_node(tmp_path, ca
     if nf.read_all(folder / "facts-vm")["nvidia-smi-gpus"].ok:
         pytest.skip("this machine has nvidia-smi: the CPU case is the canned tests' here")
     rows = [{"size": 1 << 20, "oop_busbw": 1.5, "ip_busbw": 1.6, "oop_wrong": 0, "ip_wrong": 0}]
-    (folder / "node-vm.json").write_text(json.dumps({"rows": rows, "avg_busbw": 1.5, "world_size": 2,
-                                                     "devices": ["cpu", "cpu"], "backend": "gloo"}))
+    (folder / "node-vm.json").write_text(
+        json.dumps({"rows": rows, "avg_busbw": 1.5, "world_size": 2, "devices": ["cpu", "cpu"], "backend": "gloo"})
+    )
     out = tmp_path / "validate.json"
     assert cli.main(["validate", str(folder), "--nodes", "vm", "--run-id", "v1", "--out", str(out)]) == 0
     record = json.loads(out.read_text())["nodes"]["vm"]
@@ -96,9 +102,12 @@ def test_dcgm_4_tables_with_per_gpu_rows_are_read():
 def test_the_nccl_log_is_read_per_host_with_dmabuf():
     text = (ROOT / "tests/fixtures/fabric/nodes-gdrdma.log").read_text()
     channels = fabric_checks.nccl_channels(text)
-    assert channels == {"dgx01": {"gdrdma": 16, "ib": 0, "socket": 0, "dmabuf": True},
-                        "dgx02": {"gdrdma": 16, "ib": 0, "socket": 0, "dmabuf": True}}
+    assert channels == {
+        "dgx01": {"gdrdma": 16, "ib": 0, "socket": 0, "dmabuf": True},
+        "dgx02": {"gdrdma": 16, "ib": 0, "socket": 0, "dmabuf": True},
+    }
     sockets = fabric_checks.nccl_channels("n1:7:9 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0")
     assert fabric_checks.gdrdma(sockets, {"n1"}, "nodes.log")[1] == [
         "gdrdma: GPUDirect RDMA not used: nodes.log shows 1 channel(s) over sockets (NET/Socket) (nvidia_peermem or "
-        "DMA-BUF, NCCL_NET_GDR_LEVEL)"]
+        "DMA-BUF, NCCL_NET_GDR_LEVEL)"
+    ]

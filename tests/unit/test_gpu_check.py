@@ -7,7 +7,8 @@ import json
 import pytest
 
 from lab.cluster import nvml
-from lab.devicecheck import command as gpu_check, steps as gpu_steps
+from lab.devicecheck import command as gpu_check
+from lab.devicecheck import steps as gpu_steps
 
 
 def test_a_gpu_that_torch_cannot_use_is_named_not_skipped(monkeypatch):
@@ -26,11 +27,18 @@ def test_no_gpu_at_all_is_a_dry_check(monkeypatch):
 
 
 def test_the_table_counts_what_ran():
-    result = {"gpu": True, "device": "NVIDIA H200", "gpus": 1, "quick": False,
-              "versions": {"driver": "570", "cuda": "12.8", "nccl": "2.26", "torch": "2.11.0"},
-              "steps": [{"step": "doctor", "status": "passed", "detail": "7 checks"},
-                        {"step": "all-reduce", "status": "skipped", "detail": "1 GPU"},
-                        {"step": "memory", "status": "failed", "detail": "ratio 1.30"}]}
+    result = {
+        "gpu": True,
+        "device": "NVIDIA H200",
+        "gpus": 1,
+        "quick": False,
+        "versions": {"driver": "570", "cuda": "12.8", "nccl": "2.26", "torch": "2.11.0"},
+        "steps": [
+            {"step": "doctor", "status": "passed", "detail": "7 checks"},
+            {"step": "all-reduce", "status": "skipped", "detail": "1 GPU"},
+            {"step": "memory", "status": "failed", "detail": "ratio 1.30"},
+        ],
+    }
     lines = gpu_check.render(result).splitlines()
     assert lines[0] == "# lab gpu-check: NVIDIA H200 x 1; driver 570, CUDA 12.8, NCCL 2.26, torch 2.11.0"
     assert lines[1].split() == ["doctor", "passed", "7", "checks"]
@@ -43,8 +51,11 @@ def test_the_levers_line_reads_a_gpu_result(tmp_path, monkeypatch):
     from tests.distributed.test_levers import _gpu_result
 
     check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=8)
-    monkeypatch.setattr(gpu_check.Check, "lab", lambda self, log, *args: (tmp_path / "levers.json").write_text(
-        json.dumps(_gpu_result())))
+    monkeypatch.setattr(
+        gpu_check.Check,
+        "lab",
+        lambda self, log, *args: (tmp_path / "levers.json").write_text(json.dumps(_gpu_result())),
+    )
     outcome = gpu_check.levers(check)
     assert outcome.status == "passed"
     assert "images/s vs fp32: bf16 2.00x, fp16 1.90x" in outcome.detail
@@ -64,8 +75,9 @@ def test_the_plan_fits_the_deadline_on_one_h200_and_at_toy_sizes(monkeypatch):
     assert sum(r["expected_seconds"] for r in cpu) < 180
     text = gpu_check.render_plan(h200, 360, quick=False)
     total = sum(r["expected_seconds"] for r in h200)
-    assert text.splitlines()[0] == (f"gpu-check plan: 15 step(s), about {total} s expected (on one H200) of the "
-                                    f"360 s deadline")
+    assert text.splitlines()[0] == (
+        f"gpu-check plan: 15 step(s), about {total} s expected (on one H200) of the 360 s deadline"
+    )
 
 
 def test_the_step_names_are_the_tables_lines():
@@ -75,8 +87,9 @@ def test_the_step_names_are_the_tables_lines():
 
 def test_the_preflight_names_what_a_step_lacks(monkeypatch):
     monkeypatch.setattr(gpu_check, "missing", lambda module: module in ("lightning", "deepspeed"))
-    rows = {r["step"]: r for r in gpu_check.plan(gpu_check.Check(out=None, quick=False, gpu=True, gpus=8),
-                                                 gpu_check.STEPS)}
+    rows = {
+        r["step"]: r for r in gpu_check.plan(gpu_check.Check(out=None, quick=False, gpu=True, gpus=8), gpu_check.STEPS)
+    }
     assert rows["Lightning peer"]["skip"] == "needs lightning (pip install lightning==2.6.6)"
     assert rows["Lightning peer"]["expected_seconds"] == 0
     assert not rows["strategies"]["skip"]
@@ -102,29 +115,39 @@ def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(
     import time
 
     def slow(c):
-        code = ("import shutil, subprocess, sys, time; out = sys.argv[1]; "
-                "shutil.copy(out + '/gpu-check.json', out + '/seen-by-the-slow-step.json'); "
-                "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-                "open(out + '/pids', 'w').write(f'{__import__(\"os\").getpid()} {worker.pid}'); time.sleep(120)")
+        code = (
+            "import shutil, subprocess, sys, time; out = sys.argv[1]; "
+            "shutil.copy(out + '/gpu-check.json', out + '/seen-by-the-slow-step.json'); "
+            "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            "open(out + '/pids', 'w').write(f'{__import__(\"os\").getpid()} {worker.pid}'); time.sleep(120)"
+        )
         c.child("slow", [sys.executable, "-c", code, str(c.out)])
 
-    steps = (gpu_check.Step("at once", 1, 1, lambda c: gpu_check.Outcome("at once", "passed", "done")),
-             gpu_check.Step("slow", 1, 1, slow),
-             gpu_check.Step("after", 1, 1, lambda c: gpu_check.Outcome("after", "passed", "done"),
-                            lines=("after", "after too")))
+    steps = (
+        gpu_check.Step("at once", 1, 1, lambda c: gpu_check.Outcome("at once", "passed", "done")),
+        gpu_check.Step("slow", 1, 1, slow),
+        gpu_check.Step(
+            "after", 1, 1, lambda c: gpu_check.Outcome("after", "passed", "done"), lines=("after", "after too")
+        ),
+    )
     monkeypatch.setattr(gpu_check, "STEPS", steps)
     from lab.cluster import provenance
 
     provenance.versions()  # torch imported and versions read before the clock starts: a loaded CI machine's seconds
-    args = argparse.Namespace(out=str(tmp_path), quick=True, allow_cpu=True, skip_without_gpu=False, json=None,
-                              deadline=15, epochs=1)
+    args = argparse.Namespace(
+        out=str(tmp_path), quick=True, allow_cpu=True, skip_without_gpu=False, json=None, deadline=15, epochs=1
+    )
     started = time.monotonic()
     assert gpu_check.run(args) == 1
     assert time.monotonic() - started < 15 + 1
     result = json.loads((tmp_path / "gpu-check.json").read_text())
     status = [(s["step"], s["status"], s["by_deadline"]) for s in result["steps"]]
-    assert status == [("at once", "passed", False), ("slow", "failed", True), ("after", "skipped", True),
-                      ("after too", "skipped", True)]
+    assert status == [
+        ("at once", "passed", False),
+        ("slow", "failed", True),
+        ("after", "skipped", True),
+        ("after too", "skipped", True),
+    ]
     assert result["steps"][1]["detail"].startswith("cut by the deadline after ")
     assert result["finished"] and result["plan"][1]["step"] == "slow"
     # Written after every step: while the slow step ran, the file already held the first one's result.
@@ -141,16 +164,24 @@ def test_host_syncs_fail_on_bf16_and_show_syncbatchnorms_own(tmp_path, monkeypat
     commands = []
 
     def measured(variants):
-        return lambda self, log, command: (commands.append(command), (tmp_path / "host-syncs.json").write_text(
-            json.dumps({"steps": 12, "variants": variants})))
+        return lambda self, log, command: (
+            commands.append(command),
+            (tmp_path / "host-syncs.json").write_text(json.dumps({"steps": 12, "variants": variants})),
+        )
 
-    monkeypatch.setattr(gpu_check.Check, "child", measured({"bf16": None, "fp16": None,
-                                                             "sync_batchnorm": "called a synchronizing CUDA op"}))
+    monkeypatch.setattr(
+        gpu_check.Check,
+        "child",
+        measured({"bf16": None, "fp16": None, "sync_batchnorm": "called a synchronizing CUDA op"}),
+    )
     outcome = gpu_check.host_syncs(check)
     assert outcome.status == "passed" and gpu_steps.SYNC_BATCHNORM_SYNC + " (expected" in outcome.detail
     assert "sync_batchnorm:train.amp=bf16,model.sync_batchnorm=true,dist.single_process_group=true" in commands[0]
-    monkeypatch.setattr(gpu_check.Check, "child", measured({"bf16": "called a synchronizing CUDA op", "fp16": None,
-                                                             "sync_batchnorm": "x"}))
+    monkeypatch.setattr(
+        gpu_check.Check,
+        "child",
+        measured({"bf16": "called a synchronizing CUDA op", "fp16": None, "sync_batchnorm": "x"}),
+    )
     with pytest.raises(gpu_check.StepFailed, match="bf16: a host sync inside the step loop"):
         gpu_check.host_syncs(check)
 
@@ -171,8 +202,9 @@ def test_syncbatchnorm_takes_its_sync_path_at_one_rank():
             calls.append((weight is not None, momentum, world_size))
             return input
 
-    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4),
-                                                                  nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4)))
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(
+        nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4))
+    )
     assert gpu_measure.sync_path_at_one_rank(model, 1, function=Recorder) == 2
     model(torch.randn(2, 3, 8, 8))
     assert calls == [(True, 0.1, 1), (True, 0.1, 1)]
@@ -189,10 +221,14 @@ def _wheel(folder, name, version, requires=()):
     info = f"{name}-{version}.dist-info"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr(f"{name}/__init__.py", "MARK = 1\n")
-        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                         + "".join(f"Requires-Dist: {r}\n" for r in requires))
-        archive.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                          "Tag: py3-none-any\n")
+        archive.writestr(
+            f"{info}/METADATA",
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        )
+        archive.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         archive.writestr(f"{info}/RECORD", "")
     return path
 
@@ -221,6 +257,7 @@ def test_a_strategy_that_fails_fails_the_step_and_a_missing_deepspeed_does_not(t
             (tmp_path / "strategies.json").write_text(json.dumps({"rows": rows}))
             if code:
                 raise gpu_check.StepFailed(f"exit {code}: ...")
+
         return lab
 
     monkeypatch.setattr(gpu_check.Check, "lab", bench([{"label": "DDP", **ok}, {"label": "FSDP", **ok}, absent], 0))

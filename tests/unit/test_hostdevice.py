@@ -17,8 +17,9 @@ import shlex
 
 import pytest
 
-from lab.devicecheck import command as gpu_check, steps as gpu_steps
 from lab.bench.comm import hostdevice
+from lab.devicecheck import command as gpu_check
+from lab.devicecheck import steps as gpu_steps
 from tests.conftest import PYTHON, lab, run
 
 DOCUMENTED = ".venv/bin/lab bench hostdevice --size 64M --iters 5 --json hostdevice.json"  # docs/benchmarks.md
@@ -31,8 +32,8 @@ class AsyncDevices:
     kind = "fake"
 
     def __init__(self, rates: dict[tuple[object, object], float]) -> None:
-        self.rates = rates                      # (source, destination) -> bytes per second; "host" for the host
-        self.names = sorted({d for pair in rates for d in pair if d != "host"})
+        self.rates = rates  # (source, destination) -> bytes per second; "host" for the host
+        self.names = sorted({d for pair in rates for d in pair if d != "host"}, key=str)  # the GPUs: 0, 1, ...
         self.uuids = [None] * len(self.names)
         self.now = self.queued = 0.0
 
@@ -63,12 +64,22 @@ def test_each_figure_is_its_own_copy_timed_from_start_to_the_devices_finishing_i
     # time (rate x iters / (iters + warm-ups)) or a clock stopped before the devices finished (no time at all)
     # would each give other figures.
     gb = 1e9
-    rates = {("host", 0): 50 * gb, (0, "host"): 40 * gb, ("host", 1): 25 * gb, (1, "host"): 20 * gb,
-             (0, 0): 2000 * gb, (0, 1): 300 * gb, (1, 0): 100 * gb, (1, 1): 1500 * gb}
+    rates = {
+        ("host", 0): 50 * gb,
+        (0, "host"): 40 * gb,
+        ("host", 1): 25 * gb,
+        (1, "host"): 20 * gb,
+        (0, 0): 2000 * gb,
+        (0, 1): 300 * gb,
+        (1, 0): 100 * gb,
+        (1, 1): 1500 * gb,
+    }
     devices = AsyncDevices(rates)
     result = hostdevice.measure(devices, size_bytes=256 * 2**20, iters=10, warmup=3, clock=devices.clock)
     assert [(g["index"], g["h2d_gbps"], g["d2h_gbps"]) for g in result["gpus"]] == [
-        (0, pytest.approx(50), pytest.approx(40)), (1, pytest.approx(25), pytest.approx(20))]
+        (0, pytest.approx(50), pytest.approx(40)),
+        (1, pytest.approx(25), pytest.approx(20)),
+    ]
     assert result["d2d_gbps"] == [[pytest.approx(2000), pytest.approx(300)], [pytest.approx(100), pytest.approx(1500)]]
     assert (result["size_bytes"], result["iters"], result["warmup_iters"]) == (256 * 2**20, 10, 3)
     # The fake is what a CUDA host sees: a copy returns before its time has passed.
@@ -99,9 +110,11 @@ def test_the_documented_command_runs_on_the_cpu_and_writes_the_schema(tmp_path):
 
 
 def test_bad_sizes_and_counts_are_one_line_and_exit_2():
-    for args, says in ((["--size", "0"], "lab: error: --size: size '0': must be at least 1 byte"),
-                       (["--size", "1X"], "lab: error: --size: size '1X': expected bytes with an optional K, M or G"),
-                       (["--iters", "0"], "lab: error: argument --iters: 0; use 1 or more")):
+    for args, says in (
+        (["--size", "0"], "lab: error: --size: size '0': must be at least 1 byte"),
+        (["--size", "1X"], "lab: error: --size: size '1X': expected bytes with an optional K, M or G"),
+        (["--iters", "0"], "lab: error: argument --iters: 0; use 1 or more"),
+    ):
         proc = lab("bench", "hostdevice", *args, check=False)
         assert proc.returncode == 2 and proc.stderr.strip().startswith(says), proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
@@ -110,20 +123,33 @@ def test_bad_sizes_and_counts_are_one_line_and_exit_2():
 def test_the_gpu_check_step_fails_copies_that_ran_on_the_cpu_and_reads_a_gpu_result(tmp_path, monkeypatch):
     # The step's child runs for real (on this CPU: unpinned host copies, which must not pass on a GPU host).
     check = gpu_check.Check(out=tmp_path, quick=True, gpu=True, gpus=1)
-    with pytest.raises(gpu_steps.StepFailed, match="copies ran on cpu with pageable host memory, not CUDA and "
-                                                   "pinned"):
+    with pytest.raises(gpu_steps.StepFailed, match="copies ran on cpu with pageable host memory, not CUDA and pinned"):
         gpu_steps.host_device(check)
     assert (tmp_path / "hostdevice.log").read_text().startswith("$ ")
     # A 2-GPU result, written by hand (no GPU here): the line the table shows of it.
-    gpus = [{"index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}", "h2d_gbps": 55.0 + i,
-             "d2h_gbps": 52.0} for i in range(2)]
-    result = {"benchmark": "hostdevice", "method": "torch", "device": "cuda", "size_bytes": 256 * 2**20,
-              "iters": 20, "warmup_iters": 2, "pinned": True, "gpus": gpus,
-              "d2d_gbps": [[1500.0, 360.0], [355.0, 1500.0]], "peer_access": [[True, True], [True, True]]}
-    monkeypatch.setattr(gpu_check.Check, "lab", lambda self, log, *a: (tmp_path / "hostdevice.json").write_text(
-        json.dumps(result)))
+    gpus = [
+        {"index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i}", "h2d_gbps": 55.0 + i, "d2h_gbps": 52.0}
+        for i in range(2)
+    ]
+    result = {
+        "benchmark": "hostdevice",
+        "method": "torch",
+        "device": "cuda",
+        "size_bytes": 256 * 2**20,
+        "iters": 20,
+        "warmup_iters": 2,
+        "pinned": True,
+        "gpus": gpus,
+        "d2d_gbps": [[1500.0, 360.0], [355.0, 1500.0]],
+        "peer_access": [[True, True], [True, True]],
+    }
+    monkeypatch.setattr(
+        gpu_check.Check, "lab", lambda self, log, *a: (tmp_path / "hostdevice.json").write_text(json.dumps(result))
+    )
     outcome = gpu_steps.host_device(gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=2))
-    assert outcome.detail == ("2 GPU(s), pinned, 256 MiB (GB/s): host->device 55.0-56.0, device->host 52.0, "
-                              "within a GPU 1500.0, GPU to GPU 355.0-360.0")
+    assert outcome.detail == (
+        "2 GPU(s), pinned, 256 MiB (GB/s): host->device 55.0-56.0, device->host 52.0, "
+        "within a GPU 1500.0, GPU to GPU 355.0-360.0"
+    )
     with pytest.raises(gpu_steps.StepFailed, match="2-row matrix for 3 GPU"):  # fewer GPUs than the host has
         gpu_steps.host_device(gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=3))

@@ -54,8 +54,12 @@ def owner(module: str) -> tuple[int, str]:
 
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
-    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING" or \
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    return (
+        isinstance(test, ast.Name)
+        and test.id == "TYPE_CHECKING"
+        or isinstance(test, ast.Attribute)
+        and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.AST, here: str, is_package: bool):
@@ -70,7 +74,7 @@ def _imports(tree: ast.AST, here: str, is_package: bool):
             base = node.module or ""
             if node.level:
                 package = here.split(".") if is_package else here.split(".")[:-1]
-                package = package[:len(package) - node.level + 1]
+                package = package[: len(package) - node.level + 1]
                 base = ".".join(package + ([node.module] if node.module else []))
             for alias in node.names:
                 full = f"{base}.{alias.name}"
@@ -115,8 +119,11 @@ def test_no_module_imports_itself_round_a_circle():
         state[node] = "open"
         for target in graph[node]:
             if state.get(target) == "open":
-                circles.append(" -> ".join(trail[trail.index(target):] + [node, target]) if target in trail
-                               else f"{node} -> {target}")
+                circles.append(
+                    " -> ".join(trail[trail.index(target) :] + [node, target])
+                    if target in trail
+                    else f"{node} -> {target}"
+                )
             elif target not in state:
                 visit(target, trail + [node])
         state[node] = "done"
@@ -129,8 +136,20 @@ def test_no_module_imports_itself_round_a_circle():
 
 def test_ls_lab_shows_the_architecture():
     packages = sorted(p.name for p in LAB.iterdir() if (p / "__init__.py").exists())
-    assert packages == ["bench", "cluster", "config", "data", "devicecheck", "health", "observability", "pitfalls",
-                        "room", "sizing", "teaching", "training"]
+    assert packages == [
+        "bench",
+        "cluster",
+        "config",
+        "data",
+        "devicecheck",
+        "health",
+        "observability",
+        "pitfalls",
+        "room",
+        "sizing",
+        "teaching",
+        "training",
+    ]
     known = {name for names in LAYERS for name in names}
     for package in packages:
         assert f"lab.{package}" in known, f"lab/{package}/ has no layer in LAYERS"

@@ -9,8 +9,21 @@ from lab.bench.comm.collective_perf import LINKS, Row, render
 
 def _row(busbw: float) -> Row:
     size = 256 * 2**20
-    return Row(size=size, count=size // 4, type="float", redop="sum", root=-1, oop_time_us=1.0, oop_algbw=busbw,
-               oop_busbw=busbw, oop_wrong=0, ip_time_us=1.0, ip_algbw=busbw, ip_busbw=busbw, ip_wrong=0)
+    return Row(
+        size=size,
+        count=size // 4,
+        type="float",
+        redop="sum",
+        root=-1,
+        oop_time_us=1.0,
+        oop_algbw=busbw,
+        oop_busbw=busbw,
+        oop_wrong=0,
+        ip_time_us=1.0,
+        ip_algbw=busbw,
+        ip_busbw=busbw,
+        ip_wrong=0,
+    )
 
 
 def _link_line(busbw: float) -> str:

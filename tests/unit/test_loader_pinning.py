@@ -35,8 +35,18 @@ def copies(monkeypatch):
 
 def _loader(augment: bool) -> loading.DeviceLoader:
     images, labels = torch.zeros(8, 3, 32, 32, dtype=torch.uint8), torch.arange(8)
-    return loading.DeviceLoader(images, labels, world_size=2, rank=0, batch_size=2, seed=0, shuffle=True,
-                                uneven="pad", augment=augment, dtype=torch.float32)
+    return loading.DeviceLoader(
+        images,
+        labels,
+        world_size=2,
+        rank=0,
+        batch_size=2,
+        seed=0,
+        shuffle=True,
+        uneven="pad",
+        augment=augment,
+        dtype=torch.float32,
+    )
 
 
 def test_on_cuda_each_epochs_indices_are_pinned_before_their_non_blocking_copy(monkeypatch, copies):

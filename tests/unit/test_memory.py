@@ -45,8 +45,11 @@ def test_hf_shards_the_fp32_master_weights_and_gradients_from_zero_1_as_deepspee
 
 def test_the_recommendation_keeps_the_headroom_the_table_asks_for():
     assert memory.HEADROOM == choose.HEADROOM  # lab memory and lab choose keep the same part free
-    rows = [{"strategy": "DDP", "total_bytes": 100e9}, {"strategy": "ZeRO-1", "total_bytes": 76.8e9},
-            {"strategy": "ZeRO-2", "total_bytes": 50e9}]
+    rows = [
+        {"strategy": "DDP", "total_bytes": 100e9},
+        {"strategy": "ZeRO-1", "total_bytes": 76.8e9},
+        {"strategy": "ZeRO-2", "total_bytes": 50e9},
+    ]
     # ZeRO-1 at 96% of an 80 GB device fits the device but not its 90%: the next one is recommended
     assert memory.recommend(rows, 80e9).startswith("ZeRO-2: the least sharding that fits in 90% of the device")
     assert memory.recommend(rows, 80e9, headroom=0.0).startswith("ZeRO-1")
@@ -57,22 +60,30 @@ def test_the_recommendation_keeps_the_headroom_the_table_asks_for():
 def test_the_command_shows_the_device_in_its_vendors_unit_and_in_bytes(tmp_path):
     proc = lab("memory", "--params", "7e9", "--world-size", "8", "--device", "h100", "--json", str(tmp_path / "m.json"))
     assert "recommendation for h100 (80 GB): ZeRO-1: the least sharding that fits in 90% of the device" in proc.stdout
-    assert "80 GB = 80,000,000,000 bytes" in proc.stdout and "72,000,000,000 bytes for the training state" in proc.stdout
+    assert (
+        "80 GB = 80,000,000,000 bytes" in proc.stdout and "72,000,000,000 bytes for the training state" in proc.stdout
+    )
     result = json.loads((tmp_path / "m.json").read_text())
     assert (result["device_memory_gb"], result["device_memory_bytes"], result["headroom"]) == (80.0, 80e9, 0.1)
     assert "| ZeRO-1 | 14.00 GB | 14.00 GB | 10.50 GB | - | 38.50 GB | yes | 25 MiB |" in proc.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--convention", "deepspeed", "--precision", "fp32"], "DeepSpeed's estimator assumes mixed-precision Adam"),
-    (["--convention", "deepspeed", "--optimizer", "sgd"], "DeepSpeed's estimator assumes mixed-precision Adam"),
-    (["--convention", "deepspeed", "--world-size", "8", "--node-size", "3"], "takes whole nodes"),
-    (["--convention", "deepspeed", "--largest-layer", "9e9"], "--largest-layer 9e+09: the parameters of the largest"),
-    (["--convention", "deepspeed", "--plot", "m.png"], "--plot with --convention deepspeed"),
-    (["--largest-layer", "1e6"], "--largest-layer: only --convention deepspeed uses it"),
-    (["--bucket-mb", "-1"], "--bucket-mb -1: a bucket size in MiB"),
-    (["--headroom", "1.5"], "--headroom: '1.5'; use a fraction"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--convention", "deepspeed", "--precision", "fp32"], "DeepSpeed's estimator assumes mixed-precision Adam"),
+        (["--convention", "deepspeed", "--optimizer", "sgd"], "DeepSpeed's estimator assumes mixed-precision Adam"),
+        (["--convention", "deepspeed", "--world-size", "8", "--node-size", "3"], "takes whole nodes"),
+        (
+            ["--convention", "deepspeed", "--largest-layer", "9e9"],
+            "--largest-layer 9e+09: the parameters of the largest",
+        ),
+        (["--convention", "deepspeed", "--plot", "m.png"], "--plot with --convention deepspeed"),
+        (["--largest-layer", "1e6"], "--largest-layer: only --convention deepspeed uses it"),
+        (["--bucket-mb", "-1"], "--bucket-mb -1: a bucket size in MiB"),
+        (["--headroom", "1.5"], "--headroom: '1.5'; use a fraction"),
+    ],
+)
 def test_a_bad_memory_flag_is_one_line_and_exit_2(tmp_path, args, message):
     proc = lab("memory", *args, check=False, cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -27,12 +27,28 @@ def estimators():
 def test_seven_billion_on_eight_devices_equals_deepspeeds_estimate(tmp_path, estimators):
     zero2, zero3 = estimators
     largest = 131_072_000  # a 7B LLaMA's embedding, 32000 x 4096: its largest layer
-    proc = lab("memory", "--convention", "deepspeed", "--params", "7e9", "--world-size", "8", "--largest-layer",
-               str(largest), "--device", "h100", "--json", str(tmp_path / "m.json"))
+    proc = lab(
+        "memory",
+        "--convention",
+        "deepspeed",
+        "--params",
+        "7e9",
+        "--world-size",
+        "8",
+        "--largest-layer",
+        str(largest),
+        "--device",
+        "h100",
+        "--json",
+        str(tmp_path / "m.json"),
+    )
     rows = json.loads((tmp_path / "m.json").read_text())["rows"]
     expected = [zero2(7_000_000_000, 8, 1, cpu_offload=o) for o in (True, False)]
-    expected += [zero3(7_000_000_000, largest, 8, 1, cpu_offload=o, cpu_offload_params=op, zero_init=z)[:2]
-                 for o, op in ((True, True), (True, False), (False, False)) for z in (True, False)]
+    expected += [
+        zero3(7_000_000_000, largest, 8, 1, cpu_offload=o, cpu_offload_params=op, zero_init=z)[:2]
+        for o, op in ((True, True), (True, False), (False, False))
+        for z in (True, False)
+    ]
     assert [(r["cpu_bytes"], r["gpu_bytes"]) for r in rows] == expected
     assert expected[1] == (336_000_000_000, 29_750_000_000)  # 2 x 7e9 + 18 x 7e9 / 8 on the GPU
     assert "27.71 GiB (29,750,000,000 bytes)" in proc.stdout  # DeepSpeed prints "27.71GB": GiB, said as GiB
@@ -41,10 +57,12 @@ def test_seven_billion_on_eight_devices_equals_deepspeeds_estimate(tmp_path, est
 
 def test_every_layout_and_option_equals_deepspeeds_arithmetic(estimators):
     zero2, zero3 = estimators
-    for params, largest, per_node, nodes in itertools.product((7e9, 1_234_567_891, 11_173_962),
-                                                             (0, 2_359_296, 131e6), (1, 3, 8), (1, 2, 64)):
+    for params, largest, per_node, nodes in itertools.product(
+        (7e9, 1_234_567_891, 11_173_962), (0, 2_359_296, 131e6), (1, 3, 8), (1, 2, 64)
+    ):
         for offload in (True, False):
             assert deepspeed_estimate.zero2(params, per_node, nodes, offload) == zero2(params, per_node, nodes, offload)
             for offload_params, zero_init in itertools.product((True, False), (True, False)):
-                assert deepspeed_estimate.zero3(params, largest, per_node, nodes, offload, offload_params, zero_init) \
-                    == zero3(params, largest, per_node, nodes, offload, offload_params, zero_init)
+                assert deepspeed_estimate.zero3(
+                    params, largest, per_node, nodes, offload, offload_params, zero_init
+                ) == zero3(params, largest, per_node, nodes, offload, offload_params, zero_init)

@@ -6,14 +6,24 @@ import urllib.request
 
 import torch
 
-from lab.observability import metrics
 from lab.config import MetricsConfig
+from lab.observability import metrics
 
 
 def _row(step: int) -> dict:
-    return {"kind": "train", "step": step, "epoch": 0, "loss": 1.5, "accuracy": 0.25, "lr": 0.1,
-            "samples_per_second": 200.0, "rank_samples_per_second": 100.0, "rank_samples": 64,
-            "step_time_seconds": 0.32, "time": 1.7e9}
+    return {
+        "kind": "train",
+        "step": step,
+        "epoch": 0,
+        "loss": 1.5,
+        "accuracy": 0.25,
+        "lr": 0.1,
+        "samples_per_second": 200.0,
+        "rank_samples_per_second": 100.0,
+        "rank_samples": 64,
+        "step_time_seconds": 0.32,
+        "time": 1.7e9,
+    }
 
 
 def test_rows_become_labelled_series_served_over_http():
@@ -28,7 +38,7 @@ def test_rows_become_labelled_series_served_over_http():
     finally:
         exporter.close()
     assert 'lab_train_samples_per_second{node="n",rank="1",run_id="r1"} 100.0' in text  # this rank's own rate
-    assert 'lab_train_steps_total{node="n",rank="1",run_id="r1"} 10.0' in text           # 4 + 6
+    assert 'lab_train_steps_total{node="n",rank="1",run_id="r1"} 10.0' in text  # 4 + 6
     assert 'lab_train_samples_total{node="n",rank="1",run_id="r1"} 128.0' in text
     assert 'lab_eval_accuracy_ratio{node="n",rank="1",run_id="r1"} 0.7' in text
     assert 'lab_train_restarts_total{node="n",rank="1",run_id="r1"} 1.0' in text

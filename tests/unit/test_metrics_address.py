@@ -8,8 +8,8 @@ import urllib.request
 import pytest
 import torch
 
-from lab.observability import metrics
 from lab.config import MetricsConfig
+from lab.observability import metrics
 
 
 def _route(address: str | None):
@@ -24,15 +24,15 @@ def test_one_node_keeps_the_configured_address(bind):
 
 
 def test_the_node_address_the_launch_role_passes_is_bound_and_advertised():
-    listen = metrics.listen_address("192.168.100.12", multi_node=True, head="192.168.100.11",
-                                    route=_route("192.168.100.99"))
+    listen = metrics.listen_address(
+        "192.168.100.12", multi_node=True, head="192.168.100.11", route=_route("192.168.100.99")
+    )
     assert listen == ("192.168.100.12", "", "")  # "" advertises the bind address itself
     assert metrics.listen_address("dgx-02.cluster", multi_node=True, head="dgx-01") == ("dgx-02.cluster", "", "")
 
 
 def test_default_loopback_on_a_multi_node_run_widens_and_advertises_the_route_to_the_head():
-    listen = metrics.listen_address("127.0.0.1", multi_node=True, head="192.168.100.11",
-                                    route=_route("192.168.100.12"))
+    listen = metrics.listen_address("127.0.0.1", multi_node=True, head="192.168.100.11", route=_route("192.168.100.12"))
     assert (listen.bind, listen.advertise) == ("0.0.0.0", "192.168.100.12")
     assert "cannot be scraped from the other nodes" in listen.reason
     # a head named by host name is another host too (it may resolve to 127.0.1.1 on the head alone)
@@ -87,9 +87,13 @@ def test_start_on_a_multi_node_run_leaves_loopback_and_says_why(monkeypatch):
     exporter = metrics.start(MetricsConfig(port_base=port), _Ctx(), "r", {}, say=said.append)
     try:
         assert exporter.server.server_address[0] == "0.0.0.0"
-        assert exporter.target() == {"targets": [f"198.51.100.4:{port}"],
-                                     "labels": {"run_id": "r", "rank": "2", "node": socket.gethostname()}}
+        assert exporter.target() == {
+            "targets": [f"198.51.100.4:{port}"],
+            "labels": {"run_id": "r", "rank": "2", "node": socket.gethostname()},
+        }
     finally:
         exporter.close()
-    assert said == ["metrics: metrics.bind_address=127.0.0.1 cannot be scraped from the other nodes of this run: "
-                    "the exporters listen on 0.0.0.0 and advertise 198.51.100.4"]
+    assert said == [
+        "metrics: metrics.bind_address=127.0.0.1 cannot be scraped from the other nodes of this run: "
+        "the exporters listen on 0.0.0.0 and advertise 198.51.100.4"
+    ]

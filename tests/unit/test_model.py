@@ -41,8 +41,8 @@ def _modules_that_raise_when_deterministic() -> tuple[type, ...]:
     deterministic kernel), read from this torch's docstring so the list follows the release."""
     import re
 
-    doc = torch.use_deterministic_algorithms.__doc__
-    throwing = doc[doc.index("operations will throw"):]
+    doc = torch.use_deterministic_algorithms.__doc__ or ""
+    throwing = doc[doc.index("operations will throw") :]
     names = re.findall(r":class:`torch\.nn\.(\w+)`", throwing)
     return tuple(getattr(nn, n) for n in names if hasattr(nn, n))
 

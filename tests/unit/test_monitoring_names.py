@@ -24,14 +24,22 @@ from tests.conftest import ROOT
 
 MONITORING = ROOT / "monitoring"
 # What monitoring/ names series in; prometheus.yml names none (its lab_* words are file paths and job settings).
-NAMING_FILES = sorted([*MONITORING.glob("rules/*.yml"), *MONITORING.glob("grafana/dashboards/*.json"),
-                       *MONITORING.glob("tests/*.yml")])
+NAMING_FILES = sorted(
+    [*MONITORING.glob("rules/*.yml"), *MONITORING.glob("grafana/dashboards/*.json"), *MONITORING.glob("tests/*.yml")]
+)
 
 # The samples Prometheus makes of a family, by type (client_python's exposition: counters add _total and _created,
 # an info family is served as <name>_info).
-SUFFIXES = {"counter": ("_total", "_created"), "info": ("_info",), "gauge": ("",), "unknown": ("",),
-            "histogram": ("_bucket", "_sum", "_count", "_created"), "summary": ("", "_sum", "_count", "_created"),
-            "stateset": ("",), "gaugehistogram": ("_bucket", "_gsum", "_gcount")}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "info": ("_info",),
+    "gauge": ("",),
+    "unknown": ("",),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("", "_sum", "_count", "_created"),
+    "stateset": ("",),
+    "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+}
 
 # A PromQL or Prometheus text token: a metric or label name; recording rules put colons in theirs.
 TOKEN = re.compile(r"(?<![\w:.$])[A-Za-z_:][\w:]*")
@@ -55,7 +63,7 @@ class _Gateway(BaseHTTPRequestHandler):
 
     bodies: list[str] = []
 
-    def do_PUT(self) -> None:  # noqa: N802 - http.server's name
+    def do_PUT(self) -> None:
         self.bodies.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
         self.send_response(200)
         self.end_headers()
@@ -74,13 +82,21 @@ def pushed_by_the_lab() -> set[str]:
     gateway = f"127.0.0.1:{server.server_port}"
     try:
         cfg = config.load("smoke", [f"metrics.pushgateway={gateway}"]).metrics
-        summary = {"status": "completed", "samples_per_second": 1.0, "final_loss": 1.0, "test_accuracy": 0.5,
-                   "wall_time_seconds": 1.0, "restart_count": 0, "steps_redone": 0}
+        summary = {
+            "status": "completed",
+            "samples_per_second": 1.0,
+            "final_loss": 1.0,
+            "test_accuracy": 0.5,
+            "wall_time_seconds": 1.0,
+            "restart_count": 0,
+            "steps_redone": 0,
+        }
         ranks = [{"rank": 0, "node": "n", "device_memory_peak_bytes": 1}]
         assert metrics.push_run_summary(cfg, "r1", summary, ranks)
         assert metrics.push_allreduce(gateway, "b1", [{"size": 8, "oop_busbw": 1.0, "ip_busbw": 1.0}], "float", "sum")
-        assert metrics.push_scaling(gateway, "s1", [{"world_size": 1, "samples_per_second": 1.0, "efficiency": 1.0}],
-                                    "weak")
+        assert metrics.push_scaling(
+            gateway, "s1", [{"world_size": 1, "samples_per_second": 1.0, "efficiency": 1.0}], "weak"
+        )
         # a workshop room's: a lesson's checks, each lesson's count, each seat's GPUs
         assert metrics.push_lesson_checks(gateway, "01", 1, 0)
         assert metrics.push_room_lessons(gateway, [("01", 1)])
@@ -88,14 +104,20 @@ def pushed_by_the_lab() -> set[str]:
     finally:
         server.shutdown()
         server.server_close()
-    return samples((family.name, family.type) for body in _Gateway.bodies
-                   for family in text_string_to_metric_families(body))
+    return samples(
+        (family.name, family.type) for body in _Gateway.bodies for family in text_string_to_metric_families(body)
+    )
 
 
 def recorded(rule_files: Iterable[Path]) -> set[str]:
     """The names the recording rules define."""
-    return {rule["record"] for path in rule_files for group in yaml.safe_load(path.read_text())["groups"]
-            for rule in group["rules"] if "record" in rule}
+    return {
+        rule["record"]
+        for path in rule_files
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
 
 
 def _strings(value) -> Iterator[str]:
@@ -129,8 +151,14 @@ def defined() -> set[str]:
 
 def test_the_exporter_is_read_with_prometheus_suffixes(defined):
     # Counters are served with _total (what the alerts query), info families with _info, pushes as gauges.
-    assert {"lab_train_steps_total", "lab_train_steps_created", "lab_run_info", "lab_train_samples_per_second",
-            "lab_allreduce_bus_bandwidth_bytes_per_second", "lab_run_final_loss"} <= defined
+    assert {
+        "lab_train_steps_total",
+        "lab_train_steps_created",
+        "lab_run_info",
+        "lab_train_samples_per_second",
+        "lab_allreduce_bus_bandwidth_bytes_per_second",
+        "lab_run_final_loss",
+    } <= defined
     assert "lab_train_steps" not in defined and "lab_run" not in defined
     assert "run_id:lab_train_samples_per_second:sum" in defined  # a recording rule's own name
 
@@ -140,8 +168,10 @@ def test_every_series_monitoring_names_is_defined(path, defined):
     names = named_in(path)
     assert names, f"{path}: no lab_* series found; has the file moved or its format changed?"
     undefined = sorted(names - defined)
-    assert not undefined, (f"{path.relative_to(ROOT)} names {undefined}, which lab/observability/metrics.py does not "
-                           f"export and no recording rule defines")
+    assert not undefined, (
+        f"{path.relative_to(ROOT)} names {undefined}, which lab/observability/metrics.py does not "
+        f"export and no recording rule defines"
+    )
 
 
 def test_the_monitoring_files_are_all_read():
@@ -149,12 +179,15 @@ def test_the_monitoring_files_are_all_read():
     assert kinds == {"rules", "grafana", "tests"}, NAMING_FILES
 
 
-@pytest.mark.parametrize("expression, dead", [
-    ("sum by (run_id) (lab_train_samples_per_secnd)", "lab_train_samples_per_secnd"),           # a typo
-    ("increase(lab_train_steps[2m]) == 0", "lab_train_steps"),                                   # _total forgotten
-    ("run_id:lab_train_samples_per_second:summ < 0.7", "run_id:lab_train_samples_per_second:summ"),  # a rule's name
-    ('lab_train_step_duration{run_id="r1"}', "lab_train_step_duration"),                         # unit dropped
-])
+@pytest.mark.parametrize(
+    "expression, dead",
+    [
+        ("sum by (run_id) (lab_train_samples_per_secnd)", "lab_train_samples_per_secnd"),  # a typo
+        ("increase(lab_train_steps[2m]) == 0", "lab_train_steps"),  # _total forgotten
+        ("run_id:lab_train_samples_per_second:summ < 0.7", "run_id:lab_train_samples_per_second:summ"),  # a rule's name
+        ('lab_train_step_duration{run_id="r1"}', "lab_train_step_duration"),  # unit dropped
+    ],
+)
 def test_a_misspelt_name_is_caught(expression, dead, defined):
     assert named_series(expression) - defined == {dead}
 
@@ -168,6 +201,8 @@ def test_a_misspelt_name_in_a_copy_of_the_rules_is_caught(tmp_path, defined):
 
 def test_words_that_are_not_the_labs_series_are_not_read_as_such():
     # Label names and values, other exporters' series, file names and template variables are not the lab's.
-    text = ('up{job="lab"} == 0 and DCGM_FI_DEV_XID_ERRORS > 0 {{ $labels.run_id }} ../rules/lab.rules.yml '
-            'label_values(lab_run_info, run_id) $lab_var')
+    text = (
+        'up{job="lab"} == 0 and DCGM_FI_DEV_XID_ERRORS > 0 {{ $labels.run_id }} ../rules/lab.rules.yml '
+        "label_values(lab_run_info, run_id) $lab_var"
+    )
     assert named_series(text) == {"lab_run_info"}

@@ -1,13 +1,13 @@
 """The optimizer, the learning-rate schedule and the AMP choice, each on its own."""
 
 from __future__ import annotations
+
 import pytest
 import torch
 
 from lab import compat, config
-
-from lab.training import optim
 from lab.errors import ConfigError
+from lab.training import optim
 
 
 def _model() -> torch.nn.Module:
@@ -63,13 +63,16 @@ def test_onecycle_peaks_at_the_end_of_its_rising_phase_and_needs_two_steps():
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("want, dtype, expected, said", [
-    ("off", torch.float32, None, None),
-    ("auto", torch.float32, None, None),                     # auto means GPUs only
-    ("bf16", torch.float32, torch.bfloat16, None),           # CPU autocast has bf16
-    ("fp16", torch.float32, None, "fp16 autocast is for GPUs"),
-    ("bf16", torch.float64, None, "because model.dtype is float64"),
-])
+@pytest.mark.parametrize(
+    "want, dtype, expected, said",
+    [
+        ("off", torch.float32, None, None),
+        ("auto", torch.float32, None, None),  # auto means GPUs only
+        ("bf16", torch.float32, torch.bfloat16, None),  # CPU autocast has bf16
+        ("fp16", torch.float32, None, "fp16 autocast is for GPUs"),
+        ("bf16", torch.float64, None, "because model.dtype is float64"),
+    ],
+)
 def test_amp_choice_on_the_cpu(want, dtype, expected, said):
     messages = []
     assert optim.choose_amp(want, dtype, CPU, say=messages.append) == expected

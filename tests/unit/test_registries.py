@@ -1,6 +1,7 @@
 """A strategy and a benchmark added through the registries alone: one table line each (plus their code, here), and
 the config, the rules, the strategy builder, the CLI, `lab bench strategies` and `lab choose` all see them; the
-teaching layer's own tables (a report section, a workshop part) show the benchmark without it knowing. In-process and small: the point is the wiring, not training (tests/distributed trains the real ones).
+teaching layer's own tables (a report section, a workshop part) show the benchmark without it knowing. In-process
+and small: the point is the wiring, not training (tests/distributed trains the real ones).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from lab.config import strategies as table
 from lab.errors import ConfigError, LabError
 from lab.sizing import choose
 from lab.teaching import parts, report, sections, workshop
-from lab.training import model as models, strategies
+from lab.training import model as models
+from lab.training import strategies
 from lab.training.strategies.ddp import DDPStrategy
 from tests.markdown import problems
 
@@ -37,9 +39,18 @@ def _fake_refuses(cfg) -> list[tuple[bool, str]]:
 
 @pytest.fixture
 def fake_strategy(monkeypatch):
-    monkeypatch.setitem(table.STRATEGIES, "fake", table.StrategyRow(
-        "fake", f"{HERE}.FakeStrategy", "DDP under another name, registered by a test", refuses=_fake_refuses,
-        bench=(table.BenchRow("FAKE", 2, "DDP"),), chooses={"ddp": ()}))
+    monkeypatch.setitem(
+        table.STRATEGIES,
+        "fake",
+        table.StrategyRow(
+            "fake",
+            f"{HERE}.FakeStrategy",
+            "DDP under another name, registered by a test",
+            refuses=_fake_refuses,
+            bench=(table.BenchRow("FAKE", 2, "DDP"),),
+            chooses={"ddp": ()},
+        ),
+    )
 
 
 def test_the_config_accepts_a_registered_strategy_and_runs_its_rules(fake_strategy):
@@ -54,7 +65,9 @@ def test_the_config_accepts_a_registered_strategy_and_runs_its_rules(fake_strate
 def test_a_strategy_without_rules_refuses_nothing_and_an_unknown_one_is_one_line(monkeypatch):
     monkeypatch.setitem(table.STRATEGIES, "bare", table.StrategyRow("bare", f"{HERE}.FakeStrategy", "no rules"))
     assert config.load(None, ["dist.strategy=bare", "train.amp=fp16"]).dist.strategy == "bare"
-    with pytest.raises(ConfigError, match=r"'nope' is not allowed; expected one of ddp, fsdp, deepspeed, horovod, bare$"):
+    with pytest.raises(
+        ConfigError, match=r"'nope' is not allowed; expected one of ddp, fsdp, deepspeed, horovod, bare$"
+    ):
         config.load(None, ["dist.strategy=nope"])
 
 
@@ -93,21 +106,32 @@ def fake_section(results, out) -> str:
 
 
 def fake_workshop_steps(host: parts.WorkshopHost) -> list[parts.WorkshopStep]:
-    return [parts.WorkshopStep(f"fake over {host.ranks} ranks", host.ranks,
-                               [*host.lab, "bench", "fake", "--value", "1", "--json", str(host.folder / "fake.json")])]
+    return [
+        parts.WorkshopStep(
+            f"fake over {host.ranks} ranks",
+            host.ranks,
+            [*host.lab, "bench", "fake", "--value", "1", "--json", str(host.folder / "fake.json")],
+        )
+    ]
 
 
 @pytest.fixture
 def fake_benchmark(monkeypatch):
-    monkeypatch.setitem(registry.BENCHMARKS, "fake", registry.Benchmark(
-        "fake", "a benchmark registered by a test", fake_arguments, f"{HERE}.fake_run"))
+    monkeypatch.setitem(
+        registry.BENCHMARKS,
+        "fake",
+        registry.Benchmark("fake", "a benchmark registered by a test", fake_arguments, f"{HERE}.fake_run"),
+    )
     monkeypatch.setitem(sections.SECTIONS, "fake", sections.Section(fake_section))
     monkeypatch.setitem(parts.PARTS, "fake", fake_workshop_steps)
 
 
 def test_a_benchmark_without_a_section_or_part_runs_and_the_report_and_workshop_leave_it_out(monkeypatch, tmp_path):
-    monkeypatch.setitem(registry.BENCHMARKS, "fake", registry.Benchmark(
-        "fake", "a benchmark registered by a test", fake_arguments, f"{HERE}.fake_run"))
+    monkeypatch.setitem(
+        registry.BENCHMARKS,
+        "fake",
+        registry.Benchmark("fake", "a benchmark registered by a test", fake_arguments, f"{HERE}.fake_run"),
+    )
     result = tmp_path / "fake.json"
     assert cli.main(["bench", "fake", "--value", "3", "--json", str(result)]) == 0
     with pytest.raises(LabError, match="no run directories or benchmark results found"):  # not a result it shows

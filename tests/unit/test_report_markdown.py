@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from lab.teaching import report
 from lab.bench.train import scaling
+from lab.teaching import report
 from tests.conftest import lab
 from tests.markdown import problems
 
@@ -17,33 +18,77 @@ def test_the_checker_sees_both_mistakes():
     assert problems(f"# Report\n\n{table}\na note after a blank line\n") == []
 
 
-def _scaling_result(mode: str) -> dict:
-    measured = [{"world_size": n, "global_batch_size": 64 * n, "samples_per_second": 100.0 * n / (1 + 0.1 * (n - 1)),
-                 "step_seconds": 0.1, "no_sync_step_seconds": 0.08 if n > 1 else None, "compute_step_seconds": 0.06,
-                 "communication_share": 0.2 if n > 1 else None, "device": "cpu"} for n in (1, 2, 4)]
+def _scaling_result(mode: str) -> dict[str, Any]:
+    measured = [
+        {
+            "world_size": n,
+            "global_batch_size": 64 * n,
+            "samples_per_second": 100.0 * n / (1 + 0.1 * (n - 1)),
+            "step_seconds": 0.1,
+            "no_sync_step_seconds": 0.08 if n > 1 else None,
+            "compute_step_seconds": 0.06,
+            "communication_share": 0.2 if n > 1 else None,
+            "device": "cpu",
+        }
+        for n in (1, 2, 4)
+    ]
     rows = scaling.derive(measured)
     fitted = scaling.fit(rows, mode)
-    return {"benchmark": "scaling", "mode": mode, "rows": rows, "context": "synthetic, cpu", "note": "a note.",
-            fitted["law"]: fitted}
+    assert fitted is not None  # three points: a law is fitted
+    return {
+        "benchmark": "scaling",
+        "mode": mode,
+        "rows": rows,
+        "context": "synthetic, cpu",
+        "note": "a note.",
+        fitted["law"]: fitted,
+    }
 
 
 def test_a_report_of_every_benchmark_renders_as_meant(tmp_path):
     lab("memory", "--params", "7e9", "--world-size", "8", "--device", "h100", "--json", str(tmp_path / "memory.json"))
     for mode in ("strong", "weak"):
         (tmp_path / f"scaling-{mode}.json").write_text(json.dumps(_scaling_result(mode)))
-    rows = [{"size": 2 ** k, "oop_busbw": 1.0 + k, "ip_busbw": 1.5 + k} for k in range(3, 8)]
-    (tmp_path / "allreduce.json").write_text(json.dumps({
-        "benchmark": "allreduce", "world_size": 2, "backend": "gloo", "dtype": "float32", "op": "sum",
-        "devices": ["cpu", "cpu"], "rows": rows, "avg_busbw": 3.0}))
+    rows = [{"size": 2**k, "oop_busbw": 1.0 + k, "ip_busbw": 1.5 + k} for k in range(3, 8)]
+    (tmp_path / "allreduce.json").write_text(
+        json.dumps(
+            {
+                "benchmark": "allreduce",
+                "world_size": 2,
+                "backend": "gloo",
+                "dtype": "float32",
+                "op": "sum",
+                "devices": ["cpu", "cpu"],
+                "rows": rows,
+                "avg_busbw": 3.0,
+            }
+        )
+    )
     for name, ip_wrong in (("sendrecv", None), ("all_gather", 0)):  # lab bench collective: one file per op
-        (tmp_path / f"c-{name}.json").write_text(json.dumps({
-            "benchmark": "collective", "collective": name, "world_size": 2, "backend": "gloo", "dtype": "float32",
-            "op": "none", "devices": ["cpu", "cpu"], "avg_busbw": 3.0,
-            "rows": [{**r, "oop_wrong": 0, "ip_wrong": ip_wrong} for r in rows]}))
+        (tmp_path / f"c-{name}.json").write_text(
+            json.dumps(
+                {
+                    "benchmark": "collective",
+                    "collective": name,
+                    "world_size": 2,
+                    "backend": "gloo",
+                    "dtype": "float32",
+                    "op": "none",
+                    "devices": ["cpu", "cpu"],
+                    "avg_busbw": 3.0,
+                    "rows": [{**r, "oop_wrong": 0, "ip_wrong": ip_wrong} for r in rows],
+                }
+            )
+        )
     text = report.build([str(tmp_path)]).read_text()
     assert problems(text) == []
-    for heading in ("## All-reduce bus bandwidth", "## Collectives: bus bandwidth by operation", "## Strong scaling",
-                    "## Weak scaling", "## Memory per device"):
+    for heading in (
+        "## All-reduce bus bandwidth",
+        "## Collectives: bus bandwidth by operation",
+        "## Strong scaling",
+        "## Weak scaling",
+        "## Memory per device",
+    ):
         assert heading in text
     assert text.index("| all_gather | (n-1) / n | 2 |") < text.index("| sendrecv | 1 | 2 |")  # in the table's order
     assert "Amdahl's law fitted" in text and "Gustafson's law fitted" in text
@@ -55,13 +100,30 @@ def test_the_playbooks_validate_json_is_a_section_of_its_own(tmp_path):
     """validate.json as the validate role writes it (the shape the three-node test in tests/infra produces)."""
     check = {"avg_busbw": 0.3, "floor": 1e9, "hosts": ["a", "b"], "ok": False, "world_size": 2, "wrong": 0}
     health = {"dcgm_diag": "not present", "xid_events": "not present", "ecc_uncorrected": "not present"}
-    doc = {"check": "validate", "run_id": "v", "ok": False, "problems": ["b: all-reduce of GPU pair 0,1: busbw 9 GB/s"],
-           "definitions": {"busbw": "nccl-tests' busbw", "floor": "the highest floor"},
-           "nodes": {"a": {"gpus": 2, "floors": {}, "health": health,
-                           "pairs": [{"pair": "0,1", "avg_busbw": 300.0, "floor": 200.0, "ok": True}]},
-                     "b": {"gpus": 2, "floors": {}, "health": {**health, "xid_events": 0},
-                           "pairs": [{"pair": "0,1", "avg_busbw": None, "floor": 200.0, "ok": False}]}},
-           "all_nodes": check, "ring": {"a+b": check}, "suspects": []}
+    doc = {
+        "check": "validate",
+        "run_id": "v",
+        "ok": False,
+        "problems": ["b: all-reduce of GPU pair 0,1: busbw 9 GB/s"],
+        "definitions": {"busbw": "nccl-tests' busbw", "floor": "the highest floor"},
+        "nodes": {
+            "a": {
+                "gpus": 2,
+                "floors": {},
+                "health": health,
+                "pairs": [{"pair": "0,1", "avg_busbw": 300.0, "floor": 200.0, "ok": True}],
+            },
+            "b": {
+                "gpus": 2,
+                "floors": {},
+                "health": {**health, "xid_events": 0},
+                "pairs": [{"pair": "0,1", "avg_busbw": None, "floor": 200.0, "ok": False}],
+            },
+        },
+        "all_nodes": check,
+        "ring": {"a+b": check},
+        "suspects": [],
+    }
     (tmp_path / "validate.json").write_text(json.dumps(doc))
     text = report.build([str(tmp_path / "validate.json")], str(tmp_path)).read_text()
     assert "## Fabric validation" in text and "Verdict: FAILED" in text

@@ -16,8 +16,8 @@ from datetime import timedelta
 
 import pytest
 
-from lab.teaching.lesson import free_ports
 from lab.cluster.rollcall import RollCall
+from lab.teaching.lesson import free_ports
 
 
 @pytest.mark.slow  # two observer processes polling a real store: about 7 s
@@ -39,8 +39,10 @@ def test_two_launchers_count_each_other_at_the_store():
 def test_a_launcher_exits_cleanly_while_its_roll_call_is_still_connecting():
     # Nothing listens at the port: the observer's connect retries, warns after its 2 s timeout and gives up
     # a few seconds later; the launcher stops it in the middle of that.
-    script = ("import time; from lab.cluster.rollcall import RollCall; "
-              f"call = RollCall('127.0.0.1', {free_ports()}, 'r1', 2, expected=2).start(); "
-              "time.sleep(4); call.stop(); print('arrived', call.arrived)")
+    script = (
+        "import time; from lab.cluster.rollcall import RollCall; "
+        f"call = RollCall('127.0.0.1', {free_ports()}, 'r1', 2, expected=2).start(); "
+        "time.sleep(4); call.stop(); print('arrived', call.arrived)"
+    )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "arrived None\n", "")

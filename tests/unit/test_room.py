@@ -55,15 +55,20 @@ def test_cpu_seats_share_cores_when_there_are_fewer_cores_than_seats():
     assert [s.cpus for s in pinned.seats] == [(0, 1, 2, 3), (4, 5, 6, 7)]
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--gpus", "8", "--seats", "16", "--cores", "112", "--memory", "2048"], "two seats would share a GPU"),
-    (["--gpus", "8", "--gpus-per-seat", "3", "--seats", "3", "--cores", "112", "--memory", "2048"],
-     "3 seats of 3 GPUs need 9; this host has 8"),
-    (["--gpus", "0", "--seats", "9", "--cores", "2", "--memory", "24"], "holds at most 7 seats of 3.0 GiB"),
-    (["--gpus", "8", "--seats", "4", "--cores", "112", "--memory", "40"], "holds at most 3 seats of 11.0 GiB"),
-    (["--gpus", "0", "--gpus-per-seat", "1", "--memory", "24"], "this host has no GPU"),
-    (["--gpus", "0", "--prefix", "Seat", "--memory", "24"], "a seat's name is a system user name"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--gpus", "8", "--seats", "16", "--cores", "112", "--memory", "2048"], "two seats would share a GPU"),
+        (
+            ["--gpus", "8", "--gpus-per-seat", "3", "--seats", "3", "--cores", "112", "--memory", "2048"],
+            "3 seats of 3 GPUs need 9; this host has 8",
+        ),
+        (["--gpus", "0", "--seats", "9", "--cores", "2", "--memory", "24"], "holds at most 7 seats of 3.0 GiB"),
+        (["--gpus", "8", "--seats", "4", "--cores", "112", "--memory", "40"], "holds at most 3 seats of 11.0 GiB"),
+        (["--gpus", "0", "--gpus-per-seat", "1", "--memory", "24"], "this host has no GPU"),
+        (["--gpus", "0", "--prefix", "Seat", "--memory", "24"], "a seat's name is a system user name"),
+    ],
+)
 def test_a_plan_the_host_cannot_hold_is_refused_in_one_line(args, says, tmp_path):
     done = lab("room", "plan", *args, "--json", str(tmp_path / "plan.json"))
     assert done.returncode == 2 and says in done.stderr, done.stderr
@@ -140,8 +145,9 @@ def test_seat_containers_get_their_gpus_cores_memory_and_volume_as_dockerspawner
     # the host config as DockerSpawner hands it to docker-py, which turns it into the engine's API fields
     client = docker.APIClient(base_url="unix:///nonexistent.sock", version="1.44")
     made = client.create_host_config(mem_limit=spawner.mem_limit, **spawner.extra_host_config)
-    assert made["DeviceRequests"] == [{"Driver": "nvidia", "Count": 0, "DeviceIDs": ["2", "3"],
-                                       "Capabilities": [["gpu"]], "Options": {}}]
+    assert made["DeviceRequests"] == [
+        {"Driver": "nvidia", "Count": 0, "DeviceIDs": ["2", "3"], "Capabilities": [["gpu"]], "Options": {}}
+    ]
     assert made["CpusetCpus"] == "28-55" and made["Memory"] == room.seat("seat2").memory_bytes
     assert {u["Name"]: u["Hard"] for u in made["Ulimits"]} == {"memlock": -1, "stack": 67108864}  # NCCL's
     capped = hub.docker_options(room.seat("seat2"), RoomSettings(spawner="docker", memlock=8 * 2**20))

@@ -28,10 +28,13 @@ def test_steps_redone_count_what_the_last_start_logged_past_the_resume_step(tmp_
     run = RunDir(tmp_path, "r").create()
     assert run.progress() == (0, 0)  # a new run
     # start 0 at t=100 logged steps 1..8 and died; start 1 at t=200 resumed from 5, logged 6..7, died;
-    write_json(run.manifest, {"starts": [{"time": 100.0, "step": 0, "steps_redone": 0},
-                                         {"time": 200.0, "step": 5, "steps_redone": 3}]})
-    run.metrics.write_text("".join(_row(s, 100.0 + s) for s in range(1, 9))
-                           + "".join(_row(s, 200.0 + s, attempt=1) for s in (6, 7)))
+    write_json(
+        run.manifest,
+        {"starts": [{"time": 100.0, "step": 0, "steps_redone": 0}, {"time": 200.0, "step": 5, "steps_redone": 3}]},
+    )
+    run.metrics.write_text(
+        "".join(_row(s, 100.0 + s) for s in range(1, 9)) + "".join(_row(s, 200.0 + s, attempt=1) for s in (6, 7))
+    )
     furthest, redone_before = run.progress()
     assert (furthest, redone_before) == (7, 3)  # a restart from 5 now loses 2 more, not 3 again
     assert [(r["step"], r["attempt"]) for r in read_metrics(run.path)][-4:] == [(4, 0), (5, 0), (6, 1), (7, 1)]

@@ -39,7 +39,9 @@ def test_superlinear_speedups_clamp_the_fraction_at_zero():
 
 
 def test_the_fit_leaves_out_world_sizes_past_the_cores_and_needs_two_points():
-    rows = scaling.derive([{"world_size": n, "samples_per_second": 100.0 * s} for n, s in ((1, 1.0), (2, 1.8), (4, 1.2))])
+    rows = scaling.derive(
+        [{"world_size": n, "samples_per_second": 100.0 * s} for n, s in ((1, 1.0), (2, 1.8), (4, 1.2))]
+    )
     rows[2]["oversubscribed"] = True
     fitted = scaling.fit(rows, "strong")
     assert fitted["points"] == 2 and fitted["serial_fraction"] == pytest.approx(1 / 1.8 * 2 - 1)

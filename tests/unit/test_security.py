@@ -13,22 +13,32 @@ import urllib.request
 import torch
 import yaml
 
-from lab.observability import metrics
-from lab.config import MetricsConfig
 from lab.cluster.dist import DistContext
+from lab.config import MetricsConfig
+from lab.observability import metrics
 from tests.conftest import ROOT
 
-SHIPPED = [ROOT / "compose.yaml", ROOT / "compose.cpu.yaml", ROOT / "images" / "Dockerfile",
-           *sorted((ROOT / "playbooks").rglob("*.yml")), *sorted((ROOT / "playbooks").rglob("*.cfg")),
-           *sorted((ROOT / "monitoring").rglob("*.yml"))]
+SHIPPED = [
+    ROOT / "compose.yaml",
+    ROOT / "compose.cpu.yaml",
+    ROOT / "images" / "Dockerfile",
+    *sorted((ROOT / "playbooks").rglob("*.yml")),
+    *sorted((ROOT / "playbooks").rglob("*.cfg")),
+    *sorted((ROOT / "monitoring").rglob("*.yml")),
+]
 
 
 def test_every_torch_load_in_the_lab_is_weights_only():
     calls = []
     for path in (ROOT / "lab").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load" \
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "load"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "torch"
+            ):
                 flags = {k.arg: k.value for k in node.keywords}
                 safe = isinstance(flags.get("weights_only"), ast.Constant) and flags["weights_only"].value is True
                 calls.append((f"{path.relative_to(ROOT)}:{node.lineno}", safe))
@@ -41,8 +51,9 @@ def test_exporters_listen_on_loopback_unless_configured():
     ctx = DistContext(0, 0, 1, 1, 0, torch.device("cpu"), None)
     exporter = metrics.start(MetricsConfig(port_base=0), ctx, "r", {})
     assert exporter.endpoint is None  # metrics off by default: no port at all
-    exporter = metrics.RankExporter(0, MetricsConfig().bind_address, {"run_id": "r", "rank": "0", "node": "n"},
-                                    torch.device("cpu"), {})
+    exporter = metrics.RankExporter(
+        0, MetricsConfig().bind_address, {"run_id": "r", "rank": "0", "node": "n"}, torch.device("cpu"), {}
+    )
     try:
         assert exporter.server.server_address[0] == "127.0.0.1"
         assert urllib.request.urlopen(exporter.endpoint, timeout=5).status == 200
@@ -62,9 +73,16 @@ class _AnyTags(yaml.SafeLoader):
     """compose's !reset / !override and Ansible's !vault: read the value under the tag."""
 
 
-_AnyTags.add_multi_constructor("!", lambda loader, suffix, node: (
-    loader.construct_mapping(node) if isinstance(node, yaml.MappingNode)
-    else loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode) else loader.construct_scalar(node)))
+_AnyTags.add_multi_constructor(
+    "!",
+    lambda loader, suffix, node: (
+        loader.construct_mapping(node)
+        if isinstance(node, yaml.MappingNode)
+        else loader.construct_sequence(node)
+        if isinstance(node, yaml.SequenceNode)
+        else loader.construct_scalar(node)
+    ),
+)
 
 SECRET_KEY = re.compile(r"(password|passwd|secret|token|api_?key|private_?key)", re.IGNORECASE)
 
@@ -90,12 +108,19 @@ def test_no_secret_ships_in_images_compose_playbooks_or_monitoring():
                 for key, value in _assignments(doc):
                     leaf = key.rsplit(".", 1)[-1]
                     # A secret-named key may only point somewhere (a vault, a variable, a file), never hold one.
-                    if SECRET_KEY.search(leaf) and isinstance(value, (str, int)) and str(value).strip() \
-                            and not re.fullmatch(r"\{\{.*\}\}|\$\{[A-Z_]+\}|/.*|lookup\(.*\)", str(value).strip()):
+                    if (
+                        SECRET_KEY.search(leaf)
+                        and isinstance(value, (str, int))
+                        and str(value).strip()
+                        and not re.fullmatch(r"\{\{.*\}\}|\$\{[A-Z_]+\}|/.*|lookup\(.*\)", str(value).strip())
+                    ):
                         found.append(f"{path.relative_to(ROOT)}: {key}")
         for line_no, line in enumerate(text.splitlines(), 1):
-            if re.search(r"(PASSWORD|SECRET|TOKEN)[A-Z_]*\s*[:=]\s*\S", line) and not line.lstrip().startswith("#") \
-                    and not re.search(r"\$\{[A-Z_]+\}\s*$|\{\{", line):
+            if (
+                re.search(r"(PASSWORD|SECRET|TOKEN)[A-Z_]*\s*[:=]\s*\S", line)
+                and not line.lstrip().startswith("#")
+                and not re.search(r"\$\{[A-Z_]+\}\s*$|\{\{", line)
+            ):
                 found.append(f"{path.relative_to(ROOT)}:{line_no}: {line.strip()}")
             if re.search(r"-----BEGIN [A-Z ]*PRIVATE KEY-----", line):
                 found.append(f"{path.relative_to(ROOT)}:{line_no}: a private key")
@@ -103,8 +128,11 @@ def test_no_secret_ships_in_images_compose_playbooks_or_monitoring():
 
 
 def test_ansible_keeps_host_key_checking_on():
-    texts = {p.relative_to(ROOT): p.read_text() for p in [*(ROOT / "playbooks").rglob("*"), ROOT / "ansible.cfg"]
-             if p.is_file()}
+    texts = {
+        p.relative_to(ROOT): p.read_text()
+        for p in [*(ROOT / "playbooks").rglob("*"), ROOT / "ansible.cfg"]
+        if p.is_file()
+    }
     for name, text in texts.items():
         assert not re.search(r"host_key_checking\s*[=:]\s*(false|no|0)", text, re.IGNORECASE), name
         assert not re.search(r"StrictHostKeyChecking\s*=?\s*no", text, re.IGNORECASE), name
@@ -113,13 +141,16 @@ def test_ansible_keeps_host_key_checking_on():
 
 def test_the_docs_name_every_port_the_lab_opens():
     readme = (ROOT / "docs" / "reliability.md").read_text()
-    section = readme[readme.index("## Ports"):]
-    section = section[:section.index("\n## ", 1)]
+    section = readme[readme.index("## Ports") :]
+    section = section[: section.index("\n## ", 1)]
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     # "ADDR:HOST_PORT:PORT", each part perhaps "${VAR:-default}": the host port's default is the one to name
     port = re.compile(r"^(?:\$\{[^}]*\}|[^:]*):(?:\$\{\w+:-(\d+)\}|(\d+)):\d+$")
-    published = {int(next(g for g in port.match(str(p)).groups() if g))
-                 for svc in compose["services"].values() for p in svc.get("ports", [])}
+    published = {
+        int(next(g for g in port.match(str(p)).groups() if g))
+        for svc in compose["services"].values()
+        for p in svc.get("ports", [])
+    }
     assert published, "compose publishes no port: the scan is broken"
     expected = published | {29400, 9500, 9100, 9400}  # rendezvous, first exporter, node and dcgm exporters
     missing = [port for port in sorted(expected) if str(port) not in section]

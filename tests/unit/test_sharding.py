@@ -46,8 +46,9 @@ def test_same_indices_as_torch_distributed_sampler(uneven, drop_last, world_size
     data = list(range(31))
     for epoch in range(3):
         for rank in range(world_size):
-            sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=5,
-                                         drop_last=drop_last)
+            sampler = DistributedSampler(
+                data, num_replicas=world_size, rank=rank, shuffle=True, seed=5, drop_last=drop_last
+            )
             sampler.set_epoch(epoch)
             assert shard(order(31, 5, epoch, True), world_size, rank, uneven).tolist() == list(sampler)
 
@@ -66,8 +67,19 @@ def test_loader_batches_cover_each_rank_shard(world_size):
     for epoch in range(2):
         seen = []
         for rank in range(world_size):
-            loader = DeviceLoader(images, labels, world_size=world_size, rank=rank, batch_size=batch, seed=1,
-                                  shuffle=True, uneven="join", augment=True, dtype=torch.float32, keep_partial=True)
+            loader = DeviceLoader(
+                images,
+                labels,
+                world_size=world_size,
+                rank=rank,
+                batch_size=batch,
+                seed=1,
+                shuffle=True,
+                uneven="join",
+                augment=True,
+                dtype=torch.float32,
+                keep_partial=True,
+            )
             batches = [y.tolist() for _, y in loader.epoch(epoch)]
             assert len(batches) == loader.batches_per_epoch()
             seen += [i for b in batches for i in b]
@@ -78,7 +90,17 @@ def test_loader_batches_cover_each_rank_shard(world_size):
 
 def test_loader_resume_start_skips_whole_batches():
     images, labels = torch.zeros(40, 3, 32, 32, dtype=torch.uint8), torch.arange(40)
-    loader = DeviceLoader(images, labels, world_size=2, rank=0, batch_size=4, seed=3, shuffle=True, uneven="pad",
-                          augment=False, dtype=torch.float32)
+    loader = DeviceLoader(
+        images,
+        labels,
+        world_size=2,
+        rank=0,
+        batch_size=4,
+        seed=3,
+        shuffle=True,
+        uneven="pad",
+        augment=False,
+        dtype=torch.float32,
+    )
     full = [y.tolist() for _, y in loader.epoch(1)]
     assert [y.tolist() for _, y in loader.epoch(1, start=2)] == full[2:]

@@ -16,45 +16,67 @@ from lab.cluster import slurm
 from tests.conftest import PYTHON, ROOT
 
 # What srun -N2 --ntasks-per-node=1 sets on its second node (trimmed to what the lab reads)
-STEP_ON_N2 = {"SLURM_JOB_ID": "41", "SLURM_CLUSTER_NAME": "dgx", "SLURM_JOB_NODELIST": "dgx[07-08]",
-              "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURMD_NODENAME": "dgx08", "SLURM_STEP_ID": "0",
-              "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "1",
-              "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "LAB_SLURM_NODE_ADDRESSES": "10.0.0.7 10.0.0.8"}
+STEP_ON_N2 = {
+    "SLURM_JOB_ID": "41",
+    "SLURM_CLUSTER_NAME": "dgx",
+    "SLURM_JOB_NODELIST": "dgx[07-08]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURMD_NODENAME": "dgx08",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "0",
+    "SLURM_NTASKS": "2",
+    "LAB_SLURM_NODE_ADDRESSES": "10.0.0.7 10.0.0.8",
+}
 
 
 def _lab(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "OMPI_", "PMI_", "LAB_SLURM"))}
-    return subprocess.run([PYTHON, "-m", "lab", *args], cwd=ROOT, env={**clean, **env}, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [PYTHON, "-m", "lab", *args], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_launch_under_slurm_takes_the_rendezvous_from_the_allocation():
     proc = _lab("launch", "--slurm", "--nproc-per-node", "8", "--dry-run", "--", "-m", "lab", "train", env=STEP_ON_N2)
     assert proc.returncode == 0, proc.stderr
-    assert ("--nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint 10.0.0.7:29400 --rdzv-id "
-            "slurm-dgx-41") in proc.stdout and "--local-addr 10.0.0.8" in proc.stdout
+    assert (
+        "--nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint 10.0.0.7:29400 --rdzv-id slurm-dgx-41"
+    ) in proc.stdout and "--local-addr 10.0.0.8" in proc.stdout
     assert "Slurm job 41, node 1 of 2 (dgx08, 10.0.0.8)" in proc.stderr
 
 
-@pytest.mark.parametrize("env, args, says", [
-    ({}, [], "--slurm: no Slurm job here (SLURM_JOB_ID is unset)"),
-    ({k: v for k, v in STEP_ON_N2.items() if not k.startswith("SLURM_STEP")}, [], "batch script, not a step"),
-    ({**STEP_ON_N2, "SLURM_STEP_NUM_TASKS": "16", "SLURM_STEP_TASKS_PER_NODE": "8(x2)"}, [],
-     "runs 16 task(s) on 2 node(s)"),
-    (STEP_ON_N2, ["--nnodes", "2"], "--slurm takes --nnodes from the allocation"),
-    ({**STEP_ON_N2, "LAB_SLURM_NODE_ADDRESSES": "10.0.0.7"}, [], "1 address(es) for the job's 2 nodes"),
-])
+@pytest.mark.parametrize(
+    "env, args, says",
+    [
+        ({}, [], "--slurm: no Slurm job here (SLURM_JOB_ID is unset)"),
+        ({k: v for k, v in STEP_ON_N2.items() if not k.startswith("SLURM_STEP")}, [], "batch script, not a step"),
+        (
+            {**STEP_ON_N2, "SLURM_STEP_NUM_TASKS": "16", "SLURM_STEP_TASKS_PER_NODE": "8(x2)"},
+            [],
+            "runs 16 task(s) on 2 node(s)",
+        ),
+        (STEP_ON_N2, ["--nnodes", "2"], "--slurm takes --nnodes from the allocation"),
+        ({**STEP_ON_N2, "LAB_SLURM_NODE_ADDRESSES": "10.0.0.7"}, [], "1 address(es) for the job's 2 nodes"),
+    ],
+)
 def test_launch_under_slurm_refuses_what_would_not_meet_in_one_line(env, args, says):
     proc = _lab("launch", "--slurm", *args, "--dry-run", "--", "-m", "lab", "train", env=env)
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("env, says", [
-    (STEP_ON_N2, "task 1 of 2 of a Slurm step (srun -n 2) without torchrun"),
-    ({"OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_RANK": "3"}, "rank 3 of 16 of an MPI job (mpirun -np 16)"),
-    ({"PMI_SIZE": "4", "PMI_RANK": "0"}, "rank 0 of 4 of an MPI or PMI job"),
-])
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        (STEP_ON_N2, "task 1 of 2 of a Slurm step (srun -n 2) without torchrun"),
+        ({"OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_RANK": "3"}, "rank 3 of 16 of an MPI job (mpirun -np 16)"),
+        ({"PMI_SIZE": "4", "PMI_RANK": "0"}, "rank 0 of 4 of an MPI or PMI job"),
+    ],
+)
 def test_train_started_as_one_rank_of_many_without_torchrun_is_refused(env, says, tmp_path):
     proc = _lab("train", "--config", "smoke", "--set", f"run.output_dir={tmp_path}", env=env)
     assert proc.returncode == 2, proc.stderr
@@ -77,5 +99,9 @@ def test_the_allocation_is_read_as_srun_sets_it():
     job = slurm.allocation(STEP_ON_N2)
     assert job.nodes == ["dgx07", "dgx08"] and job.node_id == 1 and job.in_step and job.step_tasks_per_node == [1, 1]
     assert slurm.placement(29400, STEP_ON_N2) == slurm.Placement(2, "10.0.0.7:29400", "10.0.0.8", "slurm-dgx-41")
-    assert slurm.record(STEP_ON_N2) == {"job_id": "41", "cluster": "dgx", "nodes": ["dgx07", "dgx08"],
-                                        "restart_count": 0}
+    assert slurm.record(STEP_ON_N2) == {
+        "job_id": "41",
+        "cluster": "dgx",
+        "nodes": ["dgx07", "dgx08"],
+        "restart_count": 0,
+    }

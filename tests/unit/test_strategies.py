@@ -4,15 +4,16 @@ tests train through it (test_equivalence, test_accumulation, test_ddp_training).
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 import torch
 
-from lab.training import checkpoint, model as models, strategies
-
 from lab import config
 from lab.cluster.dist import DistContext
 from lab.errors import CheckpointError, LaunchError
+from lab.training import checkpoint, strategies
+from lab.training import model as models
 
 CPU = torch.device("cpu")
 
@@ -21,7 +22,7 @@ def _ctx(rank: int = 0) -> DistContext:
     return DistContext(rank, rank, 1, 1, 0, CPU, None)
 
 
-def _strategy(overrides: list[str] = (), rank: int = 0) -> strategies.Strategy:
+def _strategy(overrides: tuple[str, ...] = (), rank: int = 0) -> Any:  # the strategy `build` picks, its own type
     cfg = config.load("smoke", ["model.width=8", *overrides])
     return strategies.build(cfg, _ctx(rank), models.build(cfg.model))
 
@@ -74,8 +75,9 @@ def test_a_checkpoint_restores_model_and_optimizer_and_hands_back_the_trainers_p
     state = other.load(path, other_opt, check=seen.append)
     assert seen and seen[0]["progress"] == {"step": 1} and state["progress"] == {"step": 1}
     assert all(torch.equal(v, other.model.state_dict()[k]) for k, v in s.model.state_dict().items())
-    assert torch.equal(other_opt.state_dict()["state"][0]["momentum_buffer"],
-                       opt.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(
+        other_opt.state_dict()["state"][0]["momentum_buffer"], opt.state_dict()["state"][0]["momentum_buffer"]
+    )
 
 
 def test_a_refused_checkpoint_loads_nothing(tmp_path):

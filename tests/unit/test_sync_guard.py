@@ -55,6 +55,7 @@ class SyncCounter:
             if caller.startswith(LAB_DIR) and not self.inside_allowed:  # torch's own internals are not ours
                 self.violations.append(f"torch.{name} in {Path(caller).name}")
             return original(*args, **kwargs)
+
         return counted
 
     def _wrap(self, name, original):
@@ -65,6 +66,7 @@ class SyncCounter:
             else:
                 self.violations.append(name)
             return original(tensor, *args, **kwargs)
+
         return counted
 
     def _allow(self, original):
@@ -75,12 +77,15 @@ class SyncCounter:
                 return original(*args, **kwargs)
             finally:
                 self.inside_allowed -= 1
+
         return allowed
 
 
 @pytest.fixture
 def trainer():
-    cfg = config.load("smoke", ["model.width=8", "train.epochs=1", "train.log_every=4", "data.synthetic_train_size=512"])
+    cfg = config.load(
+        "smoke", ["model.width=8", "train.epochs=1", "train.log_every=4", "data.synthetic_train_size=512"]
+    )
     ctx = dist.init(cfg.dist)
     return Trainer(cfg, ctx, data.load(cfg.data).to(ctx.device))
 

@@ -12,7 +12,6 @@ from PIL import Image
 from tests.conftest import lab
 from tests.markdown import problems
 
-
 # The parts run end to end below. The others are commands run for real elsewhere, each with its checks: the
 # pitfalls by tests/distributed/test_pitfalls.py and lesson 2, all-reduce by test_benchmarks.py, scaling (both
 # laws) and the levers by lesson 4 and test_levers.py, memory by lesson 5 and test_benchmarks.py (the lessons:
@@ -25,25 +24,33 @@ def test_the_parts_run_elsewhere_are_planned_as_the_commands_those_tests_run(tmp
     from pathlib import Path
 
     from lab import config
-
     from lab.teaching import workshop
 
     steps = workshop.plan(config.load("smoke"), "smoke", [], [2, 4], 0, Path(tmp_path))
-    commands = {part: [s.command for s in steps if s.part == part]
-                for part in ("pitfalls", "allreduce", "scaling", "levers", "memory")}
+    commands = {
+        part: [s.command for s in steps if s.part == part]
+        for part in ("pitfalls", "allreduce", "scaling", "levers", "memory")
+    }
     # DDP on 4 processes, which the run below leaves out (it trains DDP on 2): torchrun with 4, as ddp-4
-    ddp = [s.command for s in steps if s.part == "training" and isinstance(s.command, list)
-           and any("run.id=ddp-" in str(a) for a in s.command)]
+    ddp = [
+        s.command
+        for s in steps
+        if s.part == "training" and isinstance(s.command, list) and any("run.id=ddp-" in str(a) for a in s.command)
+    ]
     assert [c[c.index("--nproc-per-node") + 1] for c in ddp] == ["2", "4"]
     assert "run.id=ddp-4" in ddp[1]
     pitfalls = commands["pitfalls"]
-    assert [c[c.index("pitfall") + 1] for c in pitfalls] == ["set-epoch", "checkpoint-every-rank", "batchnorm",
-                                                             "uneven-batches"]
+    assert [c[c.index("pitfall") + 1] for c in pitfalls] == [
+        "set-epoch",
+        "checkpoint-every-rank",
+        "batchnorm",
+        "uneven-batches",
+    ]
     for command in pitfalls:
         assert command[command.index("--nproc-per-node") + 1] == "2" and command[-2] == "--json"
     [allreduce] = commands["allreduce"]
     target = allreduce.index("lab")  # after torchrun's own `-m torch.distributed.run`
-    assert allreduce[target - 1:target + 3] == ["-m", "lab", "bench", "allreduce"]
+    assert allreduce[target - 1 : target + 3] == ["-m", "lab", "bench", "allreduce"]
     assert allreduce[-1] == str(tmp_path / "allreduce.json")
     for mode, command in zip(("strong", "weak"), commands["scaling"]):
         assert command[command.index("--mode") + 1] == mode and command[-1] == str(tmp_path / f"scaling-{mode}.json")
@@ -51,16 +58,38 @@ def test_the_parts_run_elsewhere_are_planned_as_the_commands_those_tests_run(tmp
     [levers] = commands["levers"]
     assert levers[levers.index("bench") + 1] == "levers" and levers[levers.index("--nproc-per-node") + 1] == "2"
     [memory] = commands["memory"]
-    assert memory[memory.index("memory"):memory.index("--json")] == [
-        "memory", "--params", "7e9", "--world-size", "8", "--device", "h100", "--measure"]
+    assert memory[memory.index("memory") : memory.index("--json")] == [
+        "memory",
+        "--params",
+        "7e9",
+        "--world-size",
+        "8",
+        "--device",
+        "h100",
+        "--measure",
+    ]
 
 
 @pytest.mark.torchrun  # DDP on 2 ranks and five strategy jobs: about 85 s of CI
 def test_workshop_trains_compares_runs_the_strategies_and_reports(tmp_path):
     # run.deterministic: the strategies step's curves can then be compared bit for bit (below).
-    proc = lab("workshop", "--config", "smoke", "--output-dir", str(tmp_path), "--set", "model.width=8",
-               "--set", "train.log_every=4", "--set", "run.deterministic=true", "--only", RUN_PARTS,
-               "--nproc-per-node", "2")  # DDP on 2 ranks only: lesson 1 and the workshop plan test cover the rest
+    proc = lab(
+        "workshop",
+        "--config",
+        "smoke",
+        "--output-dir",
+        str(tmp_path),
+        "--set",
+        "model.width=8",
+        "--set",
+        "train.log_every=4",
+        "--set",
+        "run.deterministic=true",
+        "--only",
+        RUN_PARTS,
+        "--nproc-per-node",
+        "2",
+    )  # DDP on 2 ranks only: lesson 1 and the workshop plan test cover the rest
     [folder] = list(tmp_path.iterdir())
     # --only: the parts asked for and the report, numbered among themselves (lab.teaching.workshop.parts: its doctest)
     headers = [line for line in proc.stdout.splitlines() if line.startswith("== ")]
@@ -85,8 +114,12 @@ def test_workshop_trains_compares_runs_the_strategies_and_reports(tmp_path):
     assert json.loads((folder / "strategies.json").read_text())["benchmark"] == "strategies"
     report = (folder / "report.md").read_text()
     assert f"report: {folder / 'report.md'}" in proc.stdout
-    for section in ("## Training runs", "## Baseline and DDP at one global batch", "## The baseline's checkpoint",
-                    "## Strategies side by side"):
+    for section in (
+        "## Training runs",
+        "## Baseline and DDP at one global batch",
+        "## The baseline's checkpoint",
+        "## Strategies side by side",
+    ):
         assert section in report
     assert problems(report) == []  # as GitHub and JupyterLab render it
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)

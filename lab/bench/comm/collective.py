@@ -61,6 +61,7 @@ PATTERN = 4  # data of the reductions: (i + r) % 4 on rank r, so every sum is a 
 @dataclass(frozen=True)
 class Setup:
     """One rank's view of one size: torch, the rank's place, the element type and nccl-tests' count."""
+
     torch: Any
     rank: int
     world_size: int
@@ -74,8 +75,7 @@ class Setup:
         return self.torch.distributed
 
     def reduce_op(self):
-        return {"sum": self.tdist.ReduceOp.SUM, "avg": self.tdist.ReduceOp.AVG,
-                "max": self.tdist.ReduceOp.MAX}[self.op]
+        return {"sum": self.tdist.ReduceOp.SUM, "avg": self.tdist.ReduceOp.AVG, "max": self.tdist.ReduceOp.MAX}[self.op]
 
     def zeros(self, count: int):
         return self.torch.zeros(count, dtype=self.dtype, device=self.device)
@@ -89,7 +89,7 @@ class Setup:
 
     def mine(self, buffer):
         """This rank's block of an n-block buffer."""
-        return buffer[self.rank * self.count:(self.rank + 1) * self.count]
+        return buffer[self.rank * self.count : (self.rank + 1) * self.count]
 
 
 Bodies = tuple[Callable[[], Any], Callable[[], Any]]  # (out-of-place, in-place): one call each, timed in a loop
@@ -110,8 +110,9 @@ def _reduction_inputs(s: Setup, phase):
     torch, n = s.torch, s.world_size
     scale = n if s.op == "avg" else 1
     x = ((phase + s.rank) % PATTERN * scale).to(s.dtype)
-    per_phase = torch.tensor([[(k + r) % PATTERN * scale for r in range(n)] for k in range(PATTERN)],
-                             dtype=torch.float64, device=s.device)
+    per_phase = torch.tensor(
+        [[(k + r) % PATTERN * scale for r in range(n)] for k in range(PATTERN)], dtype=torch.float64, device=s.device
+    )
     reduced = {"sum": per_phase.sum(1), "avg": per_phase.mean(1), "max": per_phase.amax(1)}[s.op]
     return x, reduced[phase % PATTERN].to(s.dtype)
 
@@ -139,8 +140,7 @@ def _all_reduce_bodies(s: Setup) -> Bodies:
     send = s.zeros(s.count)
     recv = s.torch.empty_like(send)
     op = s.reduce_op()
-    return (lambda: (recv.copy_(send), s.tdist.all_reduce(recv, op=op)),
-            lambda: s.tdist.all_reduce(send, op=op))
+    return (lambda: (recv.copy_(send), s.tdist.all_reduce(recv, op=op)), lambda: s.tdist.all_reduce(send, op=op))
 
 
 def _all_reduce_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
@@ -171,9 +171,11 @@ def _all_gather_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
     return (out != expected).sum()
 
 
-GLOO_RING = ("gloo has no reduce-scatter (torch runs reduce_scatter_tensor there as an all-reduce), so the lab "
-             "runs NCCL's ring algorithm over gloo's send/recv: n-1 steps of one block each; out-of-place first "
-             "copies the input into a work buffer (in the time, as all_reduce's copy)")
+GLOO_RING = (
+    "gloo has no reduce-scatter (torch runs reduce_scatter_tensor there as an all-reduce), so the lab "
+    "runs NCCL's ring algorithm over gloo's send/recv: n-1 steps of one block each; out-of-place first "
+    "copies the input into a work buffer (in the time, as all_reduce's copy)"
+)
 
 
 def _ring_reduce_scatter(s: Setup, out, x, work, received) -> None:
@@ -186,7 +188,7 @@ def _ring_reduce_scatter(s: Setup, out, x, work, received) -> None:
     n, r = s.world_size, s.rank
 
     def block(b: int):
-        return work[b * s.count:(b + 1) * s.count]
+        return work[b * s.count : (b + 1) * s.count]
 
     for k in range(n - 1):
         _ring_exchange(s, block((r - k - 1) % n), received)
@@ -203,8 +205,10 @@ def _reduce_scatter_bodies(s: Setup) -> Bodies:
     send, recv = s.zeros(s.world_size * s.count), s.zeros(s.count)
     if s.tdist.get_backend() == "gloo":
         work, received = s.zeros(s.world_size * s.count), s.zeros(s.count)
-        return (lambda: _ring_reduce_scatter(s, recv, send, work, received),
-                lambda: _ring_reduce_scatter(s, None, send, send, received))
+        return (
+            lambda: _ring_reduce_scatter(s, recv, send, work, received),
+            lambda: _ring_reduce_scatter(s, None, send, send, received),
+        )
     scatter, op = _reduce_scatter_call(s.tdist), s.reduce_op()
     return lambda: scatter(recv, send, op=op), lambda: scatter(s.mine(send), send, op=op)
 
@@ -212,7 +216,7 @@ def _reduce_scatter_bodies(s: Setup) -> Bodies:
 def _reduce_scatter_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
     position = s.index(s.world_size * s.count)
     x, expected = _reduction_inputs(s, position + position // s.count)  # block by block another phase: a block
-    _corrupt(s, x, corrupt_rank)                                         # sent to the wrong rank is counted
+    _corrupt(s, x, corrupt_rank)  # sent to the wrong rank is counted
     out = s.unwritten(s.count) if out_of_place else s.mine(x)
     if s.tdist.get_backend() == "gloo":
         work = s.zeros(s.world_size * s.count) if out_of_place else x
@@ -269,8 +273,9 @@ def _ring_exchange(s: Setup, send, recv) -> None:
     """Send to rank+1 and receive from rank-1 as one group (separate NCCL send and recv calls could wait on
     each other); wait() makes the current stream wait on a GPU, and returns when done on gloo."""
     tdist, n = s.tdist, s.world_size
-    for work in tdist.batch_isend_irecv([tdist.P2POp(tdist.isend, send, (s.rank + 1) % n),
-                                         tdist.P2POp(tdist.irecv, recv, (s.rank - 1) % n)]):
+    for work in tdist.batch_isend_irecv(
+        [tdist.P2POp(tdist.isend, send, (s.rank + 1) % n), tdist.P2POp(tdist.irecv, recv, (s.rank - 1) % n)]
+    ):
         work.wait()
 
 
@@ -323,37 +328,97 @@ def _ring(n: int) -> float:
     return (n - 1) / n
 
 
-COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
-    Collective("all_reduce", "all-reduce", size_means="bytes of the buffer",
-               factor_text="2 (n-1) / n", factor=lambda n: 2 * (n - 1) / n, reduces=True, per_rank=False,
-               out_of_place="copy + in-place all_reduce", in_place="all_reduce(buffer)", in_place_checked=True,
-               bodies=_all_reduce_bodies, check=_all_reduce_check),
-    Collective("all_gather", "all-gather", size_means="bytes of the output: n x the input of a rank",
-               factor_text="(n-1) / n", factor=_ring, reduces=False, per_rank=True,
-               out_of_place="all_gather_into_tensor(output, input)",
-               in_place="the input is this rank's slice of the output", in_place_checked=True,
-               bodies=_all_gather_bodies, check=_all_gather_check),
-    Collective("reduce_scatter", "reduce-scatter", size_means="bytes of the input: n x the output of a rank",
-               factor_text="(n-1) / n", factor=_ring, reduces=True, per_rank=True,
-               out_of_place="reduce_scatter_tensor(output, input)",
-               in_place="the output is this rank's slice of the input", in_place_checked=True,
-               bodies=_reduce_scatter_bodies, check=_reduce_scatter_check, on_gloo=GLOO_RING),
-    Collective("broadcast", "broadcast", size_means="bytes of the buffer",
-               factor_text="1", factor=lambda n: 1.0, reduces=False, per_rank=False,
-               out_of_place="the root copies its input to the output, then broadcast(output)",
-               in_place="broadcast(buffer)", in_place_checked=True,
-               bodies=_broadcast_bodies, check=_broadcast_check, root=ROOT),
-    Collective("alltoall", "all-to-all", size_means="bytes of the buffer: n blocks, one per rank",
-               factor_text="(n-1) / n", factor=_ring, reduces=False, per_rank=True,
-               out_of_place="all_to_all_single(output, input)",
-               in_place="one buffer as input and output (timed; no defined result)", in_place_checked=False,
-               bodies=_alltoall_bodies, check=_alltoall_check),
-    Collective("sendrecv", "send/recv", size_means="bytes of the buffer",
-               factor_text="1", factor=lambda n: 1.0, reduces=False, per_rank=False,
-               out_of_place="batch_isend_irecv: send to rank+1, receive from rank-1",
-               in_place="one buffer sent and received into (timed; no defined result)", in_place_checked=False,
-               bodies=_sendrecv_bodies, check=_sendrecv_check),
-)}
+COLLECTIVES: dict[str, Collective] = {
+    c.name: c
+    for c in (
+        Collective(
+            "all_reduce",
+            "all-reduce",
+            size_means="bytes of the buffer",
+            factor_text="2 (n-1) / n",
+            factor=lambda n: 2 * (n - 1) / n,
+            reduces=True,
+            per_rank=False,
+            out_of_place="copy + in-place all_reduce",
+            in_place="all_reduce(buffer)",
+            in_place_checked=True,
+            bodies=_all_reduce_bodies,
+            check=_all_reduce_check,
+        ),
+        Collective(
+            "all_gather",
+            "all-gather",
+            size_means="bytes of the output: n x the input of a rank",
+            factor_text="(n-1) / n",
+            factor=_ring,
+            reduces=False,
+            per_rank=True,
+            out_of_place="all_gather_into_tensor(output, input)",
+            in_place="the input is this rank's slice of the output",
+            in_place_checked=True,
+            bodies=_all_gather_bodies,
+            check=_all_gather_check,
+        ),
+        Collective(
+            "reduce_scatter",
+            "reduce-scatter",
+            size_means="bytes of the input: n x the output of a rank",
+            factor_text="(n-1) / n",
+            factor=_ring,
+            reduces=True,
+            per_rank=True,
+            out_of_place="reduce_scatter_tensor(output, input)",
+            in_place="the output is this rank's slice of the input",
+            in_place_checked=True,
+            bodies=_reduce_scatter_bodies,
+            check=_reduce_scatter_check,
+            on_gloo=GLOO_RING,
+        ),
+        Collective(
+            "broadcast",
+            "broadcast",
+            size_means="bytes of the buffer",
+            factor_text="1",
+            factor=lambda n: 1.0,
+            reduces=False,
+            per_rank=False,
+            out_of_place="the root copies its input to the output, then broadcast(output)",
+            in_place="broadcast(buffer)",
+            in_place_checked=True,
+            bodies=_broadcast_bodies,
+            check=_broadcast_check,
+            root=ROOT,
+        ),
+        Collective(
+            "alltoall",
+            "all-to-all",
+            size_means="bytes of the buffer: n blocks, one per rank",
+            factor_text="(n-1) / n",
+            factor=_ring,
+            reduces=False,
+            per_rank=True,
+            out_of_place="all_to_all_single(output, input)",
+            in_place="one buffer as input and output (timed; no defined result)",
+            in_place_checked=False,
+            bodies=_alltoall_bodies,
+            check=_alltoall_check,
+        ),
+        Collective(
+            "sendrecv",
+            "send/recv",
+            size_means="bytes of the buffer",
+            factor_text="1",
+            factor=lambda n: 1.0,
+            reduces=False,
+            per_rank=False,
+            out_of_place="batch_isend_irecv: send to rank+1, receive from rank-1",
+            in_place="one buffer sent and received into (timed; no defined result)",
+            in_place_checked=False,
+            bodies=_sendrecv_bodies,
+            check=_sendrecv_check,
+        ),
+    )
+}
 NAMES = tuple(COLLECTIVES)
 
 
@@ -372,8 +437,9 @@ broadcast, alltoall, sendrecv, a comma list of them, or all
     names = [name.strip() for name in text.split(",") if name.strip()]
     for name in names or [text]:
         if name not in COLLECTIVES:
-            raise LabError(f"OP {name}: unknown collective; choose from {', '.join(NAMES)}, a comma list of them, "
-                           f"or all")
+            raise LabError(
+                f"OP {name}: unknown collective; choose from {', '.join(NAMES)}, a comma list of them, or all"
+            )
     if len(set(names)) != len(names):
         raise LabError(f"OP {text}: a collective is named twice")
     return names

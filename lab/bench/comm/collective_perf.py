@@ -141,8 +141,9 @@ def plan(args, benchmark: str) -> Request:
     backend = expected_backend() if args.op == "avg" else None
     reducing = [n for n in names if COLLECTIVES[n].reduces]
     if args.op is not None and not reducing:
-        raise LabError(f"--op {args.op}: {', '.join(names)} reduce nothing; --op is the reduction of all_reduce "
-                       f"and reduce_scatter")
+        raise LabError(
+            f"--op {args.op}: {', '.join(names)} reduce nothing; --op is the reduction of all_reduce and reduce_scatter"
+        )
     if args.op == "avg" and backend == "gloo" and reducing:
         raise LabError("--op avg: the gloo backend has no AVG reduction; use --op sum (or NCCL on GPUs)")
     return Request(names, sizes, args.op or "sum")
@@ -152,8 +153,10 @@ def one_rank(benchmark: str) -> LabError:
     what = "an all-reduce" if benchmark == "allreduce" else "a collective"
     # One rank sends nothing: the "collective" is a no-op, its time ~0 and its algbw meaningless
     # (thousands of GB/s on a CPU; a division by a zero event time on CUDA).
-    return LabError(f"lab bench {benchmark}: 1 rank: {what} over one process moves no data, so there is nothing to "
-                    f"measure; use --nproc-per-node 2 or more, or torchrun over several nodes")
+    return LabError(
+        f"lab bench {benchmark}: 1 rank: {what} over one process moves no data, so there is nothing to "
+        f"measure; use --nproc-per-node 2 or more, or torchrun over several nodes"
+    )
 
 
 def json_paths(path: str, names: list[str]) -> dict[str, str]:
@@ -167,8 +170,9 @@ def json_paths(path: str, names: list[str]) -> dict[str, str]:
 # ----------------------------------------------------------------------------- measuring
 
 
-def measure(ctx, coll: Collective, size: int, dtype_name: str, op: str, iters: int, warmup: int,
-            corrupt_rank: int | None) -> Row | None:
+def measure(
+    ctx, coll: Collective, size: int, dtype_name: str, op: str, iters: int, warmup: int, corrupt_rank: int | None
+) -> Row | None:
     """One row: `coll` at `size` out-of-place then in-place, timed, then checked. None when `size` holds no
     element (or, for ops per rank, no whole 16-byte block per rank)."""
     import torch
@@ -213,33 +217,49 @@ def measure(ctx, coll: Collective, size: int, dtype_name: str, op: str, iters: i
     out_of_place, in_place = coll.bodies(setup)
     oop, ip = timed(out_of_place), timed(in_place)
     factor = coll.factor(ctx.world_size)
-    return Row(size=nbytes, count=count, type=TYPE_NAMES[dtype_name], redop=setup.op, root=coll.root,
-               oop_time_us=oop * 1e6, oop_algbw=algbw(nbytes, oop), oop_busbw=algbw(nbytes, oop) * factor,
-               oop_wrong=wrong(True),
-               ip_time_us=ip * 1e6, ip_algbw=algbw(nbytes, ip), ip_busbw=algbw(nbytes, ip) * factor,
-               ip_wrong=wrong(False))
+    oop_wrong = wrong(True)
+    assert oop_wrong is not None  # only in-place results can go unchecked: every collective checks out-of-place
+    return Row(
+        size=nbytes,
+        count=count,
+        type=TYPE_NAMES[dtype_name],
+        redop=setup.op,
+        root=coll.root,
+        oop_time_us=oop * 1e6,
+        oop_algbw=algbw(nbytes, oop),
+        oop_busbw=algbw(nbytes, oop) * factor,
+        oop_wrong=oop_wrong,
+        ip_time_us=ip * 1e6,
+        ip_algbw=algbw(nbytes, ip),
+        ip_busbw=algbw(nbytes, ip) * factor,
+        ip_wrong=wrong(False),
+    )
 
 
 # ----------------------------------------------------------------------------- output
 
 HEADER = (
     "#                                                              out-of-place                       in-place\n"
-    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n"
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n"  # noqa: E501 - nccl-tests' own header
     "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"
 )
 
 
 def format_row(r: Row) -> str:
     ip_wrong = f"{r.ip_wrong:6d}" if r.ip_wrong is not None else "   N/A"
-    return (f"{r.size:12d}  {r.count:12d}  {r.type:>8}  {r.redop:>6}  {r.root:6d}  "
-            f"{r.oop_time_us:7.2f} {r.oop_algbw:7.2f} {r.oop_busbw:7.2f} {r.oop_wrong:6d}  "
-            f"{r.ip_time_us:7.2f} {r.ip_algbw:7.2f} {r.ip_busbw:7.2f} {ip_wrong}")
+    return (
+        f"{r.size:12d}  {r.count:12d}  {r.type:>8}  {r.redop:>6}  {r.root:6d}  "
+        f"{r.oop_time_us:7.2f} {r.oop_algbw:7.2f} {r.oop_busbw:7.2f} {r.oop_wrong:6d}  "
+        f"{r.ip_time_us:7.2f} {r.ip_algbw:7.2f} {r.ip_busbw:7.2f} {ip_wrong}"
+    )
 
 
 def render(coll: Collective, rows: list[Row], world_size: int, backend: str | None, link: str | None) -> str:
     avg = average_busbw(rows)
-    lines = [f"# lab {coll.title}: {world_size} rank(s), backend {backend or 'none'}; out-of-place = "
-             f"{coll.out_of_place}; in-place = {coll.in_place}"]
+    lines = [
+        f"# lab {coll.title}: {world_size} rank(s), backend {backend or 'none'}; out-of-place = "
+        f"{coll.out_of_place}; in-place = {coll.in_place}"
+    ]
     if backend == "gloo" and coll.on_gloo:
         lines.append(f"# on gloo: {coll.on_gloo}")
     lines += [HEADER, *map(format_row, rows)]
@@ -249,8 +269,9 @@ def render(coll: Collective, rows: list[Row], world_size: int, backend: str | No
     if link:
         peak, what = LINKS[link]
         best = max((max(r.oop_busbw, r.ip_busbw) for r in rows), default=0.0)
-        lines.append(f"# Link {link} ({what}): {peak:g} GB/s; best busbw is {link_share(best, peak)}, "
-                     f"average {avg / peak:.1%}")
+        lines.append(
+            f"# Link {link} ({what}): {peak:g} GB/s; best busbw is {link_share(best, peak)}, average {avg / peak:.1%}"
+        )
     return "\n".join(lines)
 
 
@@ -295,16 +316,19 @@ def run(args, benchmark: str) -> int:
     if torchrun_env.layout().world_size < 2:
         raise one_rank(benchmark)
     from lab.cluster import dist, provenance
-    from lab.training import runs
     from lab.config import DistConfig
+    from lab.training import runs
 
     with dist.initialized(DistConfig()) as ctx:
         tables = []
         for name in request.names:
             coll, corrupt = COLLECTIVES[name], corrupt_rank(benchmark, name)
-            rows = [row for size in request.sizes
-                    if (row := measure(ctx, coll, size, args.dtype, request.op, args.iters, args.warmup_iters,
-                                       corrupt)) is not None]
+            rows = [
+                row
+                for size in request.sizes
+                if (row := measure(ctx, coll, size, args.dtype, request.op, args.iters, args.warmup_iters, corrupt))
+                is not None
+            ]
             tables.append((coll, rows, average_busbw(rows)))
         link = args.link or guess_link(ctx)
         ranks = dist.all_gather_object(ctx, provenance.describe(ctx))
@@ -314,23 +338,35 @@ def run(args, benchmark: str) -> int:
                 print(render(coll, rows, ctx.world_size, ctx.backend, link), flush=True)
                 if coll.name in missed:
                     of = "" if benchmark == "allreduce" else f" of {coll.name}"
-                    print(f"# FAILED: average bus bandwidth{of} {avg:g} GB/s is below --min-busbw "
-                          f"{args.min_busbw:g}", flush=True)
+                    print(
+                        f"# FAILED: average bus bandwidth{of} {avg:g} GB/s is below --min-busbw {args.min_busbw:g}",
+                        flush=True,
+                    )
                 if len(tables) > 1:
                     print(flush=True)
             if len(tables) > 1:
-                print("# Avg bus bandwidth (GB/s) by collective: "
-                      + ", ".join(f"{coll.name} {avg:.3g}" for coll, _, avg in tables), flush=True)
+                print(
+                    "# Avg bus bandwidth (GB/s) by collective: "
+                    + ", ".join(f"{coll.name} {avg:.3g}" for coll, _, avg in tables),
+                    flush=True,
+                )
             if args.json:
                 paths = json_paths(args.json, request.names)
                 for coll, rows, avg in tables:
-                    runs.write_json(paths[coll.name], result(ctx, ranks, coll, rows, args, benchmark, request.op,
-                                                             link, avg, coll.name in missed))
+                    runs.write_json(
+                        paths[coll.name],
+                        result(ctx, ranks, coll, rows, args, benchmark, request.op, link, avg, coll.name in missed),
+                    )
             if getattr(args, "pushgateway", None):  # lab bench allreduce only: its series is all-reduce's
                 from lab.observability import metrics
 
-                metrics.push_allreduce(args.pushgateway, runs.new_run_id("allreduce"),
-                                       [asdict(r) for r in tables[0][1]], args.dtype, request.op)
+                metrics.push_allreduce(
+                    args.pushgateway,
+                    runs.new_run_id("allreduce"),
+                    [asdict(r) for r in tables[0][1]],
+                    args.dtype,
+                    request.op,
+                )
         # Under `--nproc-per-node` the parent judges the gate from the JSON (torchrun would report a worker's 3
         # as its own failure), so the workers it starts (--gate-in-parent) exit 0.
         return 3 if missed and not args.gate_in_parent else 0
@@ -342,25 +378,51 @@ def corrupt_rank(benchmark: str, name: str) -> int | None:
     return int(rank) if rank and only in ("", name) else None
 
 
-def result(ctx, ranks: list[dict], coll: Collective, rows: list[Row], args, benchmark: str, op: str,
-           link: str | None, avg: float, gate_missed: bool) -> dict[str, Any]:
+def result(
+    ctx,
+    ranks: list[dict],
+    coll: Collective,
+    rows: list[Row],
+    args,
+    benchmark: str,
+    op: str,
+    link: str | None,
+    avg: float,
+    gate_missed: bool,
+) -> dict[str, Any]:
     """One op's JSON: allreduce's document; `lab bench collective` adds "collective" and says what size,
     count, out-of-place and in-place mean for that op."""
     from lab.cluster import provenance
 
     definitions = {"algbw": "bytes / time, GB/s (1e9)", "busbw": f"algbw * {coll.factor_text}"}
     if benchmark == "collective":
-        definitions = {"algbw": "size / time, GB/s (1e9)", "busbw": f"algbw * {coll.factor_text}",
-                       "size": coll.size_means, "count": "elements per rank" if coll.per_rank else "elements",
-                       "out_of_place": coll.out_of_place, "in_place": coll.in_place,
-                       **({"on_gloo": coll.on_gloo} if ctx.backend == "gloo" and coll.on_gloo else {})}
+        definitions = {
+            "algbw": "size / time, GB/s (1e9)",
+            "busbw": f"algbw * {coll.factor_text}",
+            "size": coll.size_means,
+            "count": "elements per rank" if coll.per_rank else "elements",
+            "out_of_place": coll.out_of_place,
+            "in_place": coll.in_place,
+            **({"on_gloo": coll.on_gloo} if ctx.backend == "gloo" and coll.on_gloo else {}),
+        }
     return {
-        "benchmark": benchmark, **({"collective": coll.name} if benchmark == "collective" else {}),
-        "world_size": ctx.world_size, "backend": ctx.backend, "dtype": args.dtype,
-        "op": op if coll.reduces else "none", "iters": args.iters, "warmup_iters": args.warmup_iters,
+        "benchmark": benchmark,
+        **({"collective": coll.name} if benchmark == "collective" else {}),
+        "world_size": ctx.world_size,
+        "backend": ctx.backend,
+        "dtype": args.dtype,
+        "op": op if coll.reduces else "none",
+        "iters": args.iters,
+        "warmup_iters": args.warmup_iters,
         "definitions": definitions,
-        "rows": [asdict(r) for r in rows], "avg_busbw": avg, "link": link,
-        "link_gbps": LINKS[link][0] if link else None, "min_busbw": args.min_busbw, "gate_missed": gate_missed,
-        "versions": provenance.versions(), "hosts": sorted({r["host"] for r in ranks}),
-        "devices": [r["device_name"] for r in ranks], "environment": provenance.recorded_env(),
+        "rows": [asdict(r) for r in rows],
+        "avg_busbw": avg,
+        "link": link,
+        "link_gbps": LINKS[link][0] if link else None,
+        "min_busbw": args.min_busbw,
+        "gate_missed": gate_missed,
+        "versions": provenance.versions(),
+        "hosts": sorted({r["host"] for r in ranks}),
+        "devices": [r["device_name"] for r in ranks],
+        "environment": provenance.recorded_env(),
     }

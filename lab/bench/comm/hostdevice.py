@@ -28,6 +28,7 @@ the node's facts. "method" is always "torch": nvbandwidth is not run (no GPU hos
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from collections.abc import Callable
@@ -43,14 +44,14 @@ WARMUP_ITERS = 2  # the first copies pay for pinning pages, peer access being en
 class Devices(Protocol):
     """What the measurement needs of the devices: buffers, a copy, and a wait for everything queued."""
 
-    kind: str                        # "cuda" or "cpu"
+    kind: str  # "cuda" or "cpu"
     names: list[str]
     uuids: list[str | None]
 
-    def host_buffer(self, nbytes: int) -> Any: ...           # pinned on CUDA: a pageable buffer halves h2d
+    def host_buffer(self, nbytes: int) -> Any: ...  # pinned on CUDA: a pageable buffer halves h2d
     def device_buffer(self, index: int, nbytes: int) -> Any: ...
-    def copy(self, dst: Any, src: Any) -> None: ...          # may return before the copy is done (CUDA)
-    def synchronize(self) -> None: ...                       # every device has finished what was queued
+    def copy(self, dst: Any, src: Any) -> None: ...  # may return before the copy is done (CUDA)
+    def synchronize(self) -> None: ...  # every device has finished what was queued
     def peer_access(self) -> list[list[bool]] | None: ...
     def pinned(self, buffer: Any) -> bool: ...
 
@@ -65,7 +66,7 @@ class TorchDevices:
         self.kind = "cuda" if torch.cuda.is_available() else "cpu"
         count = torch.cuda.device_count() if self.kind == "cuda" else 1
         self.names = [torch.cuda.get_device_name(i) for i in range(count)] if self.kind == "cuda" else ["cpu"]
-        self.uuids = [_uuid(torch, i) for i in range(count)] if self.kind == "cuda" else [None]
+        self.uuids: list[str | None] = [_uuid(torch, i) for i in range(count)] if self.kind == "cuda" else [None]
 
     def host_buffer(self, nbytes: int):
         return self.torch.ones(nbytes, dtype=self.torch.uint8, pin_memory=self.kind == "cuda")
@@ -95,12 +96,13 @@ class TorchDevices:
 def _uuid(torch, index: int) -> str | None:
     try:
         return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
-    except Exception:  # noqa: BLE001 - an older torch without the property: the figure stands without it
+    except Exception:
         return None
 
 
-def seconds_for(devices: Devices, copy: Callable[[], None], iters: int, warmup: int,
-                clock: Callable[[], float] = time.perf_counter) -> float:
+def seconds_for(
+    devices: Devices, copy: Callable[[], None], iters: int, warmup: int, clock: Callable[[], float] = time.perf_counter
+) -> float:
     """Seconds that `iters` calls of `copy` take on the devices, after `warmup` untimed ones."""
     for _ in range(warmup):
         copy()
@@ -112,8 +114,13 @@ def seconds_for(devices: Devices, copy: Callable[[], None], iters: int, warmup: 
     return clock() - started
 
 
-def measure(devices: Devices, size_bytes: int, iters: int, warmup: int = WARMUP_ITERS,
-            clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+def measure(
+    devices: Devices,
+    size_bytes: int,
+    iters: int,
+    warmup: int = WARMUP_ITERS,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
     """The result (the module's JSON, less "host") for `devices`: h2d and d2h per device, the d2d matrix."""
     n = len(devices.names)
     host = devices.host_buffer(size_bytes)
@@ -123,21 +130,40 @@ def measure(devices: Devices, size_bytes: int, iters: int, warmup: int = WARMUP_
     def gbps(copy: Callable[[], None]) -> float:
         return size_bytes * iters / seconds_for(devices, copy, iters, warmup, clock) / 1e9
 
-    gpus = [{"index": i, "name": devices.names[i], "uuid": devices.uuids[i],
-             "h2d_gbps": gbps(lambda i=i: devices.copy(targets[i], host)),
-             "d2h_gbps": gbps(lambda i=i: devices.copy(host, sources[i]))} for i in range(n)]
-    d2d = [[gbps(lambda i=i, j=j: devices.copy(targets[j], sources[i])) for j in range(n)] for i in range(n)]
-    return {"benchmark": "hostdevice", "method": "torch", "device": devices.kind, "size_bytes": size_bytes,
-            "iters": iters, "warmup_iters": warmup, "pinned": devices.pinned(host), "gpus": gpus,
-            "d2d_gbps": d2d, "peer_access": devices.peer_access()}
+    gpus = [
+        {
+            "index": i,
+            "name": devices.names[i],
+            "uuid": devices.uuids[i],
+            "h2d_gbps": gbps(functools.partial(devices.copy, targets[i], host)),
+            "d2h_gbps": gbps(functools.partial(devices.copy, host, sources[i])),
+        }
+        for i in range(n)
+    ]
+    d2d = [[gbps(functools.partial(devices.copy, targets[j], sources[i])) for j in range(n)] for i in range(n)]
+    return {
+        "benchmark": "hostdevice",
+        "method": "torch",
+        "device": devices.kind,
+        "size_bytes": size_bytes,
+        "iters": iters,
+        "warmup_iters": warmup,
+        "pinned": devices.pinned(host),
+        "gpus": gpus,
+        "d2d_gbps": d2d,
+        "peer_access": devices.peer_access(),
+    }
 
 
 def render(r: dict[str, Any]) -> str:
     what = "GPU" if r["device"] == "cuda" else "CPU (host memory to host memory: not a GPU's figure)"
     host = "pinned" if r["pinned"] else "pageable"
-    lines = [f"host<->device copies on {r['host']}: {len(r['gpus'])} {what}, {r['size_bytes'] / 2**20:g} MiB x "
-             f"{r['iters']} after {r['warmup_iters']} warm-ups, {host} host memory, {r['method']}; GB/s = 1e9 B/s",
-             "| device | name | host->device | device->host |", "|---:|---|---:|---:|"]
+    lines = [
+        f"host<->device copies on {r['host']}: {len(r['gpus'])} {what}, {r['size_bytes'] / 2**20:g} MiB x "
+        f"{r['iters']} after {r['warmup_iters']} warm-ups, {host} host memory, {r['method']}; GB/s = 1e9 B/s",
+        "| device | name | host->device | device->host |",
+        "|---:|---|---:|---:|",
+    ]
     lines += [f"| {g['index']} | {g['name']} | {g['h2d_gbps']:.1f} | {g['d2h_gbps']:.1f} |" for g in r["gpus"]]
     lines.append("device->device (row: from, column: to; the diagonal: a copy within one device)")
     lines.append("from\\to " + "".join(f"{j:>9}" for j in range(len(r["d2d_gbps"]))))
@@ -159,8 +185,10 @@ def run(args) -> int:
     except RuntimeError as exc:  # torch.OutOfMemoryError is one: two buffers per device and one pinned
         if "out of memory" not in str(exc).lower():
             raise
-        raise LabError(f"--size {args.size}: {size_bytes} bytes x 2 per {devices.kind} device (and once pinned on "
-                       f"the host) do not fit; use a smaller size, e.g. 256M") from None
+        raise LabError(
+            f"--size {args.size}: {size_bytes} bytes x 2 per {devices.kind} device (and once pinned on "
+            f"the host) do not fit; use a smaller size, e.g. 256M"
+        ) from None
     result["host"] = socket.gethostname()
     print(render(result), flush=True)
     if args.json:

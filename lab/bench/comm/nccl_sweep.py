@@ -24,17 +24,27 @@ from typing import Any
 
 # One all-reduce sweep per setting, as Stas Bekman's ml-engineering book compares them: the algorithm
 # (Ring, Tree), the protocol (Simple, LL128), and what peer-to-peer (NVLink, PCIe P2P) is worth.
-NCCL_SETTINGS: list[tuple[str, str] | None] = [None, ("NCCL_ALGO", "Ring"), ("NCCL_ALGO", "Tree"),
-                                               ("NCCL_PROTO", "Simple"), ("NCCL_PROTO", "LL128"),
-                                               ("NCCL_P2P_DISABLE", "1")]
+NCCL_SETTINGS: list[tuple[str, str] | None] = [
+    None,
+    ("NCCL_ALGO", "Ring"),
+    ("NCCL_ALGO", "Tree"),
+    ("NCCL_PROTO", "Simple"),
+    ("NCCL_PROTO", "LL128"),
+    ("NCCL_P2P_DISABLE", "1"),
+]
 NCCL_VARIABLES = sorted({setting[0] for setting in NCCL_SETTINGS if setting})
 # 1 MiB (latency-bound) to 256 MiB (bandwidth-bound) in three sizes, a few iterations each: a comparison,
 # not a full nccl-tests sweep.
 ALLREDUCE_ARGS = ["-b", "1M", "-e", "256M", "-f", "16", "-n", "10", "-w", "3"]
 
 
-def nccl_child(world_size: int, setting: tuple[str, str] | None, json_path: str | Path,
-               base_env: dict[str, str], torchrun: str | None = None) -> tuple[list[str], dict[str, str]]:
+def nccl_child(
+    world_size: int,
+    setting: tuple[str, str] | None,
+    json_path: str | Path,
+    base_env: dict[str, str],
+    torchrun: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """argv and environment of one `lab bench allreduce` job under `setting` (None: NCCL's own choice).
     The other settings' variables are removed, so a value the user exported does not leak into a row.
 
@@ -47,8 +57,9 @@ def nccl_child(world_size: int, setting: tuple[str, str] | None, json_path: str 
     """
     from lab.cluster import launch
 
-    argv = launch.torchrun_command(world_size, ["-m", "lab", "bench", "allreduce", *ALLREDUCE_ARGS,
-                                                "--json", str(json_path)], torchrun=torchrun)
+    argv = launch.torchrun_command(
+        world_size, ["-m", "lab", "bench", "allreduce", *ALLREDUCE_ARGS, "--json", str(json_path)], torchrun=torchrun
+    )
     env = {k: v for k, v in base_env.items() if k not in NCCL_VARIABLES}
     if setting is not None:
         env[setting[0]] = setting[1]
@@ -61,14 +72,17 @@ def nccl_row(label: str, argv: list[str], env: dict[str, str], json_path: Path, 
     from lab.cluster import runner
 
     print(f"$ {label} {shlex.join(argv)}", flush=True)
-    done = runner.run(argv, env=env, processes=processes, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                      echo=False)
+    done = runner.run(argv, env=env, processes=processes, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, echo=False)
     if done.returncode != 0 or not json_path.exists():
         return {"label": label, "error": f"exit {done.returncode}: {done.last_error[:200]}"}
     result = json.loads(json_path.read_text())
-    return {"label": label, "avg_busbw": result["avg_busbw"],
-            "busbw_by_size": [{"size": r["size"], "oop_busbw": r["oop_busbw"], "ip_busbw": r["ip_busbw"]}
-                              for r in result["rows"]]}
+    return {
+        "label": label,
+        "avg_busbw": result["avg_busbw"],
+        "busbw_by_size": [
+            {"size": r["size"], "oop_busbw": r["oop_busbw"], "ip_busbw": r["ip_busbw"]} for r in result["rows"]
+        ],
+    }
 
 
 def nccl_group(world_size: int, device_type: str) -> dict[str, Any]:

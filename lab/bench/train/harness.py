@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: `lab bench --help` must not wait for torch
+    from lab.cluster.dist import DistContext
     from lab.config import Config
     from lab.data import Dataset
-    from lab.cluster.dist import DistContext
     from lab.training.trainer import Trainer
 
 
@@ -27,9 +27,11 @@ def synthetic_config(cfg: Config, global_batch_size: int, batches: int) -> Confi
     no file is read, so every machine times the same work."""
     from lab import config
 
-    return config.with_overrides(cfg, data={"source": "synthetic", "synthetic_train_size": global_batch_size * batches,
-                                            "synthetic_test_size": 10},
-                                 train={"global_batch_size": global_batch_size, "grad_accum_steps": 1})
+    return config.with_overrides(
+        cfg,
+        data={"source": "synthetic", "synthetic_train_size": global_batch_size * batches, "synthetic_test_size": 10},
+        train={"global_batch_size": global_batch_size, "grad_accum_steps": 1},
+    )
 
 
 @contextlib.contextmanager

@@ -82,27 +82,44 @@ def variants(device_type: str, accum_steps: int) -> list[Variant]:
     >>> [v.label for v in variants("cuda", 2) if v.group == "precision"]
     ['bf16', 'fp16']
     """
-    rows = [Variant("plain", "plain", "fp32, one batch per step, 25 MiB buckets, gradients as bucket views"),
-            Variant("bf16", "precision", "bf16 autocast", {"train": {"amp": "bf16"}}, "bf16")]
+    rows = [
+        Variant("plain", "plain", "fp32, one batch per step, 25 MiB buckets, gradients as bucket views"),
+        Variant("bf16", "precision", "bf16 autocast", {"train": {"amp": "bf16"}}, "bf16"),
+    ]
     if device_type == "cuda":  # fp16 autocast is a GPU path; on a CPU the lab runs it in fp32 (lab.training.optim)
         rows.append(Variant("fp16", "precision", "fp16 autocast + GradScaler", {"train": {"amp": "fp16"}}, "fp16"))
-    rows += [Variant(f"accum-{accum_steps}", "accumulation",
-                     f"{accum_steps} micro-batches per step, the first {accum_steps - 1} under no_sync",
-                     {"train": {"grad_accum_steps": accum_steps}}, "accum"),
-             Variant("bucket-1", "buckets", "dist.bucket_cap_mb=1", {"dist": {"bucket_cap_mb": 1.0}}),
-             Variant("bucket-100", "buckets", "dist.bucket_cap_mb=100", {"dist": {"bucket_cap_mb": 100.0}}),
-             Variant("no-bucket-view", "buckets", "dist.gradient_as_bucket_view=false",
-                     {"dist": {"gradient_as_bucket_view": False}})]
+    rows += [
+        Variant(
+            f"accum-{accum_steps}",
+            "accumulation",
+            f"{accum_steps} micro-batches per step, the first {accum_steps - 1} under no_sync",
+            {"train": {"grad_accum_steps": accum_steps}},
+            "accum",
+        ),
+        Variant("bucket-1", "buckets", "dist.bucket_cap_mb=1", {"dist": {"bucket_cap_mb": 1.0}}),
+        Variant("bucket-100", "buckets", "dist.bucket_cap_mb=100", {"dist": {"bucket_cap_mb": 100.0}}),
+        Variant(
+            "no-bucket-view",
+            "buckets",
+            "dist.gradient_as_bucket_view=false",
+            {"dist": {"gradient_as_bucket_view": False}},
+        ),
+    ]
     return rows
 
 
 # The plain step: the config as given, without the levers this benchmark turns one at a time.
-PLAIN = {"train": {"amp": "off", "grad_accum_steps": 1},
-         "dist": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True}}
+PLAIN: dict[str, dict[str, Any]] = {
+    "train": {"amp": "off", "grad_accum_steps": 1},
+    "dist": {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True},
+}
 # Accumulation exactness: float64 leaves only rounding, and GroupNorm because BatchNorm normalises each
 # micro-batch by its own statistics, so k micro-batches of B/k would compute a different function from one
 # batch of B and no precision could make them agree.
-EXACT = {"model": {"dtype": "float64", "norm": "group", "sync_batchnorm": False}, "train": {"amp": "off"}}
+EXACT: dict[str, dict[str, Any]] = {
+    "model": {"dtype": "float64", "norm": "group", "sync_batchnorm": False},
+    "train": {"amp": "off"},
+}
 # float64 rounding after a few steps is ~1e-16; a wrong scale or a missed micro-batch is ~1e-3 or more.
 EQUAL_BELOW = 1e-10
 
@@ -126,6 +143,7 @@ def as_sets(overrides: dict[str, dict[str, Any]]) -> list[str]:
     >>> as_sets({"train": {"amp": "off"}, "dist": {"gradient_as_bucket_view": False}})
     ['train.amp=off', 'dist.gradient_as_bucket_view=false']
     """
+
     def show(value: Any) -> str:
         return str(value).lower() if isinstance(value, bool) else str(value)
 
@@ -148,7 +166,8 @@ def run(args) -> int:
 
     # torch (seconds to import) only when a default needs the GPU count: bad input is refused fast
     gpus = None if args.config and args.nproc_per_node else cores.gpu_count()
-    n = args.nproc_per_node or cores.default_ranks(gpus)
+    # gpus is None only where --nproc-per-node was given
+    n = args.nproc_per_node if gpus is None else args.nproc_per_node or cores.default_ranks(gpus)
     args.config = args.config or ("workshop-gpu" if gpus else "workshop-cpu")
     check_request(args, n)
     runner.check_processes(n, f"--nproc-per-node {n}")
@@ -157,8 +176,13 @@ def run(args) -> int:
         from lab import plots
 
         plots.require()  # matplotlib missing: exit 2 now, not after the measurements
-    params = {"steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "accum_steps": args.accum_steps,
-              "equivalence_steps": args.equivalence_steps}
+    params = {
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "accum_steps": args.accum_steps,
+        "equivalence_steps": args.equivalence_steps,
+    }
     try:
         measured = jobs.run(jobs.Job("lab.bench.train.levers_worker", n, params, cfg, reports=1))[0]
     except jobs.JobFailed as exc:
@@ -185,25 +209,33 @@ def check_request(args, world_size: int) -> None:
 
     cfg = config.load(args.config, args.overrides)
     if cfg.dist.strategy != "ddp":
-        raise LabError(f"dist.strategy: {cfg.dist.strategy}: lab bench levers measures DDP's levers (buckets, "
-                       f"no_sync); use dist.strategy=ddp, and lab bench strategies to compare FSDP and DeepSpeed")
+        raise LabError(
+            f"dist.strategy: {cfg.dist.strategy}: lab bench levers measures DDP's levers (buckets, "
+            f"no_sync); use dist.strategy=ddp, and lab bench strategies to compare FSDP and DeepSpeed"
+        )
     config.check_layout(config.with_overrides(cfg, train={"grad_accum_steps": 1}), world_size)
     per_rank = cfg.train.global_batch_size // world_size
     k = args.accum_steps
     if per_rank % k:
         divisors = [d for d in range(2, per_rank + 1) if per_rank % d == 0][:6]
-        fix = (f"use a divisor of {per_rank} such as {', '.join(map(str, divisors))}" if divisors else
-               "use a larger train.global_batch_size")
-        raise LabError(f"--accum-steps {k}: the batch per rank, {per_rank} (train.global_batch_size "
-                       f"{cfg.train.global_batch_size} over {world_size} ranks), does not split into {k} equal "
-                       f"micro-batches; {fix}")
+        fix = (
+            f"use a divisor of {per_rank} such as {', '.join(map(str, divisors))}"
+            if divisors
+            else "use a larger train.global_batch_size"
+        )
+        raise LabError(
+            f"--accum-steps {k}: the batch per rank, {per_rank} (train.global_batch_size "
+            f"{cfg.train.global_batch_size} over {world_size} ranks), does not split into {k} equal "
+            f"micro-batches; {fix}"
+        )
     # Each variant as a user's --set would make it, so a combination the config refuses (static_graph with
     # accumulation) is refused here with the config's own sentence, and the lever named.
     exact = Variant("accumulation-equivalence", "", "", merged(EXACT, {"train": {"grad_accum_steps": k}}))
     for v in [*variants("cuda", k), exact]:
         try:
-            config.check_layout(config.load(args.config, [*args.overrides, *as_sets(merged(PLAIN, v.overrides))]),
-                                world_size)
+            config.check_layout(
+                config.load(args.config, [*args.overrides, *as_sets(merged(PLAIN, v.overrides))]), world_size
+            )
         except LabError as exc:
             raise LabError(f"the {v.label} lever: {exc}") from None
 
@@ -216,18 +248,34 @@ def summarize(measured: dict[str, Any], nccl: dict[str, Any], args, width: int, 
         by_group.setdefault(r["group"], []).append(r)
     device = measured["device"]
     cpu = f", {measured['threads']} thread(s) per rank" if measured["device_type"] == "cpu" else ""
-    context = (f"{measured['world_size']} rank(s) on {device}{cpu}, ResNet-18 width {width}, global batch "
-               f"{measured['global_batch_size']} ({measured['batch_size_per_rank']} per rank), {measured['data']}, "
-               f"{args.rounds} interleaved round(s) of {args.steps} step(s) after {args.warmup} warm-up")
-    return {"benchmark": "levers", "context": context, "world_size": measured["world_size"], "device": device,
-            "device_type": measured["device_type"], "threads_per_process": threads if cpu else None,
-            "model_width": width, "global_batch_size": measured["global_batch_size"],
-            "batch_size_per_rank": measured["batch_size_per_rank"], "data": measured["data"], "steps": args.steps,
-            "warmup": args.warmup, "rounds": args.rounds, "accum_steps": args.accum_steps, "plain": rows[0],
-            "groups": {"precision": by_group.get("precision", []),
-                       "accumulation": {"rows": by_group.get("accumulation", []),
-                                        "equivalence": measured["equivalence"]},
-                       "buckets": by_group.get("buckets", []), "nccl": nccl}}
+    context = (
+        f"{measured['world_size']} rank(s) on {device}{cpu}, ResNet-18 width {width}, global batch "
+        f"{measured['global_batch_size']} ({measured['batch_size_per_rank']} per rank), {measured['data']}, "
+        f"{args.rounds} interleaved round(s) of {args.steps} step(s) after {args.warmup} warm-up"
+    )
+    return {
+        "benchmark": "levers",
+        "context": context,
+        "world_size": measured["world_size"],
+        "device": device,
+        "device_type": measured["device_type"],
+        "threads_per_process": threads if cpu else None,
+        "model_width": width,
+        "global_batch_size": measured["global_batch_size"],
+        "batch_size_per_rank": measured["batch_size_per_rank"],
+        "data": measured["data"],
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "accum_steps": args.accum_steps,
+        "plain": rows[0],
+        "groups": {
+            "precision": by_group.get("precision", []),
+            "accumulation": {"rows": by_group.get("accumulation", []), "equivalence": measured["equivalence"]},
+            "buckets": by_group.get("buckets", []),
+            "nccl": nccl,
+        },
+    }
 
 
 # ----------------------------------------------------------------------------- output
@@ -242,13 +290,17 @@ def _share(value: float | None) -> str:
 
 
 def _timed_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| lever | what | images/s | vs plain | step peak memory | activations | communication share | loss |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| lever | what | images/s | vs plain | step peak memory | activations | communication share | loss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         loss = "-" if r.get("loss") is None else f"{r['loss']:.4f}"
-        lines.append(f"| {r['label']} | {r['what']} | {r['samples_per_second']:.1f} | {r['ratio_to_plain']:.2f}x | "
-                     f"{_mib(r['step_memory_bytes'])} | {_mib(r['activation_bytes'])} | "
-                     f"{_share(r['communication_share'])} | {loss} |")
+        lines.append(
+            f"| {r['label']} | {r['what']} | {r['samples_per_second']:.1f} | {r['ratio_to_plain']:.2f}x | "
+            f"{_mib(r['step_memory_bytes'])} | {_mib(r['activation_bytes'])} | "
+            f"{_share(r['communication_share'])} | {loss} |"
+        )
     return lines
 
 
@@ -272,49 +324,69 @@ def render(result: dict[str, Any]) -> str:
     precision = "Precision: autocast over the plain fp32 step"
     if result["device_type"] != "cuda":
         precision += " (fp16 is a GPU path; on a CPU only bf16)"
-    sections = [(precision, g["precision"]),
-                ("Gradient accumulation: the same samples per optimizer step in micro-batches",
-                 g["accumulation"]["rows"]),
-                ("DDP gradient buckets" if result["world_size"] > 1 else
-                 "DDP gradient buckets (at world size 1 there is no DDP wrapper: these rows time the plain step "
-                 "again, so their spread is the noise of this run)", g["buckets"])]
+    sections = [
+        (precision, g["precision"]),
+        ("Gradient accumulation: the same samples per optimizer step in micro-batches", g["accumulation"]["rows"]),
+        (
+            "DDP gradient buckets"
+            if result["world_size"] > 1
+            else "DDP gradient buckets (at world size 1 there is no DDP wrapper: these rows time the plain step "
+            "again, so their spread is the noise of this run)",
+            g["buckets"],
+        ),
+    ]
     for title, rows in sections:
         lines += [f"{title}:", "", *_timed_table([plain, *rows]), ""]
         if rows is g["accumulation"]["rows"]:
             e = g["accumulation"]["equivalence"]
             difference = e["max_parameter_difference"]
             verdict = "the same up to rounding" if difference < EQUAL_BELOW else "NOT the same"
-            lines += [f"Accumulation against one batch: {e['accum_steps']} micro-batches of "
-                      f"{e['batch_size_per_rank'] // e['accum_steps']} and one batch of {e['batch_size_per_rank']} per "
-                      f"rank, {e['optimizer_steps']} optimizer steps in {e['dtype']} with {e['norm']} norm: largest "
-                      f"parameter difference {difference:.1e}, {verdict}", ""]
+            lines += [
+                f"Accumulation against one batch: {e['accum_steps']} micro-batches of "
+                f"{e['batch_size_per_rank'] // e['accum_steps']} and one batch of {e['batch_size_per_rank']} per "
+                f"rank, {e['optimizer_steps']} optimizer steps in {e['dtype']} with {e['norm']} norm: largest "
+                f"parameter difference {difference:.1e}, {verdict}",
+                "",
+            ]
     nccl = g["nccl"]
     if not nccl["applicable"]:
         lines += [f"NCCL settings: not measured: {nccl['reason']}.", ""]
     else:
-        sizes = next((r["busbw_by_size"] for r in nccl["rows"] if "busbw_by_size" in r), [])
-        lines += ["NCCL settings: all-reduce bus bandwidth (GB/s, out-of-place) under each variable:", "",
-                  "| setting | average busbw | vs default | "
-                  + " | ".join(f"{s['size'] // MIB} MiB" for s in sizes) + " |",
-                  "|---|---:|---:|" + "---:|" * len(sizes)]
+        sizes: list[dict[str, Any]] = next((r["busbw_by_size"] for r in nccl["rows"] if "busbw_by_size" in r), [])
+        lines += [
+            "NCCL settings: all-reduce bus bandwidth (GB/s, out-of-place) under each variable:",
+            "",
+            "| setting | average busbw | vs default | " + " | ".join(f"{s['size'] // MIB} MiB" for s in sizes) + " |",
+            "|---|---:|---:|" + "---:|" * len(sizes),
+        ]
         for r in nccl["rows"]:
             if "error" in r:
                 lines.append(f"| {r['label']} | {r['error']} | |" + " |" * len(sizes))
                 continue
             ratio = "-" if r.get("ratio_to_default") is None else f"{r['ratio_to_default']:.2f}x"
-            lines.append(f"| {r['label']} | {r['avg_busbw']:.1f} | {ratio} | "
-                         + " | ".join(f"{s['oop_busbw']:.1f}" for s in r["busbw_by_size"]) + " |")
+            lines.append(
+                f"| {r['label']} | {r['avg_busbw']:.1f} | {ratio} | "
+                + " | ".join(f"{s['oop_busbw']:.1f}" for s in r["busbw_by_size"])
+                + " |"
+            )
         lines.append("")
-    memory = ("step peak memory: CUDA's peak allocated during the variant's steps above what was resident when "
-              "they started" if result["device_type"] == "cuda" else
-              "step peak memory: '-' because the CPU allocator keeps no peak statistics")
-    comm = ("communication share = 1 - (the same step under no_sync) / (the step), each kind of compute against "
-            "its own no_sync twin" if result["world_size"] > 1 else "communication share: '-' at world size 1 "
-            "(no all-reduce)")
-    lines += [f"images/s: global batch / step time, the median over the rounds' blocks of the slowest rank's "
-              f"(a median, so one block disturbed by another process does not move a row); vs plain: images/s over "
-              f"plain's; "
-              f"{comm}; activations: bytes saved for backward by one forward of one micro-batch; {memory}; loss: "
-              f"mean training loss of the last block (every variant trains on the same batches from the same "
-              f"weights)"]
+    memory = (
+        "step peak memory: CUDA's peak allocated during the variant's steps above what was resident when they started"
+        if result["device_type"] == "cuda"
+        else "step peak memory: '-' because the CPU allocator keeps no peak statistics"
+    )
+    comm = (
+        "communication share = 1 - (the same step under no_sync) / (the step), each kind of compute against "
+        "its own no_sync twin"
+        if result["world_size"] > 1
+        else "communication share: '-' at world size 1 (no all-reduce)"
+    )
+    lines += [
+        f"images/s: global batch / step time, the median over the rounds' blocks of the slowest rank's "
+        f"(a median, so one block disturbed by another process does not move a row); vs plain: images/s over "
+        f"plain's; "
+        f"{comm}; activations: bytes saved for backward by one forward of one micro-batch; {memory}; loss: "
+        f"mean training loss of the last block (every variant trains on the same batches from the same "
+        f"weights)"
+    ]
     return "\n".join(lines)

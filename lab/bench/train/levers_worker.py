@@ -69,6 +69,7 @@ class Timed:
         def work() -> None:
             for _ in range(count):
                 self.trainer.accumulated_step(self.batches, self.accum, self.communicate)
+
         return work
 
 
@@ -125,17 +126,23 @@ def _equivalence(ctx, cfg: Config, dataset, accum: int, steps: int) -> dict[str,
         micro = [next(split_batches) for _ in range(accum)]
         # Both loaders cut the same shuffled order of this rank's shard, one in B, one in B/k: the k
         # micro-batches are the batch split in k. Checked, because the comparison means nothing otherwise.
-        if not (torch.equal(torch.cat([x for x, _ in micro]), inputs)
-                and torch.equal(torch.cat([y for _, y in micro]), labels)):
+        if not (
+            torch.equal(torch.cat([x for x, _ in micro]), inputs)
+            and torch.equal(torch.cat([y for _, y in micro]), labels)
+        ):
             raise RuntimeError("levers: the accumulating trainer's micro-batches are not the whole batch split")
         whole.train_step(inputs, labels)
         split.accumulated_step(iter(micro), accum)
     with torch.no_grad():
-        difference = max((a - b).abs().max().item() for a, b in zip(whole.model.parameters(),
-                                                                       split.model.parameters()))
-    return {"max_parameter_difference": max(dist.all_gather_object(ctx, difference)), "dtype": "float64",
-            "norm": "group", "accum_steps": accum, "batch_size_per_rank": whole.batch_size,
-            "optimizer_steps": steps}
+        difference = max((a - b).abs().max().item() for a, b in zip(whole.model.parameters(), split.model.parameters()))
+    return {
+        "max_parameter_difference": max(dist.all_gather_object(ctx, difference)),
+        "dtype": "float64",
+        "norm": "group",
+        "accum_steps": accum,
+        "batch_size_per_rank": whole.batch_size,
+        "optimizer_steps": steps,
+    }
 
 
 def worker(argv: list[str]) -> None:
@@ -150,6 +157,7 @@ def worker(argv: list[str]) -> None:
     job = jobs.this_job(argv)
     args = SimpleNamespace(**job.params)
     base = job.config
+    assert base is not None  # the parent (lab.bench.train.levers) hands its checked config down
     # Synthetic data for every step any trainer takes (warm-up, the rounds, the activation count, the
     # equivalence steps), so no epoch boundary falls inside a block.
     batches = max(args.warmup + args.rounds * args.steps + 2, args.equivalence_steps + 1)
@@ -160,8 +168,9 @@ def worker(argv: list[str]) -> None:
         dataset = data.load(cfg.data).to(ctx.device)
         chosen = variants(ctx.device.type, args.accum_steps)
         # Every rank builds the same trainers in the same order (DDP's constructor is a collective).
-        trainers = {v.label: Trainer(config.with_overrides(cfg, **merged(PLAIN, v.overrides)), ctx, dataset)
-                    for v in chosen}
+        trainers = {
+            v.label: Trainer(config.with_overrides(cfg, **merged(PLAIN, v.overrides)), ctx, dataset) for v in chosen
+        }
         entries = [Timed(v.label, trainers[v.label], trainers[v.label].plan.accumulation, True) for v in chosen]
         twins: dict[str, Timed] = {}
         if ctx.distributed:  # at world size 1 there is no all-reduce to leave out
@@ -181,31 +190,47 @@ def worker(argv: list[str]) -> None:
         for v, entry in zip(chosen, entries):
             blocks = _slowest_rank(ctx, entry, args.steps)
             step_seconds = statistics.median(blocks)
-            twin = twins.get(v.compute)
-            twin_seconds = statistics.median(_slowest_rank(ctx, twin, args.steps)) if twin else None
+            timed_twin = twins.get(v.compute)
+            twin_seconds = statistics.median(_slowest_rank(ctx, timed_twin, args.steps)) if timed_twin else None
             trainer = entry.trainer
-            rows.append({
-                "label": v.label, "group": v.group, "what": v.what, "step_seconds": step_seconds,
-                "block_step_seconds": blocks,
-                "samples_per_second": cfg.train.global_batch_size / step_seconds,
-                "no_sync_step_seconds": twin_seconds,
-                "communication_share": max(0.0, 1 - twin_seconds / step_seconds) if twin_seconds else None,
-                "peak_memory_bytes": max(dist.all_gather_object(ctx, entry.peak_bytes or 0)) or None,
-                "step_memory_bytes": max(dist.all_gather_object(ctx, entry.step_peak_bytes or 0)) or None,
-                "activation_bytes": _activations(trainer), "loss": entry.loss,
-                "autocast": str(trainer.amp_dtype).removeprefix("torch.") if trainer.amp_dtype else None,
-                "accum_steps": trainer.plan.accumulation, "micro_batch_per_rank": trainer.batch_size,
-                "bucket_cap_mb": trainer.cfg.dist.bucket_cap_mb,
-                "gradient_as_bucket_view": trainer.cfg.dist.gradient_as_bucket_view})
+            rows.append(
+                {
+                    "label": v.label,
+                    "group": v.group,
+                    "what": v.what,
+                    "step_seconds": step_seconds,
+                    "block_step_seconds": blocks,
+                    "samples_per_second": cfg.train.global_batch_size / step_seconds,
+                    "no_sync_step_seconds": twin_seconds,
+                    "communication_share": max(0.0, 1 - twin_seconds / step_seconds) if twin_seconds else None,
+                    "peak_memory_bytes": max(dist.all_gather_object(ctx, entry.peak_bytes or 0)) or None,
+                    "step_memory_bytes": max(dist.all_gather_object(ctx, entry.step_peak_bytes or 0)) or None,
+                    "activation_bytes": _activations(trainer),
+                    "loss": entry.loss,
+                    "autocast": str(trainer.amp_dtype).removeprefix("torch.") if trainer.amp_dtype else None,
+                    "accum_steps": trainer.plan.accumulation,
+                    "micro_batch_per_rank": trainer.batch_size,
+                    "bucket_cap_mb": trainer.cfg.dist.bucket_cap_mb,
+                    "gradient_as_bucket_view": trainer.cfg.dist.gradient_as_bucket_view,
+                }
+            )
         del trainers, entries, twins, everyone
         equivalence = _equivalence(ctx, cfg, dataset, args.accum_steps, args.equivalence_steps)
         if ctx.is_primary:
-            job.report(ctx.global_rank, {
-                "rows": rows, "equivalence": equivalence, "world_size": ctx.world_size,
-                "device": provenance.describe(ctx)["device_name"], "device_type": ctx.device.type,
-                "threads": torch.get_num_threads(), "data": dataset.description.split(" (")[0],
-                "global_batch_size": cfg.train.global_batch_size,
-                "batch_size_per_rank": cfg.train.global_batch_size // ctx.world_size})
+            job.report(
+                ctx.global_rank,
+                {
+                    "rows": rows,
+                    "equivalence": equivalence,
+                    "world_size": ctx.world_size,
+                    "device": provenance.describe(ctx)["device_name"],
+                    "device_type": ctx.device.type,
+                    "threads": torch.get_num_threads(),
+                    "data": dataset.description.split(" (")[0],
+                    "global_batch_size": cfg.train.global_batch_size,
+                    "batch_size_per_rank": cfg.train.global_batch_size // ctx.world_size,
+                },
+            )
 
 
 if __name__ == "__main__":

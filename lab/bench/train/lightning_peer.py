@@ -29,7 +29,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 
@@ -60,11 +60,22 @@ def bench_overrides(steps: int, warmup: int, global_batch: int, output_dir: str)
     >>> bench_overrides(50, 5, 128, "/tmp/x")[:3]
     ['data.source=synthetic', 'data.synthetic_train_size=6400', 'data.synthetic_test_size=64']
     """
-    return ["data.source=synthetic", f"data.synthetic_train_size={global_batch * steps}",
-            "data.synthetic_test_size=64", "train.epochs=1", f"train.max_steps={steps}", "train.stop_after_steps=0",
-            "train.grad_accum_steps=1", f"train.log_every={warmup}", "train.profile_steps=0",
-            "checkpoint.save=false", "checkpoint.every_steps=0", "checkpoint.resume=never",
-            f"run.output_dir={output_dir}", "metrics.port_base=0"]
+    return [
+        "data.source=synthetic",
+        f"data.synthetic_train_size={global_batch * steps}",
+        "data.synthetic_test_size=64",
+        "train.epochs=1",
+        f"train.max_steps={steps}",
+        "train.stop_after_steps=0",
+        "train.grad_accum_steps=1",
+        f"train.log_every={warmup}",
+        "train.profile_steps=0",
+        "checkpoint.save=false",
+        "checkpoint.every_steps=0",
+        "checkpoint.resume=never",
+        f"run.output_dir={output_dir}",
+        "metrics.port_base=0",
+    ]
 
 
 def default_warmup(steps: int) -> int:
@@ -79,8 +90,10 @@ def default_warmup(steps: int) -> int:
 def require_lightning() -> None:
     """Refuse in one line when Lightning is missing; found without importing it (that costs seconds)."""
     if importlib.util.find_spec("lightning") is None:
-        raise LabError(f"lab bench lightning needs the Python package lightning, which is not installed: "
-                       f"pip install lightning=={LIGHTNING_VERSION}")
+        raise LabError(
+            f"lab bench lightning needs the Python package lightning, which is not installed: "
+            f"pip install lightning=={LIGHTNING_VERSION}"
+        )
 
 
 def prepare(args: argparse.Namespace) -> Peer:
@@ -89,21 +102,33 @@ def prepare(args: argparse.Namespace) -> Peer:
     from lab.cluster import torchrun_env
 
     if torchrun_env.launched_by_torchrun():
-        raise LabError("lab bench lightning: already running under torchrun; run it without torchrun "
-                       "(it starts torchrun itself, --nproc-per-node N)")
+        raise LabError(
+            "lab bench lightning: already running under torchrun; run it without torchrun "
+            "(it starts torchrun itself, --nproc-per-node N)"
+        )
     warmup = default_warmup(args.steps) if args.warmup is None else args.warmup
     if warmup >= args.steps:
-        raise LabError(f"--warmup {warmup}: leaves none of --steps {args.steps} to time; use fewer warm-up "
-                       f"steps than --steps")
+        raise LabError(
+            f"--warmup {warmup}: leaves none of --steps {args.steps} to time; use fewer warm-up steps than --steps"
+        )
     name = args.config or "smoke"
     cfg = config.load(name, args.overrides)
     if cfg.dist.strategy != "ddp":
-        raise LabError(f"{cfg.origin}: dist.strategy: {cfg.dist.strategy} is not compared with Lightning; "
-                       f"lab bench lightning compares DDP (dist.strategy=ddp)")
+        raise LabError(
+            f"{cfg.origin}: dist.strategy: {cfg.dist.strategy} is not compared with Lightning; "
+            f"lab bench lightning compares DDP (dist.strategy=ddp)"
+        )
     config.check_layout(config.with_overrides(cfg, train={"grad_accum_steps": 1}), args.nproc_per_node)
     _check_devices(cfg, args.nproc_per_node)
-    return Peer(name, tuple(args.overrides), args.steps, warmup, args.nproc_per_node, cfg.train.global_batch_size,
-                args.lightning_ddp)
+    return Peer(
+        name,
+        tuple(args.overrides),
+        args.steps,
+        warmup,
+        args.nproc_per_node,
+        cfg.train.global_batch_size,
+        args.lightning_ddp,
+    )
 
 
 def _check_devices(cfg, nproc: int) -> None:
@@ -111,16 +136,18 @@ def _check_devices(cfg, nproc: int) -> None:
     import torch
 
     if cfg.dist.device != "cpu" and torch.cuda.is_available() and nproc > torch.cuda.device_count():
-        raise LabError(f"--nproc-per-node {nproc}: this node has {torch.cuda.device_count()} GPU(s); use at most "
-                       f"that many, or --set dist.device=cpu")
+        raise LabError(
+            f"--nproc-per-node {nproc}: this node has {torch.cuda.device_count()} GPU(s); use at most "
+            f"that many, or --set dist.device=cpu"
+        )
 
 
 # ----------------------------------------------------------------------------- the parent
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.training import runs
     from lab.bench.train import harness
+    from lab.training import runs
 
     require_lightning()
     peer = prepare(args)
@@ -130,8 +157,11 @@ def run(args: argparse.Namespace) -> int:
             folder = Path(tmp) / str(index)
             block = _run_lab(peer, folder) if lab_turn else _run_lightning(peer, folder)
             if block is None:
-                print(f"lab bench lightning: the {'lab' if lab_turn else 'Lightning'} run failed (its log is above)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"lab bench lightning: the {'lab' if lab_turn else 'Lightning'} run failed (its log is above)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return EXIT_FAILED
             blocks["lab" if lab_turn else "lightning"].append(block)
     result = summarize(peer, blocks["lab"], blocks["lightning"])
@@ -154,14 +184,20 @@ def _run_lab(peer: Peer, folder: Path) -> dict[str, Any] | None:
     from lab.training import runs
 
     run_id = runs.new_run_id("lightning-peer")
-    overrides = [*peer.overrides, *bench_overrides(peer.steps, peer.warmup, peer.global_batch, str(folder)),
-                 f"run.id={run_id}"]
+    overrides = [
+        *peer.overrides,
+        *bench_overrides(peer.steps, peer.warmup, peer.global_batch, str(folder)),
+        f"run.id={run_id}",
+    ]
     # as `lab train --nproc-per-node` starts it: the config checked here, the workers handed the resolved file
     if _torchrun(peer, runs.resolved_target(config.load(peer.config, overrides), peer.nproc)) != 0:
         return None
     run_path = folder / run_id
-    return {**lab_steady_state(runs.read_metrics(run_path), peer.warmup, peer.global_batch),
-            "run_id": run_id, "amp": runs.read_json(run_path / "manifest.json").get("amp")}
+    return {
+        **lab_steady_state(runs.read_metrics(run_path), peer.warmup, peer.global_batch),
+        "run_id": run_id,
+        "amp": runs.read_json(run_path / "manifest.json").get("amp"),
+    }
 
 
 def lab_steady_state(rows: list[dict[str, Any]], warmup: int, global_batch: int) -> dict[str, Any]:
@@ -183,8 +219,12 @@ def lab_steady_state(rows: list[dict[str, Any]], warmup: int, global_batch: int)
             loss += steps * row["loss"]
     if not timed or not warm:
         raise LabError(f"lab train logged no row after step {warmup}: its steady state cannot be measured")
-    return {"images_per_second": global_batch * timed / seconds, "seconds": seconds, "warmup_loss": warm[-1],
-            "timed_loss": loss / timed}
+    return {
+        "images_per_second": global_batch * timed / seconds,
+        "seconds": seconds,
+        "warmup_loss": warm[-1],
+        "timed_loss": loss / timed,
+    }
 
 
 def _run_lightning(peer: Peer, folder: Path) -> dict[str, Any] | None:
@@ -193,9 +233,13 @@ def _run_lightning(peer: Peer, folder: Path) -> dict[str, Any] | None:
     from lab.cluster import jobs
 
     overrides = [*peer.overrides, *bench_overrides(peer.steps, peer.warmup, peer.global_batch, str(folder))]
-    job = jobs.Job("lab.bench.train.lightning_peer", peer.nproc, config=config.load(peer.config, overrides),
-                   params={"steps": peer.steps, "warmup": peer.warmup, "lightning_ddp": peer.lightning_ddp},
-                   reports=1)
+    job = jobs.Job(
+        "lab.bench.train.lightning_peer",
+        peer.nproc,
+        config=config.load(peer.config, overrides),
+        params={"steps": peer.steps, "warmup": peer.warmup, "lightning_ddp": peer.lightning_ddp},
+        reports=1,
+    )
     try:
         return jobs.run(job)[0]
     except jobs.JobFailed as exc:
@@ -214,31 +258,60 @@ def summarize(peer: Peer, lab: list[dict[str, Any]], lightning: list[dict[str, A
     lab_ips = statistics.median(b["images_per_second"] for b in lab)
     lightning_ips = statistics.median(b["images_per_second"] for b in lightning)
     first = lightning[0]
-    return {"benchmark": "lightning", "config": peer.config, "overrides": list(peer.overrides), "steps": peer.steps,
-            "warmup_steps": peer.warmup, "timed_steps": peer.timed_steps, "global_batch_size": peer.global_batch,
-            "nproc_per_node": peer.nproc, "world_size": first.get("world_size", peer.nproc),
-            "batch_size_per_rank": first.get("batch_size_per_rank"), "rounds": len(lab),
-            "precision": first.get("precision"), "lab_amp": lab[0].get("amp"), "device": first.get("device"),
-            "threads_per_process": first.get("threads"), "model": first.get("model"),
-            "optimizer": first.get("optimizer"), "data": first.get("data"),
-            "lightning_ddp": peer.lightning_ddp, "lightning_strategy": first.get("strategy"),
-            "lightning_version": first.get("lightning_version"), "torch_version": first.get("torch_version"),
-            "lab_images_per_second": lab_ips, "lightning_images_per_second": lightning_ips,
-            "ratio_lab_over_lightning": lab_ips / lightning_ips, "lab_blocks": lab, "lightning_blocks": lightning}
+    return {
+        "benchmark": "lightning",
+        "config": peer.config,
+        "overrides": list(peer.overrides),
+        "steps": peer.steps,
+        "warmup_steps": peer.warmup,
+        "timed_steps": peer.timed_steps,
+        "global_batch_size": peer.global_batch,
+        "nproc_per_node": peer.nproc,
+        "world_size": first.get("world_size", peer.nproc),
+        "batch_size_per_rank": first.get("batch_size_per_rank"),
+        "rounds": len(lab),
+        "precision": first.get("precision"),
+        "lab_amp": lab[0].get("amp"),
+        "device": first.get("device"),
+        "threads_per_process": first.get("threads"),
+        "model": first.get("model"),
+        "optimizer": first.get("optimizer"),
+        "data": first.get("data"),
+        "lightning_ddp": peer.lightning_ddp,
+        "lightning_strategy": first.get("strategy"),
+        "lightning_version": first.get("lightning_version"),
+        "torch_version": first.get("torch_version"),
+        "lab_images_per_second": lab_ips,
+        "lightning_images_per_second": lightning_ips,
+        "ratio_lab_over_lightning": lab_ips / lightning_ips,
+        "lab_blocks": lab,
+        "lightning_blocks": lightning,
+    }
 
 
 def render(r: dict[str, Any]) -> str:
-    lines = [f"ResNet-18 width {(r['model'] or {}).get('width')}, {r['data']}, global batch {r['global_batch_size']} "
-             f"on {r['world_size']} process(es) x {r['threads_per_process']} thread(s), {r['device']}, "
-             f"precision {r['precision']} (lab amp {r['lab_amp']}); {r['steps']} steps, the first "
-             f"{r['warmup_steps']} left out of the timing on both sides.", "",
-             "| trainer | images/s | warm-up loss | timed loss |", "|---|---:|---:|---:|"]
-    for label, key in (("lab (lab train)", "lab_blocks"),
-                       (f"Lightning {r['lightning_version']} Trainer ({r['lightning_strategy']})", "lightning_blocks")):
-        lines += [f"| {label} | {b['images_per_second']:.1f} | {b['warmup_loss']:.4f} | {b['timed_loss']:.4f} |"
-                  for b in r[key]]
-    lines += ["", f"lab / Lightning images/s: {r['ratio_lab_over_lightning']:.3f}"
-                  + (f" (medians of {r['rounds']} rounds, ABBA order)" if r["rounds"] > 1 else "")]
+    lines = [
+        f"ResNet-18 width {(r['model'] or {}).get('width')}, {r['data']}, global batch {r['global_batch_size']} "
+        f"on {r['world_size']} process(es) x {r['threads_per_process']} thread(s), {r['device']}, "
+        f"precision {r['precision']} (lab amp {r['lab_amp']}); {r['steps']} steps, the first "
+        f"{r['warmup_steps']} left out of the timing on both sides.",
+        "",
+        "| trainer | images/s | warm-up loss | timed loss |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, key in (
+        ("lab (lab train)", "lab_blocks"),
+        (f"Lightning {r['lightning_version']} Trainer ({r['lightning_strategy']})", "lightning_blocks"),
+    ):
+        lines += [
+            f"| {label} | {b['images_per_second']:.1f} | {b['warmup_loss']:.4f} | {b['timed_loss']:.4f} |"
+            for b in r[key]
+        ]
+    lines += [
+        "",
+        f"lab / Lightning images/s: {r['ratio_lab_over_lightning']:.3f}"
+        + (f" (medians of {r['rounds']} rounds, ABBA order)" if r["rounds"] > 1 else ""),
+    ]
     return "\n".join(lines)
 
 
@@ -249,8 +322,9 @@ def worker(argv: list[str]) -> None:
     from lab.cluster import jobs
 
     job = jobs.this_job(argv)
-    result = train_with_lightning(job.config, job.params["steps"], job.params["warmup"], job.params["lightning_ddp"],
-                                  job.folder)
+    result = train_with_lightning(
+        job.config, job.params["steps"], job.params["warmup"], job.params["lightning_ddp"], job.folder
+    )
     if result is not None:
         job.report(0, result)
 
@@ -265,11 +339,10 @@ def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: 
     # Lightning 2.6.6 calls a torch pytree API that newer torch deprecates: one line per rank, nothing to act on.
     warnings.filterwarnings("ignore", message=r".*LeafSpec.* is deprecated")
 
-    from lab.cluster import cores, dist, torchrun_env
-
     from lab import data
-
-    from lab.training import model as models, optim
+    from lab.cluster import cores, dist, torchrun_env
+    from lab.training import model as models
+    from lab.training import optim
     from lab.training.plan import plan_steps
 
     layout = torchrun_env.layout()
@@ -285,34 +358,75 @@ def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: 
     dataset = data.load(cfg.data).to(device)
     plan = plan_steps(cfg, layout.world_size, len(dataset.train_labels))
     loader = data.DeviceLoader(
-        dataset.train_images, dataset.train_labels, world_size=layout.world_size, rank=layout.global_rank,
-        batch_size=plan.batch_per_rank, seed=cfg.run.seed, shuffle=cfg.data.shuffle, uneven=cfg.data.uneven,
-        augment=cfg.data.augment, dtype=dtype, channels_last=cfg.model.channels_last, keep_partial=plan.join)
+        dataset.train_images,
+        dataset.train_labels,
+        world_size=layout.world_size,
+        rank=layout.global_rank,
+        batch_size=plan.batch_per_rank,
+        seed=cfg.run.seed,
+        shuffle=cfg.data.shuffle,
+        uneven=cfg.data.uneven,
+        augment=cfg.data.augment,
+        dtype=dtype,
+        channels_last=cfg.model.channels_last,
+        keep_partial=plan.join,
+    )
     clock = _clock(lightning, device, warmup, steps)
     trainer = lightning.Trainer(
-        accelerator="gpu" if device.type == "cuda" else "cpu", devices=layout.local_world_size,
-        num_nodes=layout.world_size // layout.local_world_size, strategy=_strategy(lightning, cfg, layout, ddp_settings),
-        precision=precision(amp, dtype), max_steps=steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-        deterministic=cfg.run.deterministic, benchmark=not cfg.run.deterministic,  # as lab.training.trainer.set_determinism
-        sync_batchnorm=cfg.model.sync_batchnorm and layout.world_size > 1, use_distributed_sampler=False,
-        callbacks=[clock], default_root_dir=str(root))
+        accelerator="gpu" if device.type == "cuda" else "cpu",
+        devices=layout.local_world_size,
+        num_nodes=layout.world_size // layout.local_world_size,
+        strategy=_strategy(lightning, cfg, layout, ddp_settings),
+        precision=precision(amp, dtype),
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        deterministic=cfg.run.deterministic,
+        benchmark=not cfg.run.deterministic,  # as lab.training.trainer.set_determinism
+        sync_batchnorm=cfg.model.sync_batchnorm and layout.world_size > 1,
+        use_distributed_sampler=False,
+        callbacks=[clock],
+        default_root_dir=str(root),
+    )
     trainer.fit(_module(lightning, net, cfg, steps), train_dataloaders=_Forever(loader))
     measured = clock.result(cfg.train.global_batch_size)  # every rank: it may reduce over them
     _leave_process_group()
     if layout.global_rank != 0:
         return None
-    return {**measured, "precision": precision(amp, dtype),
-            "world_size": layout.world_size, "batch_size_per_rank": plan.batch_per_rank,
-            "threads": torch.get_num_threads(), "device": _device_name(device),
-            "strategy": type(trainer.strategy).__name__, "lightning_version": lightning.__version__,
-            "torch_version": torch.__version__, "data": dataset.description.split(" (")[0],
-            "model": {"arch": cfg.model.arch, "width": cfg.model.width, "norm": cfg.model.norm,
-                      "dtype": cfg.model.dtype, "channels_last": cfg.model.channels_last,
-                      "compile": cfg.model.compile, "augment": cfg.data.augment},
-            "optimizer": {"name": "SGD", "lr": cfg.train.lr, "momentum": cfg.train.momentum,
-                          "nesterov": cfg.train.nesterov, "weight_decay": cfg.train.weight_decay,
-                          "schedule": cfg.train.schedule, "warmup_steps": cfg.train.warmup_steps}}
+    return {
+        **measured,
+        "precision": precision(amp, dtype),
+        "world_size": layout.world_size,
+        "batch_size_per_rank": plan.batch_per_rank,
+        "threads": torch.get_num_threads(),
+        "device": _device_name(device),
+        "strategy": type(trainer.strategy).__name__,
+        "lightning_version": lightning.__version__,
+        "torch_version": torch.__version__,
+        "data": dataset.description.split(" (")[0],
+        "model": {
+            "arch": cfg.model.arch,
+            "width": cfg.model.width,
+            "norm": cfg.model.norm,
+            "dtype": cfg.model.dtype,
+            "channels_last": cfg.model.channels_last,
+            "compile": cfg.model.compile,
+            "augment": cfg.data.augment,
+        },
+        "optimizer": {
+            "name": "SGD",
+            "lr": cfg.train.lr,
+            "momentum": cfg.train.momentum,
+            "nesterov": cfg.train.nesterov,
+            "weight_decay": cfg.train.weight_decay,
+            "schedule": cfg.train.schedule,
+            "warmup_steps": cfg.train.warmup_steps,
+        },
+    }
 
 
 def _leave_process_group() -> None:
@@ -327,7 +441,7 @@ def _leave_process_group() -> None:
         tdist.destroy_process_group()
 
 
-def precision(amp, dtype) -> str:
+def precision(amp, dtype) -> Literal["bf16-mixed", "16-mixed", "64-true", "32-true"]:
     """Lightning's name for the lab's resolved precision.
 
     >>> import torch
@@ -351,12 +465,21 @@ def _strategy(lightning, cfg, layout, ddp_settings: str):
     from lab import compat
 
     d = cfg.dist
-    knobs = {} if ddp_settings == "default" else {
-        "bucket_cap_mb": d.bucket_cap_mb, "gradient_as_bucket_view": d.gradient_as_bucket_view,
-        "static_graph": d.static_graph, **compat.ddp_buffer_sync(d.broadcast_buffers)}
+    knobs = (
+        {}
+        if ddp_settings == "default"
+        else {
+            "bucket_cap_mb": d.bucket_cap_mb,
+            "gradient_as_bucket_view": d.gradient_as_bucket_view,
+            "static_graph": d.static_graph,
+            **compat.ddp_buffer_sync(d.broadcast_buffers),
+        }
+    )
     return lightning.pytorch.strategies.DDPStrategy(
         process_group_backend=None if d.backend == "auto" else d.backend,
-        timeout=datetime.timedelta(seconds=d.timeout_seconds), **knobs)
+        timeout=datetime.timedelta(seconds=d.timeout_seconds),
+        **knobs,
+    )
 
 
 class _Forever:
@@ -406,7 +529,8 @@ def _clock(lightning, device, warmup: int, steps: int):
     class Clock(lightning.Callback):
         def __init__(self) -> None:
             self.losses = torch.zeros(2, dtype=torch.float64, device=device)  # warm-up, timed
-            self.started = self.stopped = None
+            self.started: float | None = None  # the clock after the warm-up's last step
+            self.stopped: float | None = None  # and after the last
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
             step = trainer.global_step  # optimizer steps done, this one included
@@ -427,9 +551,14 @@ def _clock(lightning, device, warmup: int, steps: int):
                 torch.distributed.all_reduce(losses)
                 losses = losses / torch.distributed.get_world_size()
             warm, timed = losses.tolist()
+            assert self.started is not None and self.stopped is not None  # fit ran every step
             seconds = self.stopped - self.started
-            return {"images_per_second": global_batch * (steps - warmup) / seconds, "seconds": seconds,
-                    "warmup_loss": warm / warmup, "timed_loss": timed / (steps - warmup)}
+            return {
+                "images_per_second": global_batch * (steps - warmup) / seconds,
+                "seconds": seconds,
+                "warmup_loss": warm / warmup,
+                "timed_loss": timed / (steps - warmup),
+            }
 
     return Clock()
 

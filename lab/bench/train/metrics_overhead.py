@@ -19,15 +19,17 @@ from typing import Any
 
 def run(args) -> int:
     from lab import config
+    from lab.bench.train import harness
     from lab.observability import metrics
     from lab.training import runs
-    from lab.bench.train import harness
 
     cfg = config.load(args.config or "smoke", args.overrides)
     cfg = config.with_overrides(cfg, data={"source": "synthetic"}, metrics={"port_base": 0})
     with harness.trainer_session(cfg) as (ctx, trainer, _):
-        exporter = metrics.RankExporter(0, "127.0.0.1", {"run_id": "overhead", "rank": "0", "node": "local"},
-                                        ctx.device, {"lab_version": "bench"})
+        exporter = metrics.RankExporter(
+            0, "127.0.0.1", {"run_id": "overhead", "rank": "0", "node": "local"}, ctx.device, {"lab_version": "bench"}
+        )
+        assert exporter.endpoint is not None  # a RankExporter serves from its constructor on
         scraper = _Scraper(exporter.endpoint, args.scrape_interval)
         batches = trainer.train_loader.forever()
 
@@ -43,7 +45,8 @@ def run(args) -> int:
             return harness.timed(ctx, train)
 
         block(False)  # warm-up
-        on, off = [], []
+        on: list[float] = []
+        off: list[float] = []
         for exporter_on in harness.abba(args.rounds):
             (on if exporter_on else off).append(block(exporter_on))
         scraper.stop()
@@ -57,18 +60,30 @@ def run(args) -> int:
 
 def summarize(on: list[float], off: list[float], args, scrapes: int, failures: int) -> dict[str, Any]:
     ratio = statistics.mean(on) / statistics.mean(off)
-    return {"benchmark": "metrics-overhead", "rounds": args.rounds, "steps_per_block": args.steps,
-            "scrape_interval_seconds": args.scrape_interval, "block_seconds_on": on, "block_seconds_off": off,
-            "ratio_on_over_off": ratio, "overhead": ratio - 1, "scrapes": scrapes, "scrape_failures": failures,
-            "goal_met": ratio <= 1.01}
+    return {
+        "benchmark": "metrics-overhead",
+        "rounds": args.rounds,
+        "steps_per_block": args.steps,
+        "scrape_interval_seconds": args.scrape_interval,
+        "block_seconds_on": on,
+        "block_seconds_off": off,
+        "ratio_on_over_off": ratio,
+        "overhead": ratio - 1,
+        "scrapes": scrapes,
+        "scrape_failures": failures,
+        "goal_met": ratio <= 1.01,
+    }
 
 
 def render(r: dict[str, Any]) -> str:
     lines = ["| block | exporter on (s) | exporter off (s) |", "|---:|---:|---:|"]
-    lines += [f"| {i} | {a:.3f} | {b:.3f} |" for i, (a, b) in enumerate(zip(r["block_seconds_on"],
-                                                                              r["block_seconds_off"]), 1)]
-    lines.append(f"exporter on / off: {r['ratio_on_over_off']:.4f} (overhead {r['overhead']:+.2%}; goal <= +1%: "
-                 f"{'met' if r['goal_met'] else 'missed'}); {r['scrapes']} scrapes, {r['scrape_failures']} failed")
+    lines += [
+        f"| {i} | {a:.3f} | {b:.3f} |" for i, (a, b) in enumerate(zip(r["block_seconds_on"], r["block_seconds_off"]), 1)
+    ]
+    lines.append(
+        f"exporter on / off: {r['ratio_on_over_off']:.4f} (overhead {r['overhead']:+.2%}; goal <= +1%: "
+        f"{'met' if r['goal_met'] else 'missed'}); {r['scrapes']} scrapes, {r['scrape_failures']} failed"
+    )
     return "\n".join(lines)
 
 

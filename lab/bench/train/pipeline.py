@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 
 class _PilDataset:
@@ -43,32 +43,53 @@ def torchvision_loader(images, labels, batch_size: int, num_workers: int, pin_me
 
     from lab.data.augment import MEAN, STD
 
-    transform = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(),
-                                    transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+    transform = transforms.Compose(
+        [
+            transforms.RandomCrop(32, padding=4),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(MEAN, STD),
+        ]
+    )
     return torch.utils.data.DataLoader(
-        _PilDataset(images, labels, transform), batch_size=batch_size, shuffle=True, drop_last=True,
-        num_workers=num_workers, pin_memory=pin_memory, persistent_workers=num_workers > 0,
-        generator=torch.Generator().manual_seed(seed))
+        # map-style by protocol (__len__, __getitem__): the DataLoader needs no Dataset subclass, its stubs do
+        cast("torch.utils.data.Dataset[Any]", _PilDataset(images, labels, transform)),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def run(args) -> int:
     import torch
 
     from lab import config
-
-    from lab.training import runs
     from lab.bench.train import harness
+    from lab.training import runs
 
-    cfg = harness.synthetic_config(config.load(args.config or "workshop-cpu", args.overrides), args.batch_size,
-                                   batches=(args.batches + 1) * 2)
+    cfg = harness.synthetic_config(
+        config.load(args.config or "workshop-cpu", args.overrides), args.batch_size, batches=(args.batches + 1) * 2
+    )
     with harness.trainer_session(cfg) as (ctx, trainer, dataset):
         # The same images for both paths; the DataLoader path starts from the host, as it would from disk.
-        tv_loader = torchvision_loader(dataset.train_images.cpu(), dataset.train_labels.cpu(), args.batch_size,
-                                       args.num_workers, ctx.device.type == "cuda", cfg.run.seed)
+        tv_loader = torchvision_loader(
+            dataset.train_images.cpu(),
+            dataset.train_labels.cpu(),
+            args.batch_size,
+            args.num_workers,
+            ctx.device.type == "cuda",
+            cfg.run.seed,
+        )
         device, dtype = ctx.device, trainer.dtype
         memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-        streams = {"lab": trainer.train_loader.forever(),
-                   "torchvision": itertools.chain.from_iterable(itertools.repeat(tv_loader))}
+        streams = {
+            "lab": trainer.train_loader.forever(),
+            "torchvision": itertools.chain.from_iterable(itertools.repeat(tv_loader)),
+        }
 
         def next_batch(path: str):
             inputs, labels = next(streams[path])
@@ -106,25 +127,34 @@ def run(args) -> int:
 
 def summarize(samples: dict[str, list[float]], args, device: str) -> dict[str, Any]:
     median = {k: statistics.median(v) for k, v in samples.items()}
-    return {"benchmark": "pipeline", "device": device, "batch_size": args.batch_size,
-            "num_workers": args.num_workers, "batches_per_block": args.batches, "rounds": args.rounds,
-            "images_per_second": samples, "median_images_per_second": median,
-            "data_ratio_lab_over_torchvision": median["lab_data"] / median["torchvision_data"],
-            "train_ratio_lab_over_torchvision": median["lab_train"] / median["torchvision_train"],
-            "goal_data_ratio": 10.0}
+    return {
+        "benchmark": "pipeline",
+        "device": device,
+        "batch_size": args.batch_size,
+        "num_workers": args.num_workers,
+        "batches_per_block": args.batches,
+        "rounds": args.rounds,
+        "images_per_second": samples,
+        "median_images_per_second": median,
+        "data_ratio_lab_over_torchvision": median["lab_data"] / median["torchvision_data"],
+        "train_ratio_lab_over_torchvision": median["lab_train"] / median["torchvision_train"],
+        "goal_data_ratio": 10.0,
+    }
 
 
 def render(r: dict[str, Any]) -> str:
     m = r["median_images_per_second"]
-    return "\n".join([
-        f"data pipelines on {r['device']}, batch {r['batch_size']}, DataLoader workers {r['num_workers']}, "
-        f"median of {r['rounds']} interleaved blocks of {r['batches_per_block']} batches",
-        "| path | lab (images/s) | torchvision DataLoader (images/s) | lab / torchvision |",
-        "|---|---:|---:|---:|",
-        f"| data path alone | {m['lab_data']:.0f} | {m['torchvision_data']:.0f} | "
-        f"{r['data_ratio_lab_over_torchvision']:.1f}x |",
-        f"| full training step | {m['lab_train']:.0f} | {m['torchvision_train']:.0f} | "
-        f"{r['train_ratio_lab_over_torchvision']:.2f}x |",
-        f"goal: data path >= {r['goal_data_ratio']:.0f}x: "
-        f"{'met' if r['data_ratio_lab_over_torchvision'] >= r['goal_data_ratio'] else 'missed'}",
-    ])
+    return "\n".join(
+        [
+            f"data pipelines on {r['device']}, batch {r['batch_size']}, DataLoader workers {r['num_workers']}, "
+            f"median of {r['rounds']} interleaved blocks of {r['batches_per_block']} batches",
+            "| path | lab (images/s) | torchvision DataLoader (images/s) | lab / torchvision |",
+            "|---|---:|---:|---:|",
+            f"| data path alone | {m['lab_data']:.0f} | {m['torchvision_data']:.0f} | "
+            f"{r['data_ratio_lab_over_torchvision']:.1f}x |",
+            f"| full training step | {m['lab_train']:.0f} | {m['torchvision_train']:.0f} | "
+            f"{r['train_ratio_lab_over_torchvision']:.2f}x |",
+            f"goal: data path >= {r['goal_data_ratio']:.0f}x: "
+            f"{'met' if r['data_ratio_lab_over_torchvision'] >= r['goal_data_ratio'] else 'missed'}",
+        ]
+    )

@@ -42,8 +42,15 @@ def derive(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         n = r["world_size"]
         speedup = r["samples_per_second"] / base
         karp = (1 / speedup - 1 / n) / (1 - 1 / n) if n > 1 else None
-        out.append({**r, "speedup": round(speedup, 12), "efficiency": round(speedup / n, 12),
-                    "karp_flatt": round(karp, 12) if karp is not None else None, "breakdown": breakdown(r)})
+        out.append(
+            {
+                **r,
+                "speedup": round(speedup, 12),
+                "efficiency": round(speedup / n, 12),
+                "karp_flatt": round(karp, 12) if karp is not None else None,
+                "breakdown": breakdown(r),
+            }
+        )
     return out
 
 
@@ -65,9 +72,11 @@ def breakdown(row: dict[str, Any]) -> dict[str, float] | None:
         return None
     without_communication = min(row.get("no_sync_step_seconds") or row["step_seconds"], row["step_seconds"])
     compute = min(compute, without_communication)  # the parts add up to the step
-    return {"compute_seconds": compute,
-            "other_seconds": round(max(0.0, without_communication - compute), 12),
-            "exposed_communication_seconds": round(max(0.0, row["step_seconds"] - without_communication), 12)}
+    return {
+        "compute_seconds": compute,
+        "other_seconds": round(max(0.0, without_communication - compute), 12),
+        "exposed_communication_seconds": round(max(0.0, row["step_seconds"] - without_communication), 12),
+    }
 
 
 def fit(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
@@ -80,31 +89,42 @@ def fit(rows: list[dict[str, Any]], mode: str) -> dict[str, Any] | None:
     return law(speedups).as_dict()
 
 
-def render(rows: list[dict[str, Any]], mode: str, context: str, fitted: dict[str, Any] | None = None,
-           note: str | None = None) -> str:
+def render(
+    rows: list[dict[str, Any]], mode: str, context: str, fitted: dict[str, Any] | None = None, note: str | None = None
+) -> str:
     """The table, then (blank-line separated, so Markdown keeps them out of the table) the fit, the step
     breakdown at the largest N and `note`."""
-    lines = [f"{mode.capitalize()} scaling: {context}.", "",
-             "| world size | global batch | images/s | images/s per rank | speedup | efficiency | Karp-Flatt e "
-             "| communication share |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{mode.capitalize()} scaling: {context}.",
+        "",
+        "| world size | global batch | images/s | images/s per rank | speedup | efficiency | Karp-Flatt e "
+        "| communication share |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         karp = "-" if r["karp_flatt"] is None else f"{r['karp_flatt']:.3f}"
         comm = "-" if r["communication_share"] is None else f"{r['communication_share']:.1%}"
-        lines.append(f"| {r['world_size']} | {r['global_batch_size']} | {r['samples_per_second']:.1f} | "
-                     f"{r['samples_per_second'] / r['world_size']:.1f} | {r['speedup']:.2f} | "
-                     f"{r['efficiency']:.1%} | {karp} | {comm} |")
-    lines += ["", "communication share = 1 - (step time under no_sync) / (step time with the all-reduce), "
-              "interleaved blocks."]
+        lines.append(
+            f"| {r['world_size']} | {r['global_batch_size']} | {r['samples_per_second']:.1f} | "
+            f"{r['samples_per_second'] / r['world_size']:.1f} | {r['speedup']:.2f} | "
+            f"{r['efficiency']:.1%} | {karp} | {comm} |"
+        )
+    lines += [
+        "",
+        "communication share = 1 - (step time under no_sync) / (step time with the all-reduce), interleaved blocks.",
+    ]
     if fitted:
         lines += ["", describe_fit(fitted)]
     # the largest world size with cores of its own: past them the split measures turn-taking
     largest = next((r for r in reversed(rows) if not r.get("oversubscribed")), rows[-1])
     if largest.get("breakdown"):
         b = largest["breakdown"]
-        lines += ["", f"A step at N = {largest['world_size']}: forward + backward {b['compute_seconds'] * 1e3:.1f} ms, "
-                      f"optimizer and the rest {b['other_seconds'] * 1e3:.1f} ms, exposed communication "
-                      f"{b['exposed_communication_seconds'] * 1e3:.1f} ms (of {largest['step_seconds'] * 1e3:.1f} ms)."]
+        lines += [
+            "",
+            f"A step at N = {largest['world_size']}: forward + backward {b['compute_seconds'] * 1e3:.1f} ms, "
+            f"optimizer and the rest {b['other_seconds'] * 1e3:.1f} ms, exposed communication "
+            f"{b['exposed_communication_seconds'] * 1e3:.1f} ms (of {largest['step_seconds'] * 1e3:.1f} ms).",
+        ]
     if note:
         lines += ["", note]
     return "\n".join(lines)
@@ -121,9 +141,11 @@ def describe_fit(fitted: dict[str, Any]) -> str:
     # JSON keys are text (and written sorted): order them as numbers
     projection = sorted(fitted["projection"].items(), key=lambda item: int(item[0]))
     projected = ", ".join(f"{n}: {p['speedup']:.1f}x ({p['efficiency']:.0%})" for n, p in projection)
-    text = (f"{law.capitalize()}'s law fitted (least squares) to the measured speedups: serial fraction "
-            f"s = {s:.3f}, root-mean-square residual {fitted['residual_rms']:.3f} over {fitted['points']} world sizes. "
-            f"Projected speedup (efficiency) at {projected}")
+    text = (
+        f"{law.capitalize()}'s law fitted (least squares) to the measured speedups: serial fraction "
+        f"s = {s:.3f}, root-mean-square residual {fitted['residual_rms']:.3f} over {fitted['points']} world sizes. "
+        f"Projected speedup (efficiency) at {projected}"
+    )
     if law == "amdahl":
         return text + (f"; at most 1/s = {1 / s:.1f}x." if s > 0 else "; no serial part measured.")
     return text + "; weak scaling grows the problem with N, so there is no ceiling."
@@ -164,18 +186,29 @@ def run(args) -> int:
             print(f"scaling: world size {n} failed: {exc}", file=sys.stderr)
             return 1
     available = cores.available()
-    rows = [{**r, "oversubscribed": r["device"] == "cpu" and r["world_size"] * threads > available}
-            for r in derive(results)]
+    rows = [
+        {**r, "oversubscribed": r["device"] == "cpu" and r["world_size"] * threads > available} for r in derive(results)
+    ]
     fitted = fit(rows, args.mode)
     device = results[0]["device"]
-    context = (f"{results[0]['data']}, ResNet-18 width {cfg.model.width}, {device}, "
-               f"{threads} thread(s) per process" if device == "cpu" else
-               f"{results[0]['data']}, ResNet-18 width {cfg.model.width}, {device}")
+    context = (
+        f"{results[0]['data']}, ResNet-18 width {cfg.model.width}, {device}, {threads} thread(s) per process"
+        if device == "cpu"
+        else f"{results[0]['data']}, ResNet-18 width {cfg.model.width}, {device}"
+    )
     note = oversubscription_note(sizes[-1], threads, available) if device == "cpu" else None
     print(render(rows, args.mode, context, fitted, note), flush=True)
-    result = {"benchmark": "scaling", "mode": args.mode, "rows": rows, "context": context, "note": note,
-              "threads_per_process": threads, "steps": args.steps, "warmup": args.warmup,
-              **({fitted["law"]: fitted} if fitted else {})}
+    result = {
+        "benchmark": "scaling",
+        "mode": args.mode,
+        "rows": rows,
+        "context": context,
+        "note": note,
+        "threads_per_process": threads,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        **({fitted["law"]: fitted} if fitted else {}),
+    }
     if args.json:
         runs.write_json(args.json, result)
     if args.pushgateway:
@@ -198,17 +231,19 @@ def oversubscription_note(largest: int, threads: int, available: int) -> str | N
     """
     if largest * threads <= available:
         return None
-    return (f"{largest} processes x {threads} thread(s) need {largest * threads} cores; this machine gives "
-            f"{available}, so beyond {max(1, available // threads)} processes they take turns on the same "
-            f"cores: measured and shown, but left out of the fit (each law assumes a processor per worker). "
-            f"On GPUs every rank has its own device.")
+    return (
+        f"{largest} processes x {threads} thread(s) need {largest * threads} cores; this machine gives "
+        f"{available}, so beyond {max(1, available // threads)} processes they take turns on the same "
+        f"cores: measured and shown, but left out of the fit (each law assumes a processor per worker). "
+        f"On GPUs every rank has its own device."
+    )
 
 
 def world_sizes(largest: int) -> list[int]:
     """1, 2, 4, ... up to `largest`, and `largest` itself: the doublings a scaling law is read from."""
     if largest < 1:
         raise LabError(f"--max-world-size {largest}: need at least 1")
-    sizes = [n for n in (2 ** k for k in range(largest.bit_length())) if n <= largest]
+    sizes = [n for n in (2**k for k in range(largest.bit_length())) if n <= largest]
     return sizes if sizes[-1] == largest else [*sizes, largest]
 
 
@@ -227,6 +262,7 @@ def worker(argv: list[str]) -> None:
 
     job = jobs.this_job(argv)
     steps, warmup, global_batch = job.params["steps"], job.params["warmup"], job.params["global_batch"]
+    assert job.config is not None  # the parent hands its checked config down
     # Synthetic data sized for the steps, so no epoch boundary interrupts a block.
     cfg = harness.synthetic_config(job.config, global_batch, batches=2 * steps + warmup + 1)
     with harness.trainer_session(cfg) as (ctx, trainer, dataset):
@@ -249,8 +285,11 @@ def worker(argv: list[str]) -> None:
         quarter = max(1, steps // 4)
         # Mirror order (A B C C B A): a drift of the machine over the blocks falls on every kind alike.
         # At world size 1 there is no all-reduce to leave out, so no no_sync blocks.
-        order = [("step", quarter), ("no_sync", quarter), ("compute", quarter)] if ctx.distributed else \
-                [("step", max(1, steps // 2)), ("compute", quarter)]
+        order = (
+            [("step", quarter), ("no_sync", quarter), ("compute", quarter)]
+            if ctx.distributed
+            else [("step", max(1, steps // 2)), ("compute", quarter)]
+        )
         seconds: dict[str, float] = {}
         counted: dict[str, int] = {}
         for kind, steps in [*order, *reversed(order)]:
@@ -260,14 +299,23 @@ def worker(argv: list[str]) -> None:
         per_step = {kind: max(dist.all_gather_object(ctx, seconds[kind] / counted[kind])) for kind in seconds}
         step_seconds, no_sync_seconds = per_step["step"], per_step.get("no_sync")
         if ctx.is_primary:
-            job.report(ctx.global_rank, {
-                "world_size": ctx.world_size, "global_batch_size": global_batch,
-                "batch_size_per_rank": trainer.batch_size, "step_seconds": step_seconds,
-                "no_sync_step_seconds": no_sync_seconds, "compute_step_seconds": per_step["compute"],
-                "samples_per_second": global_batch / step_seconds,
-                "communication_share": max(0.0, 1 - no_sync_seconds / step_seconds) if no_sync_seconds else None,
-                "device": provenance.describe(ctx)["device_name"], "data": dataset.description.split(" (")[0],
-                "threads": torch.get_num_threads(), "timed_steps": counted["step"]})
+            job.report(
+                ctx.global_rank,
+                {
+                    "world_size": ctx.world_size,
+                    "global_batch_size": global_batch,
+                    "batch_size_per_rank": trainer.batch_size,
+                    "step_seconds": step_seconds,
+                    "no_sync_step_seconds": no_sync_seconds,
+                    "compute_step_seconds": per_step["compute"],
+                    "samples_per_second": global_batch / step_seconds,
+                    "communication_share": max(0.0, 1 - no_sync_seconds / step_seconds) if no_sync_seconds else None,
+                    "device": provenance.describe(ctx)["device_name"],
+                    "data": dataset.description.split(" (")[0],
+                    "threads": torch.get_num_threads(),
+                    "timed_steps": counted["step"],
+                },
+            )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     lab bench strategies --nproc-per-node 2 --json strategies.json --plot strategies.png
     lab bench strategies --nproc-per-node 2 --rows Horovod --steps 4     # DDP and Horovod only
 
-Each strategy is its own torchrun job (horovodrun for Horovod) of the lab's Trainer on one config (model, data, global batch,
+Each strategy is its own torchrun job (horovodrun for Horovod) of the lab's Trainer on one config (model, data, global
+batch,
 seed): a few steps, the loss of each, images/s over the steps after the first, then one more
 forward and backward so the gradients exist while this rank's bytes are counted (parameters,
 gradients, optimizer state: a sharded tensor counts its local shard). Beside each count sits
@@ -16,7 +17,8 @@ it at the end of each backward).
 
 On a CPU "peak" is the process's peak resident memory (Python, torch and the data set included), so
 the parameter/gradient/optimizer split is the figure that shows sharding; on GPUs it is
-torch.cuda.max_memory_allocated. DeepSpeed rows need the [deepspeed] extra, the Horovod row `make horovod`; without them they say so.
+torch.cuda.max_memory_allocated. DeepSpeed rows need the [deepspeed] extra, the Horovod row `make horovod`; without
+them they say so.
 
 >>> round(relative_gap({1: 2.0, 2: 1.0}, {1: 2.0, 2: 1.001, 3: 5.0}), 9)   # step 3: only one curve has it
 0.001
@@ -29,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from lab.errors import LabError
-
 
 
 def strategy_rows() -> list[tuple[str, str, int, str]]:
@@ -56,8 +57,9 @@ def chosen_rows(spec: str | None) -> list[tuple[str, str, int, str]]:
     wanted = [item.strip().lower() for item in spec.split(",") if item.strip()]
     unknown = [item for item in wanted if item not in labels]
     if unknown or not wanted:
-        raise LabError(f"--rows: {', '.join(unknown) or repr(spec)} is not a row; use labels among "
-                       f"{', '.join(labels.values())}")
+        raise LabError(
+            f"--rows: {', '.join(unknown) or repr(spec)} is not a row; use labels among {', '.join(labels.values())}"
+        )
     return [row for row in every if row[0].lower() in {*wanted, "ddp"}]
 
 
@@ -90,13 +92,20 @@ def run(args) -> int:
         # Each row's config as a user's --set would make it, its strategy's rules checked here: a row the rules
         # refuse is a failed row (the others still run), its reason the config's own line.
         try:
-            row_cfg = config.load(args.config or "smoke", [*args.overrides, f"dist.strategy={strategy}",
-                                                           f"dist.zero_stage={stage}"])
+            row_cfg = config.load(
+                args.config or "smoke", [*args.overrides, f"dist.strategy={strategy}", f"dist.zero_stage={stage}"]
+            )
         except LabError as exc:
             rows.append({"label": label, "error": f"failed: {exc}"})
             continue
-        job = jobs.Job("lab.bench.train.strategies", n, {"steps": args.steps}, row_cfg, reports=1,
-                       launcher="horovodrun" if strategy == "horovod" else "torchrun")
+        job = jobs.Job(
+            "lab.bench.train.strategies",
+            n,
+            {"steps": args.steps},
+            row_cfg,
+            reports=1,
+            launcher="horovodrun" if strategy == "horovod" else "torchrun",
+        )
         try:
             rows.append({"label": label, **jobs.run(job)[0]})
         except jobs.JobFailed as exc:
@@ -129,8 +138,10 @@ def summarize(rows: list[dict[str, Any]], world_size: int, bucket_bytes: float =
     measured = [r for r in rows if "error" not in r]
     ddp = next((r for r in measured if r["label"] == "DDP"), None)
     params = measured[0]["parameter_count"] if measured else 0
-    estimates = {r["strategy"]: r for r in memory.estimate(params, world_size, *memory.MEASURED_RECIPE,
-                                                             bucket_bytes=bucket_bytes)}
+    estimates = {
+        r["strategy"]: r
+        for r in memory.estimate(params, world_size, *memory.MEASURED_RECIPE, bucket_bytes=bucket_bytes)
+    }
     by_label = {label: est for label, _, _, est in strategy_rows()}
     for r in measured:
         r["losses"] = sorted([int(step), loss] for step, loss in dict(r["losses"]).items())  # JSON keeps pairs
@@ -144,32 +155,42 @@ def summarize(rows: list[dict[str, Any]], world_size: int, bucket_bytes: float =
         r["rest_bytes"] = max(0, r["peak_bytes"] - r["state_bytes"])
         r["loss_gap_from_ddp"] = relative_gap(curve["DDP"], curve[r["label"]]) if ddp else None
     device = measured[0]["device"] if measured else "?"
-    context = (f"ResNet-18 ({params / 1e6:.2f}M parameters), {world_size} ranks on {device}, "
-               f"{measured[0]['data'] if measured else ''}, global batch {measured[0]['global_batch_size'] if measured else '?'}")
+    data, batch = (measured[0]["data"], measured[0]["global_batch_size"]) if measured else ("", "?")
+    context = (
+        f"ResNet-18 ({params / 1e6:.2f}M parameters), {world_size} ranks on {device}, {data}, global batch {batch}"
+    )
     return {"benchmark": "strategies", "world_size": world_size, "context": context, "rows": rows}
 
 
 def render(result: dict[str, Any]) -> str:
     mib = 2**20
-    lines = [f"Strategies side by side: {result['context']}", "",
-             "| strategy | parameters | gradients | optimizer state | state per rank | estimate | measured / "
-             "estimate | bucket held (estimate) | peak (rest) | images/s | loss gap from DDP |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Strategies side by side: {result['context']}",
+        "",
+        "| strategy | parameters | gradients | optimizer state | state per rank | estimate | measured / "
+        "estimate | bucket held (estimate) | peak (rest) | images/s | loss gap from DDP |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result["rows"]:
         if "error" in r:
             lines.append(f"| {r['label']} | {r['error']} | | | | | | | | | |")
             continue
         gap = "-" if r["loss_gap_from_ddp"] is None else f"{r['loss_gap_from_ddp']:.1e}"
-        lines.append(f"| {r['label']} | {r['parameters_bytes'] / mib:.2f} MiB | {r['gradients_bytes'] / mib:.2f} MiB | "
-                     f"{r['optimizer_states_bytes'] / mib:.2f} MiB | {r['state_bytes'] / mib:.2f} MiB | "
-                     f"{r['estimate_bytes'] / mib:.2f} MiB | {r['measured_over_estimate']:.2f} | "
-                     f"{r['bucket_bytes'] / mib:g} MiB ({r['bucket_estimate_bytes'] / mib:g}) | "
-                     f"{r['peak_bytes'] / mib:.0f} MiB ({r['rest_bytes'] / mib:.0f}) | {r['samples_per_second']:.0f} | "
-                     f"{gap} |")
-    lines += ["", "state = parameters + gradients + optimizer state held by one rank (a shard counts its own part); "
-                  "estimate: `lab memory` for fp32 SGD with momentum (DeepSpeed's fp32 master partition counted); "
-                  "bucket: DeepSpeed's IPG bucket held when counted (ZeRO-2 frees it after each backward), not in "
-                  "the state; loss gap: largest relative difference per step."]
+        lines.append(
+            f"| {r['label']} | {r['parameters_bytes'] / mib:.2f} MiB | {r['gradients_bytes'] / mib:.2f} MiB | "
+            f"{r['optimizer_states_bytes'] / mib:.2f} MiB | {r['state_bytes'] / mib:.2f} MiB | "
+            f"{r['estimate_bytes'] / mib:.2f} MiB | {r['measured_over_estimate']:.2f} | "
+            f"{r['bucket_bytes'] / mib:g} MiB ({r['bucket_estimate_bytes'] / mib:g}) | "
+            f"{r['peak_bytes'] / mib:.0f} MiB ({r['rest_bytes'] / mib:.0f}) | {r['samples_per_second']:.0f} | "
+            f"{gap} |"
+        )
+    lines += [
+        "",
+        "state = parameters + gradients + optimizer state held by one rank (a shard counts its own part); "
+        "estimate: `lab memory` for fp32 SGD with momentum (DeepSpeed's fp32 master partition counted); "
+        "bucket: DeepSpeed's IPG bucket held when counted (ZeRO-2 frees it after each backward), not in "
+        "the state; loss gap: largest relative difference per step.",
+    ]
     return "\n".join(lines)
 
 
@@ -199,28 +220,47 @@ def worker(argv: list[str]) -> None:
     from lab.training.trainer import Trainer, set_determinism
 
     job = jobs.this_job(argv)
-    cfg = config.with_overrides(job.config, train={"max_steps": job.params["steps"], "log_every": 1},
-                                checkpoint={"save": False}, metrics={"port_base": 0})
+    assert job.config is not None  # the parent hands its checked config down
+    cfg = config.with_overrides(
+        job.config,
+        train={"max_steps": job.params["steps"], "log_every": 1},
+        checkpoint={"save": False},
+        metrics={"port_base": 0},
+    )
     with dist.initialized(cfg.dist) as ctx:
         set_determinism(cfg.run.deterministic)
         dataset = data.load(cfg.data).to(ctx.device)
         losses: dict[int, float] = {}
-        trainer = Trainer(cfg, ctx, dataset, hooks=[lambda row: losses.update(
-            {row["step"]: row["loss"]} if row["kind"] == "train" else {})])
+        trainer = Trainer(
+            cfg,
+            ctx,
+            dataset,
+            hooks=[lambda row: losses.update({row["step"]: row["loss"]} if row["kind"] == "train" else {})],
+        )
         results = trainer.fit()
         # One more forward and backward, no step: the gradients exist while the bytes are counted.
         trainer.forward_backward(*next(trainer.train_loader.forever()))
-        split = {**trainer.strategy.memory_split(trainer.optimizer),
-                 "bucket_bytes": held_bucket_bytes(trainer.strategy)}
+        split = {
+            **trainer.strategy.memory_split(trainer.optimizer),
+            "bucket_bytes": held_bucket_bytes(trainer.strategy),
+        }
         if ctx.is_primary:
             from lab.cluster import provenance
 
-            job.report(ctx.global_rank, {
-                **split, "strategy": trainer.strategy.describe(), "losses": losses,
-                "samples_per_second": results["samples_per_second"], "peak_bytes": results["device_memory_peak_bytes"],
-                "parameter_count": sum(p.numel() for p in trainer.model.parameters()),
-                "device": provenance.describe(ctx)["device_name"], "global_batch_size": cfg.train.global_batch_size,
-                "data": dataset.description.split(" (")[0]})
+            job.report(
+                ctx.global_rank,
+                {
+                    **split,
+                    "strategy": trainer.strategy.describe(),
+                    "losses": losses,
+                    "samples_per_second": results["samples_per_second"],
+                    "peak_bytes": results["device_memory_peak_bytes"],
+                    "parameter_count": sum(p.numel() for p in trainer.model.parameters()),
+                    "device": provenance.describe(ctx)["device_name"],
+                    "global_batch_size": cfg.train.global_batch_size,
+                    "data": dataset.description.split(" (")[0],
+                },
+            )
 
 
 def held_bucket_bytes(strategy) -> int:

@@ -23,7 +23,7 @@ class Strategy(ABC):
 
     def __init__(self, ctx: DistContext, model: nn.Module) -> None:
         self.ctx = ctx
-        self.model = model            # the plain module: parameters, buffers, evaluation, state
+        self.model = model  # the plain module: parameters, buffers, evaluation, state
         self.forward: Callable[..., torch.Tensor] = model  # what a training step calls
 
     def observe(self, run_dir: Path | None) -> None:
@@ -51,8 +51,12 @@ class Strategy(ABC):
     def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler) -> None:
         scaler.scale(loss).backward()
 
-    def step(self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-             scaler: torch.amp.GradScaler) -> None:
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        scaler: torch.amp.GradScaler,
+    ) -> None:
         """The end of an (accumulated) batch: new weights, the next learning rate, gradients cleared."""
         scaler.step(optimizer)
         scaler.update()
@@ -70,8 +74,9 @@ class Strategy(ABC):
         who writes what."""
 
     @abstractmethod
-    def load(self, path: Path, optimizer: torch.optim.Optimizer,
-             check: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    def load(
+        self, path: Path, optimizer: torch.optim.Optimizer, check: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
         """Restore the model and `optimizer` from a checkpoint `save` wrote and return the trainer's part;
         `check(state)` sees the trainer's part first and may refuse the checkpoint before anything is loaded."""
 
@@ -84,9 +89,11 @@ class Strategy(ABC):
         shard only), for `lab bench strategies`; call it after a step with the gradients still there."""
         params = list(self.model.parameters())
         states = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-        return {"parameters_bytes": tensor_bytes(params),
-                "gradients_bytes": tensor_bytes(p.grad for p in params if p.grad is not None),
-                "optimizer_states_bytes": tensor_bytes(states)}
+        return {
+            "parameters_bytes": tensor_bytes(params),
+            "gradients_bytes": tensor_bytes(p.grad for p in params if p.grad is not None),
+            "optimizer_states_bytes": tensor_bytes(states),
+        }
 
 
 def tensor_bytes(tensors) -> int:

@@ -30,18 +30,26 @@ class DDPStrategy(Strategy):
     def __init__(self, cfg: Config, ctx: DistContext, model: nn.Module, amp_dtype: torch.dtype | None = None) -> None:
         if cfg.model.sync_batchnorm:
             if ctx.device.type != "cuda":
-                raise LaunchError(f"model.sync_batchnorm: SyncBatchNorm runs only on CUDA devices in PyTorch; this "
-                                  f"run is on {ctx.device.type} ({ctx.backend or 'no process group'}); set "
-                                  f"model.sync_batchnorm=false, or model.norm=group for batch-independent norms")
+                raise LaunchError(
+                    f"model.sync_batchnorm: SyncBatchNorm runs only on CUDA devices in PyTorch; this "
+                    f"run is on {ctx.device.type} ({ctx.backend or 'no process group'}); set "
+                    f"model.sync_batchnorm=false, or model.norm=group for batch-independent norms"
+                )
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         super().__init__(ctx, model)
         d = cfg.dist
         self.ddp: DistributedDataParallel | None = None
         if ctx.distributed:
+            # The keyword's name depends on the torch release, so the checker cannot tell which parameter it fills.
+            buffer_sync: dict[str, Any] = compat.ddp_buffer_sync(d.broadcast_buffers)
             self.ddp = DistributedDataParallel(
-                model, device_ids=ctx.device_ids,
-                bucket_cap_mb=d.bucket_cap_mb, gradient_as_bucket_view=d.gradient_as_bucket_view,
-                static_graph=d.static_graph, **compat.ddp_buffer_sync(d.broadcast_buffers))
+                model,
+                device_ids=ctx.device_ids,
+                bucket_cap_mb=d.bucket_cap_mb,
+                gradient_as_bucket_view=d.gradient_as_bucket_view,
+                static_graph=d.static_graph,
+                **buffer_sync,
+            )
         network = self.ddp or model
         self.forward = torch.compile(network) if cfg.model.compile else network
 
@@ -59,21 +67,28 @@ class DDPStrategy(Strategy):
     def save(self, path: Path, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         save_replica(self.ctx, self.model, path, optimizer, state)
 
-    def load(self, path: Path, optimizer: torch.optim.Optimizer,
-             check: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    def load(
+        self, path: Path, optimizer: torch.optim.Optimizer, check: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
         return load_replica(self.ctx, self.model, path, optimizer, check)
 
 
-def save_replica(ctx: DistContext, model: nn.Module, path: Path, optimizer: torch.optim.Optimizer,
-                 state: dict[str, Any]) -> None:
+def save_replica(
+    ctx: DistContext, model: nn.Module, path: Path, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     """The checkpoint of a strategy whose every rank holds the same weights and optimizer state (DDP, Horovod):
     one writer, one file. The plain module's state dict: no "module." prefix, so it loads into a model without DDP."""
     if ctx.is_primary:
         checkpoint.save(path, {**state, "model": model.state_dict(), "optimizer": optimizer.state_dict()})
 
 
-def load_replica(ctx: DistContext, model: nn.Module, path: Path, optimizer: torch.optim.Optimizer,
-                 check: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def load_replica(
+    ctx: DistContext,
+    model: nn.Module,
+    path: Path,
+    optimizer: torch.optim.Optimizer,
+    check: Callable[[dict[str, Any]], None],
+) -> dict[str, Any]:
     """Rank 0 reads the file and sends it to the others: nodes need no shared file system. Every rank then loads
     the same state, so loading after the wrap keeps the ranks in step."""
     state = dist.primary_then_broadcast(ctx, lambda: checkpoint.load(path, map_location="cpu"))

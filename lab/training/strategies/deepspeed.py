@@ -7,7 +7,7 @@ torch.distributed's default group: gloo on CPUs, NCCL on GPUs). The optional ext
 
 | lab                             | DeepSpeed                                                                  |
 |---------------------------------|----------------------------------------------------------------------------|
-| batch per rank (lab.training.plan)       | train_micro_batch_size_per_gpu; train_batch_size = it x accum x ranks      |
+| batch per rank (training.plan)  | train_micro_batch_size_per_gpu; train_batch_size = it x accum x ranks      |
 | train.grad_accum_steps          | gradient_accumulation_steps, managed_gradient_accumulation: false (below)  |
 | dist.zero_stage                 | zero_optimization.stage; ZeRO-3 re-shards every parameter after use        |
 | dist.bucket_cap_mb              | reduce_bucket_size, allgather_bucket_size (MiB -> elements)                |
@@ -38,7 +38,7 @@ import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -51,7 +51,10 @@ from lab.errors import CheckpointError, LaunchError
 from lab.training import checkpoint
 from lab.training.strategies.base import Strategy
 
-POINTER = "latest"           # DeepSpeed's name: a text file naming the last complete tag folder
+if TYPE_CHECKING:  # DeepSpeed, an optional extra, is imported where it is used
+    from deepspeed import DeepSpeedEngine
+
+POINTER = "latest"  # DeepSpeed's name: a text file naming the last complete tag folder
 TRAINER_PART = checkpoint.TRAINER_PART  # beside DeepSpeed's files in each tag folder
 
 
@@ -64,25 +67,34 @@ class DeepSpeedStrategy(Strategy):
         try:  # here, not in attach: a missing DeepSpeed is said in one line before anything is built
             from deepspeed.accelerator import get_accelerator
         except ImportError:
-            raise LaunchError("dist.strategy: deepspeed needs DeepSpeed, missing here: DS_BUILD_OPS=0 pip install "
-                              "--no-build-isolation 'lab[deepspeed]' (as make does), or dist.strategy=ddp") from None
+            raise LaunchError(
+                "dist.strategy: deepspeed needs DeepSpeed, missing here: DS_BUILD_OPS=0 pip install "
+                "--no-build-isolation 'lab[deepspeed]' (as make does), or dist.strategy=ddp"
+            ) from None
         if not ctx.distributed:  # lab.cluster.dist builds a group for every strategy but ddp, even at one rank
             raise LaunchError("dist.strategy: deepspeed needs a process group; run it under torchrun")
         if get_accelerator().device_name() != ctx.device.type:  # DS_ACCELERATOR set otherwise by the user
-            raise LaunchError(f"DS_ACCELERATOR: DeepSpeed's device is {get_accelerator().device_name()}, this rank's "
-                              f"{ctx.device.type}; unset DS_ACCELERATOR")
+            raise LaunchError(
+                f"DS_ACCELERATOR: DeepSpeed's device is {get_accelerator().device_name()}, this rank's "
+                f"{ctx.device.type}; unset DS_ACCELERATOR"
+            )
         if cfg.model.sync_batchnorm:
             if ctx.device.type != "cuda":
-                raise LaunchError(f"model.sync_batchnorm: SyncBatchNorm runs only on CUDA devices in PyTorch; this "
-                                  f"run is on {ctx.device.type}; set model.sync_batchnorm=false")
+                raise LaunchError(
+                    f"model.sync_batchnorm: SyncBatchNorm runs only on CUDA devices in PyTorch; this "
+                    f"run is on {ctx.device.type}; set model.sync_batchnorm=false"
+                )
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         super().__init__(ctx, model)  # self.model: the module; the engine wraps it, ZeRO-3 hooks live on it
         self.cfg, self.stage = cfg, cfg.dist.zero_stage
         self.forward_is_collective = self.stage == 3  # ZeRO-3 all-gathers in every forward, evaluation's too
-        self.amp = amp_dtype  # train.amp as lab.training.optim.choose_amp resolved it: DeepSpeed's bf16/fp16, or float32
+        self.amp = (
+            amp_dtype  # train.amp as lab.training.optim.choose_amp resolved it: DeepSpeed's bf16/fp16, or float32
+        )
         if self.amp is not None:
             _batchnorm_in_float32(model)
-        self.engine, self._saved = None, []  # _saved: tags written; a second save at one step gets a new folder
+        self.engine: DeepSpeedEngine | None = None  # built by attach
+        self._saved: list[str] = []  # tags written; a second save at one step gets a new folder
 
     def ds_config(self) -> dict[str, Any]:
         cfg, world = self.cfg, self.ctx.world_size
@@ -93,18 +105,21 @@ class DeepSpeedStrategy(Strategy):
             # Shard every parameter and re-shard it after use, as the lab's FSDP does. DeepSpeed's defaults keep
             # parameters below 1e5 elements whole (50 of ResNet-18's 62) and, below 1e9 live parameters, keep
             # gathered ones for reuse: ZeRO-3 would hold the whole model. Measured: a few % slower on CPU.
-            zero.update(stage3_param_persistence_threshold=0, stage3_max_live_parameters=0,
-                        stage3_max_reuse_distance=0)
+            zero.update(stage3_param_persistence_threshold=0, stage3_max_live_parameters=0, stage3_max_reuse_distance=0)
         return {
-            "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": accum,
             "train_batch_size": micro * accum * world,
             "managed_gradient_accumulation": False,  # the Trainer owns the boundary: backward each, step once
-            "zero_optimization": zero, "zero_allow_untested_optimizer": True, "gradient_clipping": 0.0,
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,
+            "gradient_clipping": 0.0,
             "bf16": {"enabled": self.amp == torch.bfloat16},
             "fp16": {"enabled": self.amp == torch.float16, "loss_scale": 0},  # 0: dynamic loss scaling
             # No data_types.buffer_dtype: DeepSpeed casts only parameters, so BatchNorm's running statistics stay
             # float32, and _batchnorm_in_float32 hands batch_norm float32 weights to match them.
-            "steps_per_print": None, "wall_clock_breakdown": False,
+            "steps_per_print": None,
+            "wall_clock_breakdown": False,
         }
 
     def attach(self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
@@ -112,8 +127,12 @@ class DeepSpeedStrategy(Strategy):
 
         deepspeed.utils.logger.setLevel(logging.WARNING)  # its INFO lines, on every rank, would drown the lab's
         # ZeRO calls these torch.distributed names every step; torch's deprecation warning would repeat as often.
-        warnings.filterwarnings("ignore", r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` "
-                                          r"is deprecated", FutureWarning)
+        warnings.filterwarnings(
+            "ignore",
+            r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` "
+            r"is deprecated",
+            FutureWarning,
+        )
         # torch.distributed already holds the lab's group (lab.cluster.dist.init): DeepSpeed adopts it, makes none.
         # It asserts LOCAL_RANK, which a 1-rank group outside torchrun (plain `lab train`) has not.
         os.environ.setdefault("LOCAL_RANK", str(self.ctx.local_rank))
@@ -123,8 +142,9 @@ class DeepSpeedStrategy(Strategy):
         # dict DeepSpeed probes once and keeps (edits persist): marked incompatible, DeepSpeed keeps to gloo.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend=self.ctx.backend, dist_init_required=False)
-        self.engine, *_ = deepspeed.initialize(model=self.model, optimizer=optimizer, lr_scheduler=scheduler,
-                                               config=self.ds_config())
+        self.engine, *_ = deepspeed.initialize(
+            model=self.model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config()
+        )
         self.forward = self.engine
         if self.amp is not None:
             # DeepSpeed's bf16/fp16 cast the weights, not the inputs: cast the images in and the logits out
@@ -147,10 +167,16 @@ class DeepSpeedStrategy(Strategy):
 
     def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler) -> None:
         # The Trainer divided by the accumulation steps already; DeepSpeed's loss scaler replaces `scaler`.
+        assert self.engine is not None  # the trainer attaches before the first step
         self.engine.backward(loss, scale_wrt_gas=False)
 
-    def step(self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-             scaler: torch.amp.GradScaler) -> None:
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        scaler: torch.amp.GradScaler,
+    ) -> None:
+        assert self.engine is not None  # the trainer attaches before the first step
         self.engine.step()  # reduce (ZeRO-1), optimizer step, zero the gradients, then the schedule's step
 
     def checkpoint_path(self, checkpoints: Path) -> Path:
@@ -162,14 +188,19 @@ class DeepSpeedStrategy(Strategy):
         # shards and the trainer's part are on disk, then older folders go: a crash leaves `latest` on a
         # whole checkpoint. All ranks write into one folder: nodes need a shared file system, as in DeepSpeed.
         path = _folder(path)
+        assert self.engine is not None  # the trainer attaches before it saves
         tag = f"step{self.engine.global_steps}"
         tag = tag if tag not in self._saved else f"{tag}-{len(self._saved)}"
         self._saved.append(tag)
         self.engine.save_checkpoint(str(path), tag=tag, save_latest=False)
         dist.barrier(self.ctx)
         if self.ctx.is_primary:
-            meta = {"tag": tag, "zero_stage": self.stage, "world_size": self.ctx.world_size,
-                    "precision": str(self.amp or torch.float32)}
+            meta = {
+                "tag": tag,
+                "zero_stage": self.stage,
+                "world_size": self.ctx.world_size,
+                "precision": str(self.amp or torch.float32),
+            }
             checkpoint.save(path / tag / TRAINER_PART, {**state, "deepspeed": meta})
             atomic.write_text(path / POINTER, tag + "\n")
             for old in path.iterdir():
@@ -177,14 +208,17 @@ class DeepSpeedStrategy(Strategy):
                     shutil.rmtree(old, ignore_errors=True)
         dist.barrier(self.ctx)  # nobody reads or writes the folder again before rank 0 is done with it
 
-    def load(self, path: Path, optimizer: torch.optim.Optimizer,
-             check: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    def load(
+        self, path: Path, optimizer: torch.optim.Optimizer, check: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
         path = _folder(path)  # checkpoint.resume may name the folder or its pointer
 
         def read() -> dict[str, Any]:
             if not (path / POINTER).is_file():
-                raise CheckpointError(f"{path}: not a DeepSpeed checkpoint of the lab (no {POINTER} file); give "
-                                      f"checkpoints/deepspeed of a run with dist.strategy=deepspeed")
+                raise CheckpointError(
+                    f"{path}: not a DeepSpeed checkpoint of the lab (no {POINTER} file); give "
+                    f"checkpoints/deepspeed of a run with dist.strategy=deepspeed"
+                )
             return checkpoint.load(path / (path / POINTER).read_text().strip() / TRAINER_PART)
 
         state = dist.primary_then_broadcast(self.ctx, read)  # rank 0 reads, every rank checks the same
@@ -193,14 +227,18 @@ class DeepSpeedStrategy(Strategy):
         now = {"zero_stage": self.stage, "precision": str(self.amp or torch.float32)}
         if meta.get("world_size") != self.ctx.world_size:
             # ZeRO shards are per rank; DeepSpeed's universal checkpoints would convert them (not wired here).
-            raise CheckpointError(f"{path}: saved at world size {meta.get('world_size')}, this run has "
-                                  f"{self.ctx.world_size}; resume with the same --nproc-per-node")
+            raise CheckpointError(
+                f"{path}: saved at world size {meta.get('world_size')}, this run has "
+                f"{self.ctx.world_size}; resume with the same --nproc-per-node"
+            )
         diffs = [f"{k} is {meta.get(k)} in the checkpoint but {v} now" for k, v in now.items() if meta.get(k) != v]
         if diffs:
             raise CheckpointError(f"{path}: does not fit this run: {'; '.join(diffs)}")
         # The Trainer restores the schedule from its own part right after: DeepSpeed's copy is not loaded.
-        loaded, _ = self.engine.load_checkpoint(str(path), tag=meta["tag"], load_optimizer_states=True,
-                                                load_lr_scheduler_states=False)
+        assert self.engine is not None  # the trainer attaches before it resumes
+        loaded, _ = self.engine.load_checkpoint(
+            str(path), tag=meta["tag"], load_optimizer_states=True, load_lr_scheduler_states=False
+        )
         if loaded is None:
             raise CheckpointError(f"{path}: DeepSpeed could not load checkpoint {meta['tag']}")
         return state
@@ -214,16 +252,21 @@ class DeepSpeedStrategy(Strategy):
         ZeRO optimizer's partitions (`averaged_gradients`, stage 1/2 `all_grad_tensors`, ZeRO-3's persistent
         `grad_partitions_flat_buffer`). Optimizer state: the float32 master partitions the wrapped SGD steps and
         its momentum on them (ZeRO's "K" bytes). Measured at 2 ranks: ZeRO-3 holds half of each."""
+        assert self.engine is not None  # measured after attach, on a built engine
         zero = self.engine.optimizer
         params = [t for p in self.model.parameters() for t in (getattr(p, "ds_tensor", None), p.data) if t is not None]
-        masters = _tensors(getattr(zero, "single_partition_of_fp32_groups", None),
-                           getattr(zero, "fp32_partitioned_groups_flat", None))
+        masters = _tensors(
+            getattr(zero, "single_partition_of_fp32_groups", None), getattr(zero, "fp32_partitioned_groups_flat", None)
+        )
         grads = [p.grad for p in [*self.model.parameters(), *masters] if p.grad is not None]
         held = ("averaged_gradients", "all_grad_tensors", "grads_in_partition", "grad_partitions_flat_buffer")
         grads += _tensors(*(getattr(zero, name, None) for name in held))
         states = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-        return {"parameters_bytes": _region_bytes(params), "gradients_bytes": _region_bytes(grads),
-                "optimizer_states_bytes": _region_bytes([*masters, *states])}
+        return {
+            "parameters_bytes": _region_bytes(params),
+            "gradients_bytes": _region_bytes(grads),
+            "optimizer_states_bytes": _region_bytes([*masters, *states]),
+        }
 
 
 def _batchnorm_in_float32(model: nn.Module) -> None:
@@ -237,14 +280,16 @@ def _batchnorm_in_float32(model: nn.Module) -> None:
 
     for module in model.modules():
         if isinstance(module, _BatchNorm):
-            module.forward = functools.partial(_float32_affine, module, type(module).forward)
+            # this module's forward replaced on purpose (an instance attribute shadowing the class's)
+            module.forward = functools.partial(_float32_affine, module, type(module).forward)  # type: ignore[method-assign]
 
 
 def _float32_affine(module: nn.Module, forward: Callable, inputs: torch.Tensor) -> torch.Tensor:
     """`forward(module, inputs)` with the module's weight and bias seen as float32 copies (ZeRO-3 has gathered
     them by now; they are put back before its post-forward hook re-partitions them)."""
-    held = {k: module._parameters[k] for k in ("weight", "bias") if module._parameters.get(k) is not None}
-    module._parameters.update({k: p.float() for k, p in held.items()})
+    held = {k: p for k, p in module._parameters.items() if k in ("weight", "bias") and p is not None}
+    # Plain tensors where torch declares Parameters, for this one call: autograd carries their gradients back
+    cast("dict[str, torch.Tensor | None]", module._parameters).update({k: p.float() for k, p in held.items()})
     try:
         return forward(module, inputs)
     finally:

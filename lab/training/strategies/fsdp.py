@@ -27,7 +27,7 @@ import contextlib
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -39,6 +39,9 @@ from lab.config import Config
 from lab.errors import CheckpointError, LaunchError
 from lab.training import checkpoint
 from lab.training.strategies.base import Strategy
+
+if TYPE_CHECKING:  # for the checker only: a build that predates the public name has it under _composable
+    from torch.distributed.fsdp import FSDPModule
 
 TRAINER_PART = checkpoint.TRAINER_PART  # written last: its presence marks a whole checkpoint
 
@@ -55,14 +58,20 @@ class FSDPStrategy(Strategy):
         self.mixed_precision = amp_dtype == torch.bfloat16  # train.amp as lab.training.optim.choose_amp resolved it
         fully_shard = compat.fully_shard()
         self.float32_units = _shard_batchnorm_in_float32(model, fully_shard) if self.mixed_precision else []
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if self.mixed_precision else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if self.mixed_precision
+            else MixedPrecisionPolicy()
+        )
         for stage in (model.layer1, model.layer2, model.layer3, model.layer4):
             fully_shard(stage, mp_policy=policy)
         # The root: stem, pooling and the classifier. Its logits leave in float32, so the loss is computed in
         # float32 as under autocast (bf16 logits would round the log-softmax and widen the gap to DDP).
-        root = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                                    output_dtype=torch.float32) if self.mixed_precision else policy
+        root = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32)
+            if self.mixed_precision
+            else policy
+        )
         fully_shard(model, mp_policy=root)
         self.forward = torch.compile(model) if cfg.model.compile else model
 
@@ -77,21 +86,24 @@ class FSDPStrategy(Strategy):
             return
         # Before the last micro-batch: keep the unsharded gradients (no reduce-scatter) and the gathered
         # parameters (no re-shard, so the next forward need not all-gather them again); both resume at the last.
-        self.model.set_requires_gradient_sync(False)
-        self.model.set_reshard_after_backward(False)
+        sharded = cast("FSDPModule", self.model)  # fully_shard swapped the model's class for an FSDPModule subclass
+        sharded.set_requires_gradient_sync(False)
+        sharded.set_reshard_after_backward(False)
         try:
             yield
         finally:
-            self.model.set_requires_gradient_sync(True)
-            self.model.set_reshard_after_backward(True)
+            sharded.set_requires_gradient_sync(True)
+            sharded.set_reshard_after_backward(True)
 
     def uneven_inputs(self, enabled: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # data.uneven=join is refused at set-up: every rank takes every step
 
     def describe(self) -> dict[str, Any]:
-        described = {"strategy": self.name, "fsdp_units": ["layer1", "layer2", "layer3", "layer4", "root"],
-                     "fsdp_mixed_precision": "bf16 parameters, float32 reduction and logits" if self.mixed_precision
-                     else "off"}
+        described = {
+            "strategy": self.name,
+            "fsdp_units": ["layer1", "layer2", "layer3", "layer4", "root"],
+            "fsdp_mixed_precision": "bf16 parameters, float32 reduction and logits" if self.mixed_precision else "off",
+        }
         if self.float32_units:
             described["fsdp_float32_units"] = self.float32_units  # BatchNorm, each its own unit (below)
         return described
@@ -121,16 +133,19 @@ class FSDPStrategy(Strategy):
             _replace_folder(staging, path)
         dist.barrier(self.ctx)  # nobody goes on (or saves again) before the folder is in place
 
-    def load(self, path: Path, optimizer: torch.optim.Optimizer,
-             check: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    def load(
+        self, path: Path, optimizer: torch.optim.Optimizer, check: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         state = dist.primary_then_broadcast(self.ctx, lambda: _read_trainer_part(path))
         check(state)
         if not (path / ".metadata").exists():
-            raise CheckpointError(f"{path}: no DCP metadata on this node; an FSDP checkpoint across nodes needs "
-                                  f"run.output_dir on a file system every node shares")
+            raise CheckpointError(
+                f"{path}: no DCP metadata on this node; an FSDP checkpoint across nodes needs "
+                f"run.output_dir on a file system every node shares"
+            )
         model_state, optimizer_state = get_state_dict(self.model, optimizer)
         dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))  # re-shards
         set_state_dict(self.model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
@@ -158,17 +173,23 @@ def _shard_batchnorm_in_float32(model: nn.Module, fully_shard: Callable) -> list
 def _refuse_what_fsdp_cannot_do(cfg: Config, ctx: DistContext) -> None:
     """What this process cannot do (the config's own refusals are lab.config's, before any process starts)."""
     if not ctx.distributed:
-        raise LaunchError("dist.strategy: fsdp needs a process group; lab.cluster.dist builds one for it, even at one rank")
+        raise LaunchError(
+            "dist.strategy: fsdp needs a process group; lab.cluster.dist builds one for it, even at one rank"
+        )
     if ctx.device.type == "cpu" and not compat.fsdp_runs_on_cpu():
-        raise LaunchError(f"dist.strategy: fsdp on CPU tensors needs torch.cpu.Stream.record_event, which torch "
-                          f"{torch.__version__} lacks; use a newer torch, GPUs, or dist.strategy=ddp")
+        raise LaunchError(
+            f"dist.strategy: fsdp on CPU tensors needs torch.cpu.Stream.record_event, which torch "
+            f"{torch.__version__} lacks; use a newer torch, GPUs, or dist.strategy=ddp"
+        )
 
 
 def _read_trainer_part(path: Path) -> dict[str, Any]:
     part = path / TRAINER_PART
     if not part.exists():
-        raise CheckpointError(f"{path}: not a whole FSDP checkpoint ({TRAINER_PART} missing); resume from another "
-                              f"or set checkpoint.resume=never")
+        raise CheckpointError(
+            f"{path}: not a whole FSDP checkpoint ({TRAINER_PART} missing); resume from another "
+            f"or set checkpoint.resume=never"
+        )
     return checkpoint.load(part, map_location="cpu")
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -42,6 +42,14 @@ from lab.training import checkpoint
 from lab.training.strategies.base import Strategy
 from lab.training.strategies.ddp import load_replica, save_replica
 
+if TYPE_CHECKING:  # Horovod ships no types: what hvd.DistributedOptimizer returns, for the checker only
+
+    class _DistributedOptimizer(torch.optim.Optimizer):
+        """A subclass of the wrapped optimizer's class that Horovod builds, with its all-reduce controls."""
+
+        def synchronize(self) -> None: ...
+        def skip_synchronize(self) -> contextlib.AbstractContextManager: ...
+
 
 class HorovodStrategy(Strategy):
     name = "horovod"
@@ -50,12 +58,14 @@ class HorovodStrategy(Strategy):
         hvd = self.hvd = import_horovod()
         hvd.init()  # met horovodrun's rendezvous already in lab.cluster.dist (a no-op then); alone: a world of 1
         if (hvd.rank(), hvd.size()) != (ctx.global_rank, ctx.world_size):
-            raise LaunchError(f"dist.strategy: horovod: Horovod sees rank {hvd.rank()} of {hvd.size()}, the lab "
-                              f"rank {ctx.global_rank} of {ctx.world_size}; launch with horovodrun "
-                              f"(lab train --nproc-per-node N), not torchrun")
+            raise LaunchError(
+                f"dist.strategy: horovod: Horovod sees rank {hvd.rank()} of {hvd.size()}, the lab "
+                f"rank {ctx.global_rank} of {ctx.world_size}; launch with horovodrun "
+                f"(lab train --nproc-per-node N), not torchrun"
+            )
         super().__init__(ctx, model)
         self.cfg = cfg
-        self.optimizer: torch.optim.Optimizer | None = None  # Horovod's wrapper of the Trainer's SGD (attach)
+        self.optimizer: _DistributedOptimizer | None = None  # Horovod's wrapper of the Trainer's SGD (attach)
         self.timeline_path: Path | None = None
         self.timeline_steps_left = 0
 
@@ -75,8 +85,11 @@ class HorovodStrategy(Strategy):
         if optimizer.state:
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         self.optimizer = hvd.DistributedOptimizer(
-            optimizer, named_parameters=self.model.named_parameters(), op=hvd.Average,
-            backward_passes_per_step=self.cfg.train.grad_accum_steps)
+            optimizer,
+            named_parameters=self.model.named_parameters(),
+            op=hvd.Average,
+            backward_passes_per_step=self.cfg.train.grad_accum_steps,
+        )
         self._share(optimizer)
         if self.timeline_path is not None:  # after the broadcasts: the timeline shows training steps only
             hvd.start_timeline(str(self.timeline_path), mark_cycles=False)
@@ -84,6 +97,7 @@ class HorovodStrategy(Strategy):
 
     def _share(self, optimizer: torch.optim.Optimizer) -> None:
         """The wrapper steps the lab's SGD's groups and state (the schedule sets lr there; a resume loads there)."""
+        assert self.optimizer is not None  # attach wrapped it before any load
         self.optimizer.param_groups = optimizer.param_groups
         self.optimizer.state = optimizer.state
 
@@ -94,8 +108,13 @@ class HorovodStrategy(Strategy):
     def uneven_inputs(self, enabled: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # data.uneven=join is refused by lab.config: never enabled
 
-    def step(self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-             scaler: torch.amp.GradScaler) -> None:
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        scaler: torch.amp.GradScaler,
+    ) -> None:
+        assert self.optimizer is not None  # the trainer attaches the optimizer before the first step
         self.optimizer.synchronize()  # every gradient all-reduced (averaged) before anything reads it
         with self.optimizer.skip_synchronize():  # fp16: the scaler unscales the averaged gradients, then steps
             scaler.step(self.optimizer)
@@ -113,8 +132,9 @@ class HorovodStrategy(Strategy):
     def save(self, path: Path, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         save_replica(self.ctx, self.model, path, optimizer, state)  # every rank holds the same, as under DDP
 
-    def load(self, path: Path, optimizer: torch.optim.Optimizer,
-             check: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    def load(
+        self, path: Path, optimizer: torch.optim.Optimizer, check: Callable[[dict[str, Any]], None]
+    ) -> dict[str, Any]:
         state = load_replica(self.ctx, self.model, path, optimizer, check)
         self._share(optimizer)  # load_state_dict made new group and state objects: share them again
         return state
@@ -122,6 +142,9 @@ class HorovodStrategy(Strategy):
     def describe(self) -> dict[str, Any]:
         import horovod
 
-        return {"strategy": self.name, "horovod_version": horovod.__version__,
-                "horovod_controller": "gloo" if self.hvd.gloo_built() and self.hvd.gloo_enabled() else "mpi",
-                "horovod_gpu_operations": "nccl" if self.hvd.nccl_built() else None}
+        return {
+            "strategy": self.name,
+            "horovod_version": horovod.__version__,
+            "horovod_controller": "gloo" if self.hvd.gloo_built() and self.hvd.gloo_enabled() else "mpi",
+            "horovod_gpu_operations": "nccl" if self.hvd.nccl_built() else None,
+        }

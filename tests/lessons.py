@@ -1,0 +1,82 @@
+"""Each lesson executed once per test session, headless, by a real Jupyter kernel (nbclient + ipykernel), as
+JupyterLab would run it: tests/notebooks asserts that its "what you should see" checks held, and the tests that
+would make the same runs again (a pitfall, a benchmark) read what the lesson's own commands wrote instead: its
+JSON files and its printed output. One run, asserted twice.
+
+    lesson = executed_lesson("02_pitfalls")        # the conftest fixture `lessons` gives this function
+    lesson.folder("02-pitfalls") / "set-epoch.json"
+    lesson.printed                                 # every stream output of every cell
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+TIMEOUT_SECONDS = 600  # a cell's limit: a hung collective must fail the lesson, not CI
+
+
+@dataclass
+class ExecutedLesson:
+    path: Path
+    runs: Path  # LAB_LESSON_RUNS of this execution: each lesson's folder is under it
+    notebook: Any  # the executed notebook (nbformat), outputs included
+    error: BaseException | None = None  # what stopped the execution (a cell that raised), or None
+    outputs: list[Any] = field(default_factory=list)
+
+    def folder(self, name: str) -> Path:
+        """The lesson's output folder (lesson.output_dir(name) in its first cell)."""
+        self.check()
+        return self.runs / name
+
+    @property
+    def printed(self) -> str:
+        self.check()
+        return "".join(o.get("text", "") for o in self.outputs if o.output_type == "stream")
+
+    def output_of(self, *words: str) -> str:
+        """What one `lab WORDS ...` command of the lesson printed: from its `$ ... -m lab WORDS` line (lesson.run
+        prints it) to the next command's."""
+        blocks = self.printed.split("\n$ ")
+        wanted = " -m lab " + " ".join(words)
+        found = [b for b in blocks if wanted + " " in b.split("\n", 1)[0] + " "]
+        assert len(found) == 1, f"{self.path.name}: {len(found)} commands `lab {' '.join(words)}` printed"
+        return found[0]
+
+    def check(self) -> None:
+        """Fail a test that reads this lesson's results when the lesson itself did not run through."""
+        if self.error is not None:
+            raise AssertionError(
+                f"{self.path.name} did not run through, so its results are missing: {str(self.error)[-3000:]}"
+            )
+
+
+def execute(path: Path, runs: Path) -> ExecutedLesson:
+    """Run every cell of the lesson at `path` (kernels start in notebooks/, as JupyterLab starts them; runs write
+    under `runs`, as they would under runs/lessons/ in the checkout; 1 thread per process)."""
+    import jupytext
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    notebook = jupytext.read(path)
+    client = NotebookClient(
+        notebook, kernel_name="python3", timeout=TIMEOUT_SECONDS, resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
+    saved = {name: os.environ.get(name) for name in ("LAB_LESSON_RUNS", "OMP_NUM_THREADS")}
+    os.environ.update({"LAB_LESSON_RUNS": str(runs), "OMP_NUM_THREADS": "1"})  # the kernel inherits them
+    error = None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        error = exc
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    return ExecutedLesson(path, runs, notebook, error, outputs)
