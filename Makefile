@@ -70,10 +70,13 @@ room-proxy: $(ROOM_PROXY)
 # CI=true (.ci/run sets it): the container test's engine cache (~6 GB, nothing reuses it on a fresh machine) is
 # deleted before the second venv (~6 GB) is installed. With both, a CI machine's disk ran out (stop 21).
 # The set-up runs side by side (-j): Horovod's build (about 4 minutes of both cores) while the apt installs and npm
-# wait on the network and the lint gate reads the tree; then the tests.
+# wait on the network and the lint gate reads the tree. Then the tests on TEST_WORKERS pytest-xdist workers, a
+# test file each at a time (a file's fixtures are its own; tests/conftest.py orders the longest files first).
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j4 lint test-tools horovod jupyter-settings room-proxy
-	LAB_REQUIRE_DEEPSPEED=1 LAB_REQUIRE_HOROVOD=1 $(BIN)/python -m pytest
+	LAB_REQUIRE_DEEPSPEED=1 LAB_REQUIRE_HOROVOD=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 	@if [ "$${CI:-}" = true ]; then scripts/container-base.sh clean || echo "make test: could not delete the container cache"; fi
 	$(MAKE) test-torch-lowest
 
@@ -81,7 +84,7 @@ test: $(STAMP)
 # registers (torchrun, infra, notebook, slow; tests/conftest.py marks the folders). About 50 s on 2 cores.
 # Not CI: make test runs every test, these included.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not torchrun and not infra and not notebook and not slow"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not torchrun and not infra and not notebook and not slow"
 
 # The lowest supported torch (pyproject.toml's floor; NGC 25.01's torch): the tests that touch torch's APIs again,
 # in a second venv: tests/distributed and the unit tests of the trainer's torch parts (LOWEST_TESTS). Left out
@@ -120,7 +123,7 @@ $(LOWEST_STAMP): pyproject.toml constraints.txt
 .PHONY: test-torch-lowest
 test-torch-lowest: $(LOWEST_STAMP)
 	$(LOWEST_VENV)/bin/python -c 'import torch, torchvision; print("lowest supported:", torch.__version__, torchvision.__version__)'
-	$(LOWEST_VENV)/bin/python -m pytest -p no:cacheprovider $(LOWEST_TESTS) $(LOWEST_SKIPS)
+	$(LOWEST_VENV)/bin/python -m pytest -p no:cacheprovider $(PYTEST_PARALLEL) $(LOWEST_TESTS) $(LOWEST_SKIPS)
 
 # The one-command device check (no venv needed: an NGC container's python3 will do). Without a GPU: a dry
 # check that says what it skipped and exits 0. GPU_CHECK_OUT: where its logs and gpu-check.json go;

@@ -2,7 +2,7 @@
 # The one-command device check (make gpu-check): every GPU path of the lab on this host, a table last,
 # within a deadline.
 #
-#   scripts/gpu-check.sh [--quick] [--allow-cpu] [--deadline SECONDS] [OUT_DIR]
+#   scripts/gpu-check.sh [--quick] [--allow-cpu] [--deadline SECONDS] [--only STEP ...] [OUT_DIR]
 #
 # OUT_DIR (default runs/gpu-check): step logs, runs, gpu-check.json. --deadline (default 360) bounds the whole
 # script, this wrapper's own seconds included. --quick --allow-cpu: every step a CPU can run, at toy sizes.
@@ -13,7 +13,7 @@
 # OUT_DIR/site-packages first (docs/benchmarks.md: make gpu-check). Without a GPU it says so, lists what it skipped, exit 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage="usage: scripts/gpu-check.sh [--quick] [--allow-cpu] [--deadline SECONDS] [OUT_DIR]"
+usage="usage: scripts/gpu-check.sh [--quick] [--allow-cpu] [--deadline SECONDS] [--only STEP ...] [OUT_DIR]"
 flags=()
 deadline=360
 out=""
@@ -24,6 +24,9 @@ while [ $# -gt 0 ]; do
             [ $# -ge 2 ] || { echo "gpu-check: --deadline needs a number of seconds; $usage" >&2; exit 2; }
             deadline="$2"; shift ;;
         --deadline=*) deadline="${1#--deadline=}" ;;
+        --only)  # one step of the check (repeat the option for several); `lab bench gpu-check` checks the name
+            [ $# -ge 2 ] || { echo "gpu-check: --only needs a step's name; $usage" >&2; exit 2; }
+            flags+=(--only "$2"); shift ;;
         -*) echo "gpu-check: unknown option $1; $usage" >&2; exit 2 ;;
         *)
             [ -z "$out" ] || { echo "gpu-check: one OUT_DIR only (got $out and $1); $usage" >&2; exit 2; }

@@ -81,15 +81,19 @@ def require_horovod() -> None:
 @pytest.fixture(scope="session")
 def lessons(tmp_path_factory):
     """`lessons("02_pitfalls")`: that lesson executed once this session (tests/lessons.py), whichever test asks
-    first: the notebook test asserts its checks, the tests that need the same runs read its results."""
-    from tests.lessons import NOTEBOOKS, ExecutedLesson, execute
+    first, on whichever xdist worker: the notebook test asserts its checks, the tests that need the same runs read
+    its results."""
+    from tests.lessons import NOTEBOOKS, ExecutedLesson, executed
 
-    executed: dict[str, ExecutedLesson] = {}
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # one id for every worker of this session (pytest-xdist)
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent / f"lessons-{run}" if run else base / "lessons"
+    seen: dict[str, ExecutedLesson] = {}
 
     def lesson(stem: str) -> ExecutedLesson:
-        if stem not in executed:
-            executed[stem] = execute(NOTEBOOKS / f"{stem}.py", tmp_path_factory.mktemp(f"lesson-{stem[:2]}"))
-        return executed[stem]
+        if stem not in seen:
+            seen[stem] = executed(NOTEBOOKS / f"{stem}.py", shared)
+        return seen[stem]
 
     return lesson
 
@@ -104,9 +108,20 @@ def runs_dir(tmp_path: Path) -> Path:
 FOLDER_TIERS = {"distributed": pytest.mark.torchrun, "infra": pytest.mark.infra, "notebooks": pytest.mark.notebook}
 
 
+# The order files run in: the infrastructure's first (the longest files: a play, an image build, a cluster), so two
+# xdist workers (make test) end together on short ones instead of one finishing an hour-long file alone.
+FOLDER_ORDER = ("infra", "distributed", "notebooks", "unit")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = ROOT / "tests"
     for item in items:
         if item.path.is_relative_to(tests) and (parts := item.path.relative_to(tests).parts):
             if tier := FOLDER_TIERS.get(parts[0]):
                 item.add_marker(tier)
+
+    def rank(item: pytest.Item) -> int:
+        parts = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
+        return FOLDER_ORDER.index(parts[0]) if parts and parts[0] in FOLDER_ORDER else len(FOLDER_ORDER)
+
+    items.sort(key=rank)  # stable: within a folder, files and tests keep their order

@@ -3,9 +3,13 @@ JupyterLab would run it: tests/notebooks asserts that its "what you should see" 
 would make the same runs again (a pitfall, a benchmark) read what the lesson's own commands wrote instead: its
 JSON files and its printed output. One run, asserted twice.
 
-    lesson = executed_lesson("02_pitfalls")        # the conftest fixture `lessons` gives this function
+    lesson = lessons("02_pitfalls")                # the conftest fixture `lessons`
     lesson.folder("02-pitfalls") / "set-epoch.json"
     lesson.printed                                 # every stream output of every cell
+
+Once a session, not once a process: under pytest-xdist (make test runs two workers) the first worker to ask for
+a lesson executes it under a file lock in a folder every worker of the session shares, and the executed notebook
+is kept there; a worker that asks later waits for the lock and reads it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,29 @@ class ExecutedLesson:
             raise AssertionError(
                 f"{self.path.name} did not run through, so its results are missing: {str(self.error)[-3000:]}"
             )
+
+
+def executed(path: Path, shared: Path) -> ExecutedLesson:
+    """The lesson at `path`, executed once for everyone who shares the folder `shared`."""
+    import fcntl
+
+    import nbformat
+
+    folder = shared / path.stem
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker executing this lesson: wait for it
+        record, failure = folder / "executed.ipynb", folder / "error.txt"
+        if not record.exists():
+            lesson = execute(path, folder / "runs")
+            if lesson.error is not None:
+                failure.write_text(str(lesson.error))
+            nbformat.write(lesson.notebook, str(record))
+            return lesson
+    notebook = nbformat.read(str(record), as_version=4)
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs]
+    error = RuntimeError(failure.read_text()) if failure.exists() else None
+    return ExecutedLesson(path, folder / "runs", notebook, error, outputs)
 
 
 def execute(path: Path, runs: Path) -> ExecutedLesson:

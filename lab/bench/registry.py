@@ -179,6 +179,13 @@ def _gpu_check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="toy sizes (to test the command itself)")
     p.add_argument("--allow-cpu", action="store_true", help="run without a GPU (with --quick, for tests)")
     p.add_argument(
+        "--only",
+        action="append",
+        metavar="STEP",
+        help="run this step only (repeat for several, e.g. --only doctor --only 'DDP, 1 rank'); the "
+        "others are reported skipped",
+    )
+    p.add_argument(
         "--deadline",
         type=at_least(1, "{} s"),
         default=360,

@@ -206,11 +206,12 @@ def skip_reason(step: Step, c: Check) -> str | None:
     return None
 
 
-def plan(c: Check, steps: tuple[Step, ...]) -> list[dict[str, Any]]:
-    """Each step with its expected seconds and, where it cannot run here, why; what it runs without."""
+def plan(c: Check, steps: tuple[Step, ...], only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Each step with its expected seconds and, where it cannot run here (or --only leaves it out), why; what it
+    runs without."""
     rows = []
     for step in steps:
-        skip = skip_reason(step, c)
+        skip = "not asked for (--only)" if only and step.name not in only else skip_reason(step, c)
         without = (
             [
                 f"{m}: {what} left out ({HOW_TO_GET.get(m, f'pip install {m}')})"
@@ -248,8 +249,16 @@ def render_plan(rows: list[dict[str, Any]], deadline: float, quick: bool) -> str
 # ----------------------------------------------------------------------------- the command
 
 
+def check_only(only: list[str] | None) -> None:
+    """--only names steps of the table, or it is refused in one line."""
+    unknown = [name for name in only or () if name not in {step.name for step in STEPS}]
+    if unknown:
+        raise LabError(f"--only {unknown[0]!r}: no such step; the steps: {', '.join(s.name for s in STEPS)}")
+
+
 def run(args) -> int:
     started = time.monotonic()
+    check_only(getattr(args, "only", None))  # before torch is imported: bad input is refused at once
     import torch
 
     from lab.cluster import provenance
@@ -302,7 +311,7 @@ def run(args) -> int:
 
 def run_steps(check: Check, steps: tuple[Step, ...], result: dict[str, Any], args) -> list[Outcome]:
     """The plan printed, then each step in order; gpu-check.json rewritten after every one."""
-    rows = plan(check, steps)
+    rows = plan(check, steps, getattr(args, "only", None))
     result.update(plan=rows, expected_seconds=sum(r["expected_seconds"] for r in rows), finished=False, steps=[])
     print(render_plan(rows, args.deadline, check.quick), flush=True)
     _write(args, check.out, result)

@@ -62,6 +62,14 @@ def test_profile_writes_a_trace_per_rank_and_a_summary(tmp_path):
     assert "trace-rank0.json" in (tmp_path / "rep" / "report.md").read_text()
 
 
+# The steps the bare run proves: the check's own path (its plan, deadline and table), the doctor, `lab train` alone
+# and on a 1-rank process group with DDP and accumulation, FSDP's sharded path, and that a missing optional package
+# is a skip that names it. The others re-train what tests of their own own: bf16 training (test_levers' bf16 lever,
+# test_strategies_as_on_cuda), the data path (test_pipeline_benchmark_interleaves_both_paths above), the
+# deterministic pair and the resume (tests/distributed/test_rerun.py, test_faults.py).
+BARE_STEPS = ["doctor", "FSDP", "DDP, 1 rank", "training", "metrics", "Lightning peer"]
+
+
 def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_path):
     # The one run of the device check in CI, as `make test-bare` runs it: on a bare interpreter
     # (tests/bare/sitecustomize.py hides every package but torch, torchvision, PyYAML, numpy and what they
@@ -69,26 +77,34 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     # package anywhere on the check's path fails here. --deadline 540: a CI machine shared with other jobs can take
     # three times the plan's seconds; the deadline's own behaviour is tests/unit/test_gpu_check.py's.
     bare = os.pathsep.join([str(ROOT / "tests" / "bare"), os.environ.get("PYTHONPATH", "")])
+    only = [arg for step in BARE_STEPS for arg in ("--only", step)]
     proc = run(
-        [str(ROOT / "scripts" / "gpu-check.sh"), "--quick", "--allow-cpu", "--deadline", "540", str(tmp_path / "g")],
+        [
+            str(ROOT / "scripts" / "gpu-check.sh"),
+            "--quick",
+            "--allow-cpu",
+            "--deadline",
+            "540",
+            *only,
+            str(tmp_path / "g"),
+        ],
         env={"PYTHON": sys.executable, "PYTHONPATH": bare},
     )
     result = json.loads((tmp_path / "g" / "gpu-check.json").read_text())
     status = {s["step"]: s["status"] for s in result["steps"]}
-    # What a CPU can run, ran and passed: FSDP and bf16 training, the 1-rank process group (gloo here, NCCL on a
-    # GPU) with accumulation, a deterministic pair of runs and a stop-and-resume compared bit for bit.
-    ran = ["doctor", "FSDP", "bf16 training", "DDP, 1 rank", "training", "data path", "deterministic", "resume"]
+    details = {s["step"]: s["detail"] for s in result["steps"]}
+    # What a CPU can run of the steps asked for, ran and passed: FSDP, the 1-rank process group (gloo here, NCCL on
+    # a GPU) with accumulation, plain training.
+    ran = ["doctor", "FSDP", "DDP, 1 rank", "training"]
     for step in ran:
         assert status[step] == "passed", (step, result["steps"])
-    # CUDA only, each saying why
-    cuda_only = ["host syncs", "host<->device", "memory", "strategies", "levers", "all-reduce", "DDP + compile"]
-    for step in cuda_only:
-        assert status[step] == "skipped", (step, result["steps"])
     # The steps whose package the bare interpreter lacks are skipped naming it (each runs for real elsewhere:
     # tests/infra/test_prometheus.py, tests/distributed/test_lightning_peer.py).
-    details = {s["step"]: s["detail"] for s in result["steps"]}
     assert status["metrics"] == "skipped" and "prometheus_client" in details["metrics"], details["metrics"]
     assert status["Lightning peer"] == "skipped" and "lightning" in details["Lightning peer"]
+    # Those not asked for say so; CUDA-only steps would say why (tests/unit/test_gpu_check.py plans them)
+    for step in set(status) - set(BARE_STEPS) - {"resume"}:
+        assert status[step] == "skipped" and details[step] == "not asked for (--only)", (step, details[step])
     lines = proc.stdout.strip().splitlines()
     # The plan first, within the --quick budget, before any step starts; the table last.
     assert lines[0].startswith("gpu-check plan: ") and lines.index(
@@ -99,6 +115,16 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     assert lines[-len(status) - 2].startswith("# lab gpu-check")
     assert result["finished"] and result["deadline_seconds"] <= 540
     assert (tmp_path / "g" / "ddp-1rank.log").read_text().startswith("$ ")  # each step's own output kept
+
+
+def test_gpu_check_refuses_a_step_it_does_not_have_in_one_line(tmp_path):
+    out = tmp_path / "g"
+    proc = run(
+        [str(ROOT / "scripts" / "gpu-check.sh"), "--quick", "--allow-cpu", "--only", "FSPD", str(out)], check=False
+    )
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "--only 'FSPD': no such step; the steps: doctor, FSDP," in proc.stderr
+    assert not (out / "gpu-check.json").exists()  # refused before any step or record
 
 
 def test_gpu_check_dry_run_without_a_gpu_says_so_and_exits_0(tmp_path):

@@ -266,14 +266,18 @@ def test_a_node_that_cannot_reach_the_rendezvous_fails_the_play_naming_it(tmp_pa
     print(f"failing play: {seconds:.0f} s")
 
 
-def test_preflight_twice_changes_nothing(tmp_path):
-    for _ in range(2):
-        proc, recap = _playbook(tmp_path, LOCAL, "--tags", "preflight")
+def test_preflight_under_check_mode_then_for_real_changes_nothing_and_leaves_nothing(tmp_path):
+    # --check first: Ansible skips commands unless told they are read-only (check_mode: false); lab doctor then
+    # "ran" with exit 0 and no output, and preflight failed. Now every check runs under it; then the same play for
+    # real. preflight only checks: neither run changes anything (so a second changes nothing), neither writes.
+    for mode in (["--check"], []):
+        proc, recap = _playbook(tmp_path, LOCAL, *mode, "--tags", "preflight")
         assert set(recap) == set(NODES)
-        assert all(r["changed"] == 0 and r["failed"] == 0 for r in recap.values()), proc.stdout[-3000:]
-    for node in NODES:  # each node's one-line summary
-        assert re.search(rf"{re.escape(node)}: \d+ GPU\(s\).*torch .*lab doctor \d+ checks", proc.stdout)
-    assert not (tmp_path / "controller").exists() and not (tmp_path / "nodes").exists()  # checks only
+        assert all(r["changed"] == 0 and r["failed"] == 0 for r in recap.values()), (mode, proc.stdout[-3000:])
+        for node in NODES:  # each node's one-line summary: its doctor ran
+            assert re.search(rf"{re.escape(node)}: \d+ GPU\(s\).*torch .*lab doctor \d+ checks", proc.stdout)
+        assert not (tmp_path / "controller").exists() and not (tmp_path / "nodes").exists()  # checks only
+        assert not list(tmp_path.glob(".lab-workdir-probe.*"))  # each node's probe was removed
 
 
 def test_preflight_fails_on_a_busy_rendezvous_port_naming_the_host(tmp_path):
@@ -284,17 +288,6 @@ def test_preflight_fails_on_a_busy_rendezvous_port_naming_the_host(tmp_path):
         proc, recap = _playbook(tmp_path, LOCAL, "--tags", "preflight", check=False, lab_rdzv_port=port)
     assert proc.returncode != 0 and recap["127.0.0.1"]["failed"] == 1
     assert f"127.0.0.1: lab doctor failed: fail  port       {port} is in use on this host" in proc.stdout
-
-
-def test_preflight_under_check_mode_runs_its_read_only_checks(tmp_path):
-    # --check: Ansible skips commands unless told they are read-only (check_mode: false); lab doctor then "ran"
-    # with exit 0 and no output, and preflight failed. Now every check runs, and still nothing is left behind.
-    proc, recap = _playbook(tmp_path, LOCAL, "--check", "--tags", "preflight")
-    assert set(recap) == set(NODES) and all(r["failed"] == 0 for r in recap.values()), proc.stdout[-3000:]
-    for node in NODES:
-        assert re.search(rf"{re.escape(node)}: \d+ GPU\(s\).*torch .*lab doctor \d+ checks", proc.stdout)
-    assert not (tmp_path / "controller").exists() and not (tmp_path / "nodes").exists()
-    assert not list(tmp_path.glob(".lab-workdir-probe.*"))  # each node's probe was removed
 
 
 def test_preflight_refuses_a_lab_workdir_the_nodes_share_naming_them_and_the_path(tmp_path):

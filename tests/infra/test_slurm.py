@@ -27,8 +27,10 @@ from tests.conftest import PYTHON, ROOT
 from tests.infra.slurm_cluster import SlurmCluster, missing_tools
 
 LAB = str(Path(PYTHON).parent / "lab")  # the lab "installed on the nodes": this venv's entry point
-# The smoke config at width 8 for 3 epochs (24 steps), a checkpoint every 4: long enough to requeue mid-run.
-TRAINING = {"LAB_SET": "model.width=8 train.epochs=3 run.deterministic=true", "LAB_CHECKPOINT_EVERY": "4"}
+# The smoke config at width 8 for 25 epochs (200 steps, about 10 s), a checkpoint every 4: long enough to requeue
+# mid-run, and for Prometheus to scrape the reference job's exporters (its scrape manager takes in new targets at
+# most every 5 s: a 3-second run once ended unseen).
+TRAINING = {"LAB_SET": "model.width=8 train.epochs=25 run.deterministic=true", "LAB_CHECKPOINT_EVERY": "4"}
 
 
 @pytest.fixture(scope="session")
@@ -110,20 +112,25 @@ def _wait_for_step(run_dirs: Path, step: int, cluster: SlurmCluster, job_id: str
 # ----------------------------------------------------------------------------- Prometheus
 
 
-@pytest.fixture
-def prometheus(tmp_path):
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
     """A real Prometheus reading the shipped config's lab job through file_sd from a folder the job shares."""
     binary = shutil.which("prometheus")
     if binary is None:
         if os.environ.get("CI"):
             pytest.fail("prometheus is not installed; `make test` installs it (scripts/install-test-tools.sh)")
         pytest.skip("prometheus is not installed (scripts/install-test-tools.sh)")
+    tmp_path = tmp_path_factory.mktemp("prometheus")
     targets, port = tmp_path / "targets", free_ports()
     targets.mkdir()
     config = yaml.safe_load((ROOT / "monitoring" / "prometheus.yml").read_text())
-    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    # a scrape every 0.25 s: file_sd sees a new target file at once (inotify), so both nodes' exporters are
+    # scraped within the seconds the reference job trains
+    config["global"].update(scrape_interval="250ms", scrape_timeout="250ms", evaluation_interval="1s")
     config.pop("rule_files", None)
     lab_job = next(job for job in config["scrape_configs"] if job["job_name"] == "lab")
+    lab_job.pop("scrape_interval", None)
+    lab_job.pop("scrape_timeout", None)
     lab_job["file_sd_configs"] = [{"files": [str(targets / "*.json")], "refresh_interval": "1s"}]
     config["scrape_configs"] = [lab_job]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -161,18 +168,26 @@ def _query(base: str, expr: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory):
-    """One uninterrupted job of the shipped script, as typed in docs/slurm.md (sbatch -N 2 slurm/lab.sbatch)."""
+def reference(cluster, prometheus, tmp_path_factory):
+    """One uninterrupted job of the shipped script, as typed in docs/slurm.md (sbatch -N 2 slurm/lab.sbatch), its
+    ranks' exporters announced to a real Prometheus through the shared targets folder: (folder, job, the exporters
+    Prometheus scraped while it ran, labelled with the job's id)."""
     folder = tmp_path_factory.mktemp("reference")
+    port = free_ports()
     started = time.monotonic()
-    job_id = cluster.sbatch("sbatch -N 2 slurm/lab.sbatch", ROOT, folder, env=_job_env(folder / "runs"))
+    env = _job_env(folder / "runs", LAB_METRICS_PORT_BASE=str(port), LAB_TARGETS_DIR=str(prometheus["targets"]))
+    job_id = cluster.sbatch("sbatch -N 2 slurm/lab.sbatch", ROOT, folder, env=env)
+    seen: set[str] = set()
+    while cluster.job(job_id).state in ("PENDING", "CONFIGURING", "RUNNING") and len(seen) < 2:
+        seen |= {r["metric"]["instance"] for r in _query(prometheus["url"], f'up{{slurm_job_id="{job_id}"}} == 1')}
+        time.sleep(0.2)
     job = cluster.wait(job_id)
     print(f"sbatch -N 2 slurm/lab.sbatch: {job.state} in {time.monotonic() - started:.1f} s")
-    return folder, job
+    return folder, job, {"seen": seen, "port": port}
 
 
 def test_sbatch_of_the_shipped_script_trains_on_both_nodes_with_one_run_directory(reference):
-    folder, job = reference
+    folder, job, _ = reference
     out = _output(folder, job.job_id)
     assert job.state == "COMPLETED" and job.rc == 0, out[-3000:]
     [run_dir] = _run_dirs(folder / "runs")
@@ -270,29 +285,12 @@ def test_srun_with_one_task_per_rank_is_refused_in_one_line_never_two_runs_of_wo
     assert "lab launch --slurm" in lines[0] and not (tmp_path / "runs").exists()
 
 
-def test_each_nodes_exporter_is_announced_to_prometheus_with_the_job_id_then_withdrawn(cluster, prometheus, tmp_path):
-    port = free_ports()
-    job_id = cluster.sbatch(
-        "sbatch -N 2 slurm/lab.sbatch",
-        ROOT,
-        tmp_path,
-        env=_job_env(
-            tmp_path / "runs",
-            LAB_METRICS_PORT_BASE=str(port),
-            LAB_TARGETS_DIR=str(prometheus["targets"]),
-            # 320 steps, about 16 s on a quiet machine: at 6 epochs (3 s) a fast
-            # machine ended the run before Prometheus's 1 s file_sd refresh and
-            # scrape had seen both nodes (a clean-clone run failed so)
-            LAB_SET="model.width=8 train.epochs=40",
-        ),
-    )
-    seen: set[str] = set()
-    while cluster.job(job_id).state in ("PENDING", "CONFIGURING", "RUNNING") and len(seen) < 2:
-        seen |= {r["metric"]["instance"] for r in _query(prometheus["url"], f'up{{slurm_job_id="{job_id}"}} == 1')}
-        time.sleep(0.5)
-    job = cluster.wait(job_id)
-    assert job.state == "COMPLETED", _output(tmp_path, job_id)[-3000:]
-    assert seen == {f"127.0.0.1:{port}", f"127.0.0.2:{port}"}  # both nodes' rank 0, scraped, labelled with the job
+def test_each_nodes_exporter_is_announced_to_prometheus_with_the_job_id_then_withdrawn(reference, prometheus):
+    folder, job, exporters = reference
+    assert job.state == "COMPLETED", _output(folder, job.job_id)[-3000:]
+    port = exporters["port"]
+    # both nodes' rank 0, scraped, labelled with the job
+    assert exporters["seen"] == {f"127.0.0.1:{port}", f"127.0.0.2:{port}"}
     assert list(prometheus["targets"].iterdir()) == []  # withdrawn when the job ended
 
 
