@@ -17,11 +17,22 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lab import __version__
+from lab import __version__, broken_pipe
 from lab import commands as handlers  # each subcommand's handler (lab.commands)
 from lab.bench import registry
 from lab.cluster import torchrun_env
-from lab.config.arguments import PROCESSES, at_least, config_args
+from lab.config.arguments import (
+    PROCESSES,
+    address,
+    at_least,
+    config_args,
+    executable,
+    host_port,
+    output_dir,
+    output_file,
+    plain_name,
+    url,
+)
 from lab.errors import EXIT_BAD_INPUT, LabError
 
 
@@ -107,8 +118,13 @@ def _rerun_args(p: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help="change one config key for the rerun (repeatable), e.g. --set run.seed=1",
     )
-    p.add_argument("--output-dir", metavar="DIR", help="where the new run directory goes (default: beside RUN_DIR)")
-    p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    p.add_argument(
+        "--output-dir",
+        type=output_dir,
+        metavar="DIR",
+        help="where the new run directory goes (default: beside RUN_DIR)",
+    )
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the comparison as JSON")
 
 
 def _workshop_args(p: argparse.ArgumentParser) -> None:
@@ -119,7 +135,9 @@ def _workshop_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="DDP processes (default: 2 and 4 on a CPU; 2, 4, 8 ... up to the GPUs present)",
     )
-    p.add_argument("--output-dir", default="runs", metavar="DIR", help="where the workshop folder goes")
+    p.add_argument(
+        "--output-dir", default="runs", type=output_dir, metavar="DIR", help="where the workshop folder goes"
+    )
     p.add_argument(
         "--only",
         metavar="PART[,PART]",
@@ -188,7 +206,9 @@ def _pitfall_args(p: argparse.ArgumentParser) -> None:
         help="one of: " + ", ".join(PITFALLS) + " (none: list them)",
     )
     p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N", help="ranks (default: the GPUs present, else 2)")
-    p.add_argument("--json", metavar="PATH", help="write the broken and the fixed measurement as JSON")
+    p.add_argument(
+        "--json", type=output_file, metavar="PATH", help="write the broken and the fixed measurement as JSON"
+    )
 
 
 def _memory_args(p: argparse.ArgumentParser) -> None:
@@ -238,8 +258,8 @@ def _memory_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name}", type=at_least(1), help="transformer activation term (give all five)")
     p.add_argument("--measure", action="store_true", help="also measure ResNet-18: 1 process, DDP and FSDP")
     p.add_argument("--measure-width", type=at_least(1), default=64, help="ResNet-18 width for --measure (default 64)")
-    p.add_argument("--json", metavar="PATH")
-    p.add_argument("--plot", metavar="PNG", help="stacked bars of the estimate")
+    p.add_argument("--json", type=output_file, metavar="PATH")
+    p.add_argument("--plot", type=output_file, metavar="PNG", help="stacked bars of the estimate")
 
 
 def _choose_args(p: argparse.ArgumentParser) -> None:
@@ -283,12 +303,14 @@ def _choose_args(p: argparse.ArgumentParser) -> None:
         metavar="FRACTION",
         help="part of GPU memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)",
     )
-    p.add_argument("--json", metavar="PATH", help="write the decisions and the choice as JSON")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the decisions and the choice as JSON")
 
 
 def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories, workshop folders, result JSONs")
-    p.add_argument("--out", metavar="DIR", help="where report.md and the PNGs go (default: the first folder)")
+    p.add_argument(
+        "--out", type=output_dir, metavar="DIR", help="where report.md and the PNGs go (default: the first folder)"
+    )
 
 
 def _doctor_args(p: argparse.ArgumentParser) -> None:
@@ -299,12 +321,14 @@ def _doctor_args(p: argparse.ArgumentParser) -> None:
         metavar="PORT[-LAST]",
         help="a port that must be free here: the rendezvous port, the metrics ports (repeatable)",
     )
-    p.add_argument("--output-dir", default="runs", metavar="DIR", help="run output directory (default: runs)")
+    p.add_argument(
+        "--output-dir", default="runs", type=output_dir, metavar="DIR", help="run output directory (default: runs)"
+    )
     p.add_argument("--expect-gpus", type=at_least(0), metavar="N", help="fail unless exactly N CUDA GPUs are visible")
     p.add_argument(
         "--min-shm", type=float, default=1.0, metavar="GIB", help="warn when /dev/shm is smaller (default 1 GiB)"
     )
-    p.add_argument("--json", metavar="PATH", help="write checks and facts as JSON ('-': stdout)")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write checks and facts as JSON ('-': stdout)")
 
 
 def _validate_args(p: argparse.ArgumentParser) -> None:
@@ -313,7 +337,7 @@ def _validate_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--nodes", required=True, metavar="N1,N2", help="the nodes in order, the head first")
     p.add_argument("--run-id", required=True, metavar="ID", help="the run this check belongs to")
-    p.add_argument("--out", required=True, metavar="PATH", help="where validate.json goes")
+    p.add_argument("--out", required=True, type=output_file, metavar="PATH", help="where validate.json goes")
     p.add_argument(
         "--floor",
         action="append",
@@ -332,7 +356,9 @@ def _validate_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--baseline", metavar="FILE", help="fail figures under --baseline-fraction of this baseline")
     p.add_argument("--baseline-fraction", default="0.8", metavar="F", help="of the baseline (default 0.8)")
-    p.add_argument("--record-baseline", metavar="FILE", help="write this (passed) run's figures as a baseline")
+    p.add_argument(
+        "--record-baseline", type=output_file, metavar="FILE", help="write this (passed) run's figures as a baseline"
+    )
     p.add_argument(
         "--dcgm-level",
         type=int,
@@ -349,7 +375,7 @@ def _validate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _data_root(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--root", default="data", help="data root (default: data)")
+    p.add_argument("--root", default="data", type=output_dir, help="data root (default: data)")
 
 
 def _synth_args(p: argparse.ArgumentParser) -> None:
@@ -409,6 +435,7 @@ def _room_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--room-dir",
         default="runs/room",
+        type=output_dir,
         metavar="DIR",
         help="the room's folder: its plan, settings and the hub's state (default runs/room)",
     )
@@ -419,6 +446,7 @@ def _room_plan_command_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json",
         default="runs/room/plan.json",
+        type=output_file,
         metavar="PATH",
         help="where the plan goes, for lab room serve --plan (default runs/room/plan.json)",
     )
@@ -438,6 +466,7 @@ def _room_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bind",
         default="127.0.0.1",
+        type=address,
         metavar="ADDR",
         help="where learners' browsers reach the hub (default 127.0.0.1; see docs/workshop.md for TLS)",
     )
@@ -446,7 +475,12 @@ def _room_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--proxy-api-port", type=at_least(1), default=8001, help="the proxy's API port, loopback (default 8001)"
     )
-    p.add_argument("--proxy", metavar="PATH", help="configurable-http-proxy (default: make room-proxy's, or PATH's)")
+    p.add_argument(
+        "--proxy",
+        type=executable,
+        metavar="PATH",
+        help="configurable-http-proxy (default: make room-proxy's, or PATH's)",
+    )
     p.add_argument(
         "--idle-timeout",
         type=at_least(10, "{} s"),
@@ -454,22 +488,45 @@ def _room_serve_args(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="stop a seat's server idle this long (default 3600)",
     )
-    p.add_argument("--home-root", default="/home", metavar="DIR", help="where new seat users' homes go (default /home)")
-    p.add_argument("--pushgateway", metavar="HOST:PORT", help="a Pushgateway for the lessons' checks and seats' GPUs")
-    p.add_argument("--prometheus-url", metavar="URL", help="a Prometheus for the seats' lesson 6 (default: its own)")
-    p.add_argument("--image", default="lab-jupyter:0.1.0", help="docker: the seats' image (default lab-jupyter:0.1.0)")
     p.add_argument(
-        "--network", default="lab-room", help="docker: the network of the hub and the seats (default lab-room)"
+        "--home-root",
+        default="/home",
+        type=output_dir,
+        metavar="DIR",
+        help="where new seat users' homes go (default /home)",
+    )
+    p.add_argument(
+        "--pushgateway",
+        type=host_port,
+        metavar="HOST:PORT",
+        help="a Pushgateway for the lessons' checks and seats' GPUs",
+    )
+    p.add_argument(
+        "--prometheus-url", type=url, metavar="URL", help="a Prometheus for the seats' lesson 6 (default: its own)"
+    )
+    p.add_argument(
+        "--image",
+        default="lab-jupyter:0.1.0",
+        type=plain_name,
+        help="docker: the seats' image (default lab-jupyter:0.1.0)",
+    )
+    p.add_argument(
+        "--network",
+        default="lab-room",
+        type=plain_name,
+        help="docker: the network of the hub and the seats (default lab-room)",
     )
     p.add_argument(
         "--hub-bind",
         default="127.0.0.1",
+        type=address,
         metavar="ADDR",
         help="the hub's API address (default 127.0.0.1; 0.0.0.0 where seats are containers)",
     )
     p.add_argument(
         "--hub-connect-url",
         default="",
+        type=url,
         metavar="URL",
         help="how seats reach the hub's API when not at --hub-bind (compose: http://hub:8081)",
     )
@@ -485,7 +542,9 @@ def _room_serve_args(p: argparse.ArgumentParser) -> None:
 
 def _room_status_args(p: argparse.ArgumentParser) -> None:
     _room_dir(p)
-    p.add_argument("--json", metavar="PATH", help="write every seat's lessons, checks, run and memory as JSON")
+    p.add_argument(
+        "--json", type=output_file, metavar="PATH", help="write every seat's lessons, checks, run and memory as JSON"
+    )
 
 
 def _room_seat_args(p: argparse.ArgumentParser) -> None:
@@ -522,7 +581,7 @@ def _room_actions() -> tuple[Command, ...]:
         Command(
             "prepare-seat",
             "copy the lessons into a seat's folder where missing (a seat container's start)",
-            lambda p: p.add_argument("home", metavar="DIR"),
+            lambda p: p.add_argument("home", type=output_dir, metavar="DIR"),
             "lab.room.seats.prepare",
         ),
     )
@@ -615,5 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         if torchrun_env.is_primary_process():  # under torchrun every rank sees the same bad input
             print(f"lab: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # `lab ... | head`: the reader has what it wanted (lab.broken_pipe)
+        broken_pipe.silence_stdout()
+        return broken_pipe.EXIT_BROKEN_PIPE
     except KeyboardInterrupt as exc:  # Ctrl-C, or the runner's Stopped (SIGTERM): 128 + the signal, as a shell says
         return 128 + getattr(exc, "signum", 2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,7 +39,11 @@ def train(args: argparse.Namespace) -> int:
         horovodrun.check_worker()
     if args.nproc_per_node is not None:
         return _launch_train(args, cfg)
-    return _train_here(cfg, None)
+    from lab.cluster import torchrun_env
+
+    world_size = torchrun_env.layout().world_size  # this process's world: 1 alone, torchrun's or horovodrun's
+    check_training(cfg, world_size)  # every check before the run directory exists: a refusal leaves no trace
+    return _train_here(cfg, world_size)
 
 
 def _train_here(cfg, checked_world_size: int | None) -> int:
@@ -69,23 +74,30 @@ def _launch_train(args: argparse.Namespace, cfg) -> int:
 
     launch.check_not_nested()
     check_training(cfg, args.nproc_per_node)
-    target = runs.resolved_target(cfg, args.nproc_per_node)
+    target, run_dir, _ = runs.resolved_target(cfg, args.nproc_per_node)
     if cfg.dist.strategy == "horovod":
         from lab.cluster.horovodrun import horovodrun_command
 
         command = horovodrun_command(args.nproc_per_node, target, timeout_seconds=cfg.dist.timeout_seconds)
     else:
         command = launch.torchrun_command(args.nproc_per_node, target)
-    return EXIT_OK if launch.run(command, args.nproc_per_node) == 0 else EXIT_FAILED
+    try:
+        status = launch.run(command, args.nproc_per_node)
+    finally:  # workers that refused (or died) before the run's first start leave no run directory behind
+        if run_dir is not None:
+            run_dir.remove_if_unstarted()
+    return EXIT_OK if status == 0 else EXIT_FAILED
 
 
 def check_training(cfg, world_size: int | None) -> None:
     """Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report."""
     from lab import config, data
-    from lab.training import plan
+    from lab.training import checkpoint, plan
 
     if world_size is not None:
         config.check_layout(cfg, world_size)
+    if cfg.checkpoint.resume not in ("auto", "never"):
+        checkpoint.check_resumable(cfg.checkpoint.resume)
     data.check_source(cfg.data)
     known = data.generated_train_size(cfg.data)
     if world_size is not None and known is not None:
@@ -127,7 +139,14 @@ def launch(args: argparse.Namespace) -> int:
         # checked config in a file of this launch's (gone when they end). Nodes without a shared id leave the id
         # to their rank 0, and their workers check the config again.
         if cfg is not None and (rdzv.endpoint is None or rdzv.run_id or cfg.run.id):
-            target = runs.resolved_target(cfg, world_size, rdzv.run_id, Path(folder))
+            handoff = runs.resolved_target(cfg, world_size, rdzv.run_id, Path(folder))
+            print(
+                f"lab launch: {shlex.join(target)}: checked here for {world_size or 'the rendezvous'} rank(s), run "
+                f"{handoff.run_id}; the workers read it from {handoff.target[-1]}",
+                file=sys.stderr,
+                flush=True,
+            )
+            target = handoff.target
         command = launching.torchrun_command(args.nproc_per_node, target, rdzv)
         return EXIT_OK if launching.run(command, args.nproc_per_node, rdzv) == 0 else EXIT_FAILED
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lab.config.arguments import PROCESSES, at_least, config_args
+from lab.config.arguments import PROCESSES, at_least, config_args, host_port, output_dir, output_file
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def _nccl_tests_args(p: argparse.ArgumentParser, op_help: str, op_default: str |
     p.add_argument("-w", "--warmup-iters", type=at_least(0), default=5, help="warm-up iterations (default 5)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--op", default=op_default, choices=["sum", "avg", "max"], help=op_help)
-    p.add_argument("--json", metavar="PATH", help="write rows and environment as JSON")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write rows and environment as JSON")
     p.add_argument("--min-busbw", type=float, metavar="GBPS", help="exit 3 when the average busbw is lower")
     p.add_argument("--link", help="reference link for the busbw ratio (nvlink4, ndr-ib, pcie5, ...)")
     p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N", help="start torchrun with N processes")
@@ -60,7 +60,7 @@ def _nccl_tests_args(p: argparse.ArgumentParser, op_help: str, op_default: str |
 
 def _allreduce_args(p: argparse.ArgumentParser) -> None:
     _nccl_tests_args(p, "the reduction (default sum)", "sum")
-    p.add_argument("--pushgateway", metavar="HOST:PORT", help="push busbw per size to a Prometheus Pushgateway")
+    p.add_argument("--pushgateway", type=host_port, metavar="HOST:PORT", help="push busbw per size to a Pushgateway")
 
 
 def _collective_args(p: argparse.ArgumentParser) -> None:
@@ -93,9 +93,9 @@ def _scaling_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=at_least(1), default=20, help="timed steps per world size (default 20)")
     p.add_argument("--warmup", type=at_least(0), default=5, help="warm-up steps per world size (default 5)")
-    p.add_argument("--json", metavar="PATH", help="write the table as JSON")
-    p.add_argument("--plot", metavar="PNG", help="write throughput and efficiency against N")
-    p.add_argument("--pushgateway", metavar="HOST:PORT", help="push the table to a Prometheus Pushgateway")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the table as JSON")
+    p.add_argument("--plot", type=output_file, metavar="PNG", help="write throughput and efficiency against N")
+    p.add_argument("--pushgateway", type=host_port, metavar="HOST:PORT", help="push the table to a Pushgateway")
 
 
 def _strategies_args(p: argparse.ArgumentParser) -> None:
@@ -107,8 +107,8 @@ def _strategies_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rows", metavar="LABELS", help="only these rows, comma-separated (e.g. DDP,Horovod; default: every row)"
     )
-    p.add_argument("--json", metavar="PATH", help="write the table as JSON")
-    p.add_argument("--plot", metavar="PNG", help="memory per rank by strategy and the loss curves")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the table as JSON")
+    p.add_argument("--plot", type=output_file, metavar="PNG", help="memory per rank by strategy and the loss curves")
 
 
 def _levers_args(p: argparse.ArgumentParser) -> None:
@@ -135,8 +135,8 @@ def _levers_args(p: argparse.ArgumentParser) -> None:
         default=3,
         help="float64 optimizer steps of the accumulation exactness check (default 3)",
     )
-    p.add_argument("--json", metavar="PATH", help="write the tables as JSON")
-    p.add_argument("--plot", metavar="PNG", help="the levers' ratios to the plain step as bars")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the tables as JSON")
+    p.add_argument("--plot", type=output_file, metavar="PNG", help="the levers' ratios to the plain step as bars")
 
 
 def _pipeline_args(p: argparse.ArgumentParser) -> None:
@@ -151,14 +151,17 @@ def _pipeline_args(p: argparse.ArgumentParser) -> None:
         default=0.5,
         help="pause before each block so DataLoader prefetching ends (default 0.5)",
     )
-    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--json", type=output_file, metavar="PATH")
 
 
 def _hostdevice_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="256M", help="bytes per copy, K/M/G binary as in nccl-tests (default 256M)")
     p.add_argument("--iters", type=at_least(1), default=20, help="timed copies per figure (default 20)")
     p.add_argument(
-        "--json", metavar="PATH", help="write the figures as JSON (the schema: lab/bench/comm/hostdevice.py)"
+        "--json",
+        type=output_file,
+        metavar="PATH",
+        help="write the figures as JSON (the schema: lab/bench/comm/hostdevice.py)",
     )
 
 
@@ -167,10 +170,11 @@ def _gpu_check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         default="runs/gpu-check",
+        type=output_dir,
         metavar="DIR",
         help="step logs, runs and gpu-check.json (default runs/gpu-check)",
     )
-    p.add_argument("--json", metavar="PATH", help="also write the result here")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="also write the result here")
     p.add_argument(
         "--skip-without-gpu",
         action="store_true",
@@ -200,7 +204,7 @@ def _metrics_overhead_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=at_least(1), default=3, help="on/off block pairs (default 3)")
     p.add_argument("--steps", type=at_least(1), default=20, help="steps per block (default 20)")
     p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between scrapes (default 1)")
-    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--json", type=output_file, metavar="PATH")
 
 
 def _lightning_args(p: argparse.ArgumentParser) -> None:
@@ -226,7 +230,7 @@ def _lightning_args(p: argparse.ArgumentParser) -> None:
         help="Lightning's DDP settings: the lab's (bucket size, bucket views, buffer sync) or "
         "Lightning's own (default lab)",
     )
-    p.add_argument("--json", metavar="PATH", help="write the result and its settings as JSON")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the result and its settings as JSON")
 
 
 # ----------------------------------------------------------------------------- the table

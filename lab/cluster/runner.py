@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from lab import broken_pipe
 from lab.errors import LabError, LaunchError
 
 GIB = 2**30
@@ -321,8 +322,14 @@ def _group_alive(proc: subprocess.Popen) -> bool:
 
 def _reader(stream: IO[str], each_line: Callable[[str], None]) -> threading.Thread:
     def read() -> None:
-        for line in stream:
-            each_line(line)
+        delivering = True
+        for line in stream:  # read to the end whatever happens to the lines: a child on a full pipe would block
+            if delivering:
+                try:
+                    each_line(line)
+                except BrokenPipeError:  # the lab's own output was piped into `head` and it quit: drop the rest
+                    broken_pipe.silence_stdout()
+                    delivering = False
         stream.close()
 
     thread = threading.Thread(target=read, name="lab-runner-pipe", daemon=True)

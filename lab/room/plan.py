@@ -130,8 +130,13 @@ def this_host(
     list, `cores`, `memory_gib`), to plan another host from here."""
     from lab.cluster import nvml
 
-    if devices:
+    if devices is not None:
         found = tuple(d.strip() for d in devices.split(",") if d.strip())
+        if not found or len(found) != len(devices.split(",")):
+            raise LabError(
+                f"--devices {devices!r}: an empty entry; give the seats' devices comma-separated, GPU indices or MIG "
+                f"UUIDs (--devices 0,1,2,3 or --devices MIG-a,MIG-b), or leave --devices out for this host's GPUs"
+            )
     else:
         found = tuple(str(i) for i in range(nvml.device_count() if gpus is None else gpus))
     if cores is not None:

@@ -12,6 +12,7 @@ import io
 import os
 import random
 import shutil
+import zipfile
 from pathlib import Path
 from typing import cast
 
@@ -87,15 +88,39 @@ def save(path: str | Path, state: dict) -> Path:
     return path
 
 
+NOT_A_CHECKPOINT = "not a checkpoint written by lab (or by torch.save)"
+
+
+def check_resumable(choice: str) -> None:
+    """checkpoint.resume as a path: it exists, and a file is a torch.save archive (a zip); else one line, before
+    anything of the run is made. (A sharded strategy's checkpoint is a folder: its own loader reads it.)"""
+    path = Path(choice)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint.resume: {path} does not exist; give an existing file, auto or never")
+    if path.is_file() and not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"checkpoint.resume: {path} is {NOT_A_CHECKPOINT}: torch.save writes a zip archive "
+            f"and this file is not one; give a run's checkpoints/last.pt, or set "
+            f"checkpoint.resume=never"
+        )
+
+
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: {NOT_A_CHECKPOINT}: torch.save writes a zip archive and this file is not one")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:
+        if "Weights only load failed" in str(exc):  # torch's refusal of a pickle that would run code or make objects
+            raise CheckpointError(
+                f"{path}: refused: loading it would run code or build objects a lab checkpoint never "
+                f"holds (torch.load with weights_only=True); it is {NOT_A_CHECKPOINT}"
+            ) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint ({first[:200]})") from None
+        raise CheckpointError(f"{path}: {NOT_A_CHECKPOINT}, or one cut short ({first[:120]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a lab checkpoint of format {FORMAT}")
     return state

@@ -27,7 +27,7 @@ import torch
 from lab import data
 from lab.cluster import dist, provenance, seat, slurm, torchrun_env
 from lab.config import Config, check_layout, to_dict
-from lab.errors import CheckpointError
+from lab.errors import CheckpointError, LabError
 from lab.formatting import num, pct
 from lab.observability import device_memory, metrics
 from lab.training import checkpoint
@@ -158,6 +158,17 @@ def _open(cfg: Config, ctx: dist.DistContext, hooks: Iterable[Hook], wall_start:
     dataset = data.load(cfg.data).to(ctx.device)
     run_dir = RunDir(cfg.run.output_dir, resolve_run_id(cfg, ctx))
     dist.primary_then_broadcast(ctx, run_dir.create)
+    try:
+        return _start(cfg, ctx, hooks, wall_start, dataset, run_dir)
+    except LabError:  # refused (a checkpoint, the disk): a directory this start made goes again
+        if ctx.is_primary:
+            run_dir.remove_if_unstarted()
+        raise
+
+
+def _start(
+    cfg: Config, ctx: dist.DistContext, hooks: Iterable[Hook], wall_start: float, dataset: data.Dataset, run_dir: RunDir
+) -> RunStart:
     if cfg.checkpoint.dir:  # outside the run directory: a shared file system, where rank 0's next node finds it
         folder = checkpoint.run_folder(cfg.checkpoint.dir, run_dir.run_id, run_dir.checkpoints)
         dist.primary_then_broadcast(ctx, lambda: checkpoint.prepare_folder(folder))
@@ -267,8 +278,7 @@ def find_checkpoint(cfg: Config, own: Path) -> str | None:
     if choice == "never":
         return None
     path = own if choice == "auto" else choice
-    if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint.resume: {path} does not exist; give an existing file, auto or never")
+    checkpoint.check_resumable(str(path))
     return str(path)
 
 

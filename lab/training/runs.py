@@ -23,7 +23,7 @@ import secrets
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from lab import atomic
 from lab.config import Config, from_dict, to_dict
@@ -70,25 +70,35 @@ def run_id_for(name: str, given: str, rendezvous_id: str | None) -> str:
     return new_run_id(name)
 
 
-def write_resolved(cfg: Config, world_size: int | None, folder: Path | None = None) -> Path:
+class Handoff(NamedTuple):
+    """What a launching parent hands its workers: their command, and the run directory it made for them (None when
+    the file went into a folder of the launcher's own)."""
+
+    target: list[str]
+    run_dir: RunDir | None
+    run_id: str
+
+
+def write_resolved(cfg: Config, world_size: int | None, folder: Path | None = None) -> tuple[Path, RunDir | None]:
     """config.json in `folder`, else in the run directory (created here, and proven writable): the config as
     checked for `world_size` ranks (None: not known before the rendezvous), with its run id. The workers read it
     (`lab train --resolved PATH`) instead of parsing and checking the command line again."""
-    path = (folder or RunDir(cfg.run.output_dir, cfg.run.id).create().path) / RESOLVED
+    run_dir = None if folder else RunDir(cfg.run.output_dir, cfg.run.id).create()
+    path = (run_dir.path if run_dir is not None else Path(str(folder))) / RESOLVED
     write_json(path, {"run_id": cfg.run.id, "origin": cfg.origin, "world_size": world_size, "config": to_dict(cfg)})
-    return path
+    return path, run_dir
 
 
 def resolved_target(
     cfg: Config, world_size: int | None, rendezvous_id: str | None = None, folder: Path | None = None
-) -> list[str]:
+) -> Handoff:
     """What each worker of a launched run runs: `-m lab train --resolved PATH`, PATH the checked config with its
     run id (`run_id_for`), written by `write_resolved` into the run directory or `folder`."""
     from lab.config import with_overrides
 
     run_id = run_id_for(cfg.run.name, cfg.run.id, rendezvous_id)
-    path = write_resolved(with_overrides(cfg, run={"id": run_id}), world_size, folder)
-    return ["-m", "lab", "train", "--resolved", str(path)]
+    path, run_dir = write_resolved(with_overrides(cfg, run={"id": run_id}), world_size, folder)
+    return Handoff(["-m", "lab", "train", "--resolved", str(path)], run_dir, run_id)
 
 
 def read_resolved(path: str | Path) -> tuple[Config, int | None]:
@@ -120,9 +130,11 @@ class RunDir:
         self.metrics = self.path / "metrics.jsonl"
         self.summary = self.path / "summary.json"
         self.checkpoints = self.path / "checkpoints"
+        self.made = False  # whether create() made the directory (a refused start removes what it made)
 
     def create(self) -> RunDir:
         """Create the directory and prove it writable now, not after an hour of training."""
+        self.made = self.made or not self.path.exists()
         try:
             self.checkpoints.mkdir(parents=True, exist_ok=True)
             probe = self.path / f".write-test-{os.getpid()}"
@@ -135,6 +147,12 @@ class RunDir:
             ) from None
         self._clear_crash_leftovers()
         return self
+
+    def remove_if_unstarted(self) -> None:
+        """A run refused (or failed) before its first start was recorded leaves the tree as it found it: the
+        directory goes when this process made it and no manifest was written into it."""
+        if self.made and not self.manifest.exists():
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def _clear_crash_leftovers(self) -> None:
         """A process killed mid-write can leave a torn last metrics row and lab.atomic temp files (`*.tmp-*`:

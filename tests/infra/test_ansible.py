@@ -176,7 +176,13 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
     head = nodes["launch"]["127.0.0.1"]["command"]
     assert shlex.split(head)[:2] == [str(BIN / "lab"), "launch"]
     dry = run([*shlex.split(head)[:2], "--dry-run", *shlex.split(head)[2:]]).stdout.strip()
-    assert (job / "nodes" / "127.0.0.1" / "launch.log").read_text().splitlines()[0] == f"$ {dry}"
+    log = (job / "nodes" / "127.0.0.1" / "launch.log").read_text().splitlines()
+    # ... and the workers run the config lab launch checked, handed down in a file of its own (the dry run shows
+    # the target as given: nothing is written by it)
+    torchrun, _, given = dry.partition(" -m lab train ")
+    ran = next(line for line in log if line.startswith("$ "))
+    assert given.startswith("--config smoke") and ran.startswith(f"$ {torchrun} -m lab train --resolved /")
+    assert ran.endswith("/config.json") and f"lab launch: -m lab train {given}: checked here" in "\n".join(log)
     print(f"two-node play: {seconds:.0f} s")
 
 
@@ -304,36 +310,6 @@ def test_preflight_refuses_a_lab_workdir_the_nodes_share_naming_them_and_the_pat
     assert not list(tmp_path.glob(".lab-workdir-probe.*")) and not shared.exists()  # probes gone, nothing made
 
 
-def test_a_limit_of_two_of_three_nodes_trains_with_those_two_and_the_first_of_them_as_head(tmp_path):
-    """`--limit` is how an operator drops a bad node: the head and --nnodes come from the hosts that play. Three
-    local nodes, the group's first (127.0.0.1) left out: 127.0.0.2 is the head and the world has 2 nodes."""
-    inventory = yaml.safe_load(LOCAL.read_text())
-    inventory["all"]["children"]["gpu_nodes"]["hosts"]["127.0.0.3"] = {"lab_node_address": "127.0.0.3"}
-    (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    playing = ["127.0.0.2", "127.0.0.3"]
-    started = time.monotonic()
-    proc, recap = _playbook(
-        tmp_path,
-        tmp_path / "inventory.yml",
-        "--limit",
-        ",".join(playing),
-        lab_train_overrides=["model.width=8", "train.max_steps=2"],
-    )
-    seconds = time.monotonic() - started
-    assert set(recap) == set(playing) and all(r["failed"] == 0 for r in recap.values()), proc.stdout[-3000:]
-    job = tmp_path / "controller" / "job1"
-    nodes = json.loads((job / "nodes.json").read_text())
-    assert (
-        nodes["nnodes"] == "2"
-        and nodes["rdzv_endpoint"].startswith("127.0.0.2:")
-        and set(nodes["launch"]) == set(playing)
-    )
-    manifest = json.loads((job / "manifest.json").read_text())
-    assert manifest["world_size"] == 2 and sorted(r["node_rank"] for r in manifest["ranks"]) == [0, 1]
-    assert not (tmp_path / "nodes" / "127.0.0.1").exists()  # the node left out was never touched
-    print(f"--limit play, 2 of 3 nodes: {seconds:.0f} s")
-
-
 def _sshd_binary() -> str:
     """sshd, installed with apt-get (Debian's openssh-server) when missing; skip, saying why, where it cannot be."""
     import shutil
@@ -415,23 +391,46 @@ Subsystem sftp internal-sftp
         daemon.wait(timeout=10)
 
 
-def test_the_second_node_over_real_ssh_trains_in_the_same_world(tmp_path, sshd_on_127_0_0_2):
+def test_a_limit_of_two_of_three_nodes_one_over_real_ssh_trains_them_with_the_first_of_them_as_head(
+    tmp_path, sshd_on_127_0_0_2
+):
+    """`--limit` is how an operator drops a bad node: the head and --nnodes come from the hosts that play. Three
+    nodes, the group's first (127.0.0.1, the controller) left out: 127.0.0.2, reached over real SSH (an sshd of the
+    test's own, key auth), is the head, 127.0.0.3 the other node, and the world has 2 nodes."""
     inventory = yaml.safe_load(LOCAL.read_text())
     hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
-    hosts["127.0.0.1"].update(ansible_connection="local")  # the head stays the controller itself
-    hosts["127.0.0.2"].update(sshd_on_127_0_0_2)
     group = inventory["all"]["children"]["gpu_nodes"]["vars"]
-    del group["ansible_connection"]
-    hosts["127.0.0.1"]["ansible_python_interpreter"] = group.pop("ansible_python_interpreter")
+    local = {
+        "ansible_connection": group.pop("ansible_connection"),
+        "ansible_python_interpreter": group.pop("ansible_python_interpreter"),
+    }
+    hosts["127.0.0.1"].update(local)
+    hosts["127.0.0.2"].update(sshd_on_127_0_0_2)
+    hosts["127.0.0.3"] = {"lab_node_address": "127.0.0.3", **local}
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    playing = ["127.0.0.2", "127.0.0.3"]
     started = time.monotonic()
-    proc, recap = _playbook(tmp_path, tmp_path / "inventory.yml")
+    proc, recap = _playbook(
+        tmp_path,
+        tmp_path / "inventory.yml",
+        "--limit",
+        ",".join(playing),
+        lab_train_overrides=["model.width=8", "train.max_steps=2"],
+    )
     seconds = time.monotonic() - started
-    assert all(r["failed"] == r["unreachable"] == 0 for r in recap.values()) and set(recap) == set(NODES)
+    assert set(recap) == set(playing), proc.stdout[-3000:]
+    assert all(r["failed"] == r["unreachable"] == 0 for r in recap.values()), proc.stdout[-3000:]
     assert "Accepted publickey for" in (tmp_path / "ssh" / "sshd.log").read_text()  # really over SSH, with the key
     job = tmp_path / "controller" / "job1"
+    nodes = json.loads((job / "nodes.json").read_text())
+    assert (
+        nodes["nnodes"] == "2"
+        and nodes["rdzv_endpoint"].startswith("127.0.0.2:")
+        and set(nodes["launch"]) == set(playing)
+    )
     manifest = json.loads((job / "manifest.json").read_text())
     assert manifest["world_size"] == 2 and sorted(r["node_rank"] for r in manifest["ranks"]) == [0, 1]
     assert (job / "nodes" / "127.0.0.2" / "launch.log").stat().st_size > 0  # fetched over SSH
     assert (job / "report.md").exists()
-    print(f"two-node play, second node over ssh: {seconds:.0f} s")
+    assert not (tmp_path / "nodes" / "127.0.0.1").exists()  # the node left out was never touched
+    print(f"--limit play, 2 of 3 nodes, the head over ssh: {seconds:.0f} s")

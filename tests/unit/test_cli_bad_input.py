@@ -179,7 +179,7 @@ CASES = {
             "--set",
             f"run.output_dir={t}/runs",
         ],
-        "weights.pt: not a readable checkpoint",
+        "weights.pt is not a checkpoint written by lab (or by torch.save)",
     ),
     "report of a folder that is no run": (
         lambda t: ["report", str(t)],

@@ -190,7 +190,7 @@ def _run_lab(peer: Peer, folder: Path) -> dict[str, Any] | None:
         f"run.id={run_id}",
     ]
     # as `lab train --nproc-per-node` starts it: the config checked here, the workers handed the resolved file
-    if _torchrun(peer, runs.resolved_target(config.load(peer.config, overrides), peer.nproc)) != 0:
+    if _torchrun(peer, runs.resolved_target(config.load(peer.config, overrides), peer.nproc).target) != 0:
         return None
     run_path = folder / run_id
     return {
