@@ -97,12 +97,22 @@ def check_resumable(choice: str) -> None:
     path = Path(choice)
     if not path.exists():
         raise CheckpointError(f"checkpoint.resume: {path} does not exist; give an existing file, auto or never")
-    if path.is_file() and not zipfile.is_zipfile(path):
+    if path.is_file() and not zipfile.is_zipfile(path) and not _is_pointer(path):
         raise CheckpointError(
             f"checkpoint.resume: {path} is {NOT_A_CHECKPOINT}: torch.save writes a zip archive "
             f"and this file is not one; give a run's checkpoints/last.pt, or set "
             f"checkpoint.resume=never"
         )
+
+
+def _is_pointer(path: Path) -> bool:
+    """A one-line text file naming a folder beside it: DeepSpeed's `latest`, which a sharded checkpoint is resumed
+    by (its strategy's loader reads the folder it names)."""
+    try:
+        name = path.read_text(encoding="utf-8").strip() if path.stat().st_size < 256 else ""
+    except (OSError, UnicodeDecodeError):
+        return False
+    return bool(name) and "/" not in name and (path.parent / name).is_dir()
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict:

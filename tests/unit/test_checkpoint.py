@@ -120,3 +120,17 @@ def test_an_earlier_checkpoint_with_every_gpus_state_restores_with_fewer_gpus(mo
     restoring.install(monkeypatch)
     checkpoint.set_rng_state(old, torch.device("cuda", 1))
     assert torch.equal(restoring.states[1], saving.states[1])
+
+
+def test_a_resume_path_is_a_torch_archive_or_deepspeeds_pointer_to_a_folder_beside_it(tmp_path):
+    """checkpoint.resume is checked before anything starts: a text file is refused in one line, but DeepSpeed's
+    `latest` (one line naming the tag folder beside it) is how a ZeRO run resumes, and must pass to its loader."""
+    folder = tmp_path / "deepspeed"
+    (folder / "step5").mkdir(parents=True)
+    (folder / "latest").write_text("step5\n")
+    checkpoint.check_resumable(str(folder / "latest"))
+    checkpoint.check_resumable(str(folder))  # the folder itself: the strategy's loader reads it
+    checkpoint.check_resumable(str(checkpoint.save(tmp_path / "last.pt", {"w": torch.zeros(1)})))
+    (tmp_path / "notes.pt").write_text("step5\n")  # a pointer to nothing beside it is just text
+    with pytest.raises(CheckpointError, match=r"notes.pt is not a checkpoint written by lab \(or by torch.save\)"):
+        checkpoint.check_resumable(str(tmp_path / "notes.pt"))
