@@ -115,6 +115,8 @@ def init(cfg: DistConfig) -> DistContext:
             store = horovod_rendezvous.store(global_rank, world_size, timeout)
         else:
             store = _attempt_store(global_rank, world_size, timeout)
+        if device.type == "cuda" and local_world_size > 1:
+            refuse_shared_gpu(store, node_rank, local_rank, local_world_size, gpu_uuid(device))
         tdist.init_process_group(
             backend=backend,
             store=store,
@@ -139,6 +141,34 @@ def init(cfg: DistConfig) -> DistContext:
         cfg.timeout_seconds,
         probe_group if grouped else None,
     )
+
+
+def gpu_uuid(device: torch.device) -> str:
+    """The physical GPU behind a torch device (its UUID: the same GPU under any CUDA_VISIBLE_DEVICES numbering)."""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def refuse_shared_gpu(store: tdist.Store, node_rank: int, local_rank: int, local_world_size: int, uuid: str) -> None:
+    """Two local ranks on one GPU: refused, naming them, before NCCL would stop with "Multiple Ranks are using the
+    same GPU" (or DeepSpeed set a device that does not exist). A process sees one GPU both when it was given one of
+    its own and when every worker of torchrun inherited one CUDA_VISIBLE_DEVICES: only comparing the GPUs the
+    node's ranks took tells them apart. Each rank writes its GPU into the store under its node and reads its
+    node's others (local ranks^2 reads a node, none across nodes)."""
+    store.set(f"lab/gpu/{node_rank}/{local_rank}", uuid)
+    keys = [f"lab/gpu/{node_rank}/{r}" for r in range(local_world_size)]
+    store.wait(keys)
+    taken: dict[str, list[int]] = {}
+    for r, key in enumerate(keys):
+        taken.setdefault(store.get(key).decode(), []).append(r)
+    shared = {gpu: ranks for gpu, ranks in taken.items() if len(ranks) > 1}
+    if shared:
+        gpu, ranks = next(iter(shared.items()))
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES") or "unset"
+        raise LaunchError(
+            f"dist.device: local ranks {', '.join(map(str, ranks))} of node {node_rank} are all on GPU {gpu} "
+            f"(CUDA_VISIBLE_DEVICES={visible}, which torchrun gives every worker alike); start at most "
+            f"{len(taken)} process(es) per node here, or show each worker its own GPU"
+        )
 
 
 class CollectiveTimeout(RuntimeError):

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import overload
 
+from lab.cluster import torchrun_env
 from lab.errors import LabError
 
 # The batch script resolves every node's address once (scontrol show node: NodeAddr), outside any container, and
@@ -149,7 +150,7 @@ def foreign_launch(env: Mapping[str, str] | None = None) -> str | None:
     size 1; run one task per node that starts torchrun there: `srun --ntasks-per-node=1 lab launch --slurm
     --nproc-per-node GPUS_PER_NODE -- -m lab train ...` (slurm/lab.sbatch does; docs/slurm.md)
     >>> foreign_launch({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2",
-    ...                 "LOCAL_RANK": "0", "WORLD_SIZE": "4"}) is None
+    ...                 "LOCAL_RANK": "0", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "7"}) is None
     True
     >>> foreign_launch({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"}) is None  # the batch script: one process
     True
@@ -157,7 +158,7 @@ def foreign_launch(env: Mapping[str, str] | None = None) -> str | None:
     this process is rank 0 of 4 of an MPI job (mpirun -np 4) without torchrun
     """
     env = os.environ if env is None else env
-    if "LOCAL_RANK" in env and "WORLD_SIZE" in env:  # torchrun's worker, wherever torchrun itself came from
+    if torchrun_env.launched_by_torchrun(env):  # torchrun's worker, wherever torchrun itself came from
         return None
     launch = (
         "`srun --ntasks-per-node=1 lab launch --slurm --nproc-per-node GPUS_PER_NODE -- -m lab train ...` "

@@ -9,6 +9,7 @@ layout is horovodrun's (lab.cluster.horovod_env).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import NamedTuple
 
 
@@ -40,8 +41,18 @@ def layout() -> Layout:
     )
 
 
-def launched_by_torchrun() -> bool:
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:
+    """A worker of torchrun's agent: TORCHELASTIC_RUN_ID, which that agent alone sets, beside LOCAL_RANK. RANK,
+    LOCAL_RANK and WORLD_SIZE alone prove nothing: enroot's PyTorch hook (pyxis with an NGC image, DeepOps turns it
+    on) exports them from SLURM_* into every task, torchrun or not.
+
+    >>> launched_by_torchrun({"LOCAL_RANK": "0", "WORLD_SIZE": "2", "RANK": "0"})  # enroot's hook, no torchrun
+    False
+    >>> launched_by_torchrun({"LOCAL_RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "job7"})
+    True
+    """
+    env = os.environ if env is None else env
+    return "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env
 
 
 def is_primary_process() -> bool:

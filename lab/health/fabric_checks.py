@@ -273,9 +273,10 @@ def row_remap(fact: Fact) -> tuple[dict[str, str], list[str]]:
 
 # ----------------------------------------------------------------------------- NCCL's log
 
+# "via NET/IB/3/GDRDMA"; through another NIC of the node (PXN, NCCL's src/transport/net.cc) "via NET/IB/3(2)/GDRDMA"
 CHANNEL = re.compile(
     r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO Channel .* via "
-    r"NET/(?P<net>\w+)/\d+(?P<gdr>/GDRDMA)?"
+    r"NET/(?P<net>\w+)/\d+(?:\(\d+\))?(?P<gdr>/GDRDMA)?"
 )
 DMABUF = re.compile(r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO .*GPU Direct RDMA \(DMABUF\) enabled")
 

@@ -25,6 +25,7 @@ from typing import Any
 from lab.health.status import NOT_PRESENT, OK, UNREADABLE
 
 FACT_TAIL_BYTES = 1 << 20  # a DCGM level-3 log or a long journal is not read whole
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # a terminal's colours and underlines: what no parser should meet
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ def read_fact(folder: Path, name: str) -> Fact:
         rc = int(rc_file.read_text().strip()) if rc_file.exists() else None
     except (OSError, ValueError) as exc:
         return Fact(name, f"{exc}", None, UNREADABLE)
+    text = ANSI.sub("", text)  # some nvidia-smi versions underline a header even into a file: \x1b[4mGPU0 ...
     if rc == 127:
         return Fact(name, text, rc, NOT_PRESENT)
     return Fact(name, text, rc, OK if rc == 0 else UNREADABLE)

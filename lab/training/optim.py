@@ -66,6 +66,30 @@ def sgd_kernel(params: Sequence[torch.Tensor], device: torch.device) -> dict[str
     return {"foreach": True}
 
 
+KERNEL_KEYS = ("foreach", "fused")
+
+
+@contextlib.contextmanager
+def own_kernels(optimizer: torch.optim.Optimizer):
+    """Load an optimizer's state inside this: the kernel flags it had (`sgd_kernel`'s choice for this run's
+    device) are put back after. torch's load_state_dict restores the saved groups' `foreach` and `fused`, so a
+    checkpoint written where SGD ran foreach (a CPU, a torch without a fused kernel) would switch a GPU run to
+    foreach, where GradScaler's found_inf is refused at the first fp16 step ("Expected grad_scale and found_inf to
+    be None"). Which kernel runs is a fact of this run, not of the checkpoint.
+
+    >>> w = torch.zeros(1, requires_grad=True)
+    >>> opt = torch.optim.SGD([w], lr=0.1, fused=True)
+    >>> with own_kernels(opt):
+    ...     opt.load_state_dict(torch.optim.SGD([w], lr=0.1, foreach=True).state_dict())
+    >>> opt.param_groups[0]["fused"], opt.param_groups[0]["foreach"]
+    (True, None)
+    """
+    chosen = [{key: group.get(key) for key in KERNEL_KEYS} for group in optimizer.param_groups]
+    yield
+    for group, kernel in zip(optimizer.param_groups, chosen):
+        group.update(kernel)
+
+
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
     """The learning rate over train.lr after `step` optimizer steps: linear warm-up, then constant or a
     half cosine to zero at `total`."""

@@ -83,3 +83,38 @@ def test_cpu_needs_no_gpu(gpus):
     assert dist.choose_device("cpu", 3, 4) == torch.device("cpu")
     with pytest.raises(LaunchError, match="no CUDA device is visible"):
         dist.choose_device("cuda", 0, 1)
+
+
+def test_two_local_ranks_on_one_gpu_are_refused_naming_them_before_nccl_starts(gpus):
+    """torchrun --nproc-per-node 2 on a one-GPU seat (CUDA_VISIBLE_DEVICES=3 for both workers): each sees one GPU,
+    takes cuda:0, and both are the same GPU. Two ranks meet in one store (threads here, processes there): both are
+    refused, in one line; ranks on GPUs of their own pass."""
+    import threading
+
+    from torch import distributed as tdist
+
+    gpus(1, visible="3")
+    assert [dist.choose_device("auto", r, 2) for r in (0, 1)] == [torch.device("cuda", 0)] * 2  # each alone: fine
+
+    def meet(uuids: list[str]) -> list[BaseException | None]:
+        store = tdist.HashStore()
+        outcome: list[BaseException | None] = [None] * len(uuids)
+
+        def rank(r: int) -> None:
+            try:
+                dist.refuse_shared_gpu(store, 0, r, len(uuids), uuids[r])
+            except LaunchError as exc:
+                outcome[r] = exc
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(uuids))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        return outcome
+
+    refused = meet(["GPU-aaaa", "GPU-aaaa"])
+    assert all(isinstance(e, LaunchError) for e in refused), refused
+    assert str(refused[0]).startswith("dist.device: local ranks 0, 1 of node 0 are all on GPU GPU-aaaa")
+    assert "CUDA_VISIBLE_DEVICES=3" in str(refused[0]) and "at most 1 process(es) per node" in str(refused[0])
+    assert meet(["GPU-aaaa", "GPU-bbbb"]) == [None, None]  # one GPU each (Slurm's --gpus-per-task): no refusal

@@ -83,6 +83,25 @@ def test_the_parsers_read_the_canned_dgx_h100():
     assert nf.journal_readable(facts["journal-xid"], facts["journal-kernel-lines"]) == (True, "")
 
 
+def test_an_underlined_topo_header_still_reads_as_eight_nvlinked_gpus(tmp_path):
+    """Some nvidia-smi versions write ANSI underline codes around the header of `topo -m` even into a file; read as
+    it was, the first data row became the header: 1 GPU, not all NVLink, a DGX judged as a PCIe box."""
+    folder = tmp_path / "facts-dgx01"
+    folder.mkdir()
+    text = (H100 / "nvidia-smi-topo.txt").read_text()
+    header = next(line for line in text.splitlines() if line.split()[:1] == ["GPU0"])
+    (folder / "nvidia-smi-topo.txt").write_text(text.replace(header, f"\x1b[4m{header}\x1b[0m"))
+    (folder / "nvidia-smi-topo.rc").write_text("0\n")
+    topo = nf.topo_links(nf.read_fact(folder, "nvidia-smi-topo").text)
+    assert topo["gpus"] == 8 and topo["all_nvlink"] and len(topo["pairs"]) == 28
+
+
+def test_a_channel_through_another_nic_pxn_counts_as_gpudirect_rdma():
+    """NCCL logs a channel that proxies through another NIC of the node (PXN) as NET/IB/3(2)/GDRDMA."""
+    line = "dgx01:12:34 [1] NCCL INFO Channel 02/0 : 9[1] -> 1[1] [receive] via NET/IB/3(2)/GDRDMA"
+    assert fabric_checks.nccl_channels(line) == {"dgx01": {"gdrdma": 1, "ib": 0, "socket": 0, "dmabuf": False}}
+
+
 def test_dcgm_4_tables_with_per_gpu_rows_are_read():
     table = """+---------------------------+------------------------------------------------+
 | Diagnostic                | Result                                         |

@@ -32,6 +32,7 @@ def test_a_process_horovodrun_started_has_its_layout_and_torchruns_wins_where_bo
     assert torchrun_env.layout() == torchrun_env.Layout(1, 1, 2, 2, 0)
     assert not torchrun_env.is_primary_process()  # rank 1 of horovodrun's job prints no error of its own
     monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "3")
     assert torchrun_env.layout().world_size == 4

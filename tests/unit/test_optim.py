@@ -106,3 +106,31 @@ def test_sgd_is_fused_on_a_gpu_only_for_plain_tensors_and_foreach_on_the_cpu():
     assert optim.sgd_kernel([torch.zeros(2, dtype=torch.int64)], cuda) == {"foreach": True}
     # The CPU keeps foreach: one rounding per element, so every strategy's curve agrees bit for bit there.
     assert optim.sgd_kernel(plain, CPU) == {"foreach": True}
+
+
+def test_a_resume_keeps_this_runs_sgd_kernel_so_fp16_steps_after_it():
+    """A checkpoint written where SGD ran foreach (a CPU), resumed where it runs fused (a GPU, with fp16's
+    GradScaler): torch's load_state_dict would restore foreach, and GradScaler's first step then fails ("Expected
+    grad_scale and found_inf to be None"). GradScaler("cpu") and a fused CPU SGD stand in for the GPU's."""
+    from lab import compat
+    from lab.training import optim
+
+    if "cpu" not in compat.fused_optimizer_devices():
+        pytest.skip("this torch has no fused SGD on the CPU to stand in for the GPU's")
+    w = torch.nn.Parameter(torch.ones(4))
+    saved = torch.optim.SGD([w], lr=0.1, momentum=0.9, foreach=True).state_dict()
+
+    def resumed_then_stepped(keep: bool) -> None:
+        opt = torch.optim.SGD([w], lr=0.1, momentum=0.9, fused=True)
+        if keep:
+            with optim.own_kernels(opt):
+                opt.load_state_dict(saved)
+        else:
+            opt.load_state_dict(saved)
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale((w * 2).sum()).backward()
+        scaler.step(opt)
+
+    with pytest.raises(AssertionError, match="grad_scale and found_inf"):  # the defect, as torch has it
+        resumed_then_stepped(keep=False)
+    resumed_then_stepped(keep=True)

@@ -90,7 +90,12 @@ def test_a_standalone_launch_inside_a_step_of_several_tasks_is_refused():
 
 
 def test_one_task_per_node_and_the_batch_script_are_not_refused():
-    assert slurm.foreign_launch({**STEP_ON_N2, "LOCAL_RANK": "0", "WORLD_SIZE": "16"}) is None  # torchrun's worker
+    torchrun = {"LOCAL_RANK": "0", "WORLD_SIZE": "16", "TORCHELASTIC_RUN_ID": "job"}
+    assert slurm.foreign_launch({**STEP_ON_N2, **torchrun}) is None  # torchrun's worker
+    # enroot's PyTorch hook (pyxis, an NGC image) exports RANK, LOCAL_RANK and WORLD_SIZE from SLURM_* into every
+    # task: without torchrun's agent they prove nothing, and one task per rank is still refused
+    hook = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "n1"}
+    assert "without torchrun" in slurm.foreign_launch({**STEP_ON_N2, **hook})
     assert slurm.foreign_launch({k: v for k, v in STEP_ON_N2.items() if not k.startswith("SLURM_STEP")}) is None
     assert slurm.foreign_launch({**STEP_ON_N2, "SLURM_STEP_NUM_TASKS": "1"}) is None  # srun -n1
 

@@ -20,7 +20,7 @@ from lab.cluster import dist
 from lab.cluster.dist import DistContext
 from lab.config import Config
 from lab.errors import LaunchError
-from lab.training import checkpoint
+from lab.training import checkpoint, optim
 from lab.training.strategies.base import Strategy
 
 
@@ -94,5 +94,6 @@ def load_replica(
     state = dist.primary_then_broadcast(ctx, lambda: checkpoint.load(path, map_location="cpu"))
     check(state)
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    with optim.own_kernels(optimizer):
+        optimizer.load_state_dict(state["optimizer"])
     return state

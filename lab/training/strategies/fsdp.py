@@ -37,7 +37,7 @@ from lab.cluster import dist
 from lab.cluster.dist import DistContext
 from lab.config import Config
 from lab.errors import CheckpointError, LaunchError
-from lab.training import checkpoint
+from lab.training import checkpoint, optim
 from lab.training.strategies.base import Strategy
 
 if TYPE_CHECKING:  # for the checker only: a build that predates the public name has it under _composable
@@ -148,7 +148,8 @@ class FSDPStrategy(Strategy):
             )
         model_state, optimizer_state = get_state_dict(self.model, optimizer)
         dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(path))  # re-shards
-        set_state_dict(self.model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+        with optim.own_kernels(optimizer):
+            set_state_dict(self.model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
         return state
 
 
