@@ -69,7 +69,8 @@ def test_an_fsdp_checkpoint_resumes_at_another_world_size(runs_dir):
     # GroupNorm: a rank's statistics do not depend on how the global batch is split, so 2 ranks then 1 follow
     # the 2-rank curve: the resumed step differs by rounding only (the all-reduce adds in another order than one
     # process's mean; measured 5e-8), then training amplifies that (measured 9e-4 eight steps later).
-    group = ("--set", "dist.strategy=fsdp", "--set", "model.norm=group")
+    # channels_last too: FSDP2 refuses the NHWC conv weights it makes ("non-contiguous parameters"), found on an H200
+    group = ("--set", "dist.strategy=fsdp", "--set", "model.norm=group", "--set", "model.channels_last=true")
     _train(runs_dir, "two", *group)
     _train(runs_dir, "moved", *group, "--set", "train.stop_after_steps=3")
     proc = _train(runs_dir, "moved", *group, nproc="1")  # DCP re-shards the 2-rank checkpoint for one rank

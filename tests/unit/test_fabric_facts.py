@@ -130,3 +130,12 @@ def test_the_nccl_log_is_read_per_host_with_dmabuf():
         "gdrdma: GPUDirect RDMA not used: nodes.log shows 1 channel(s) over sockets (NET/Socket) (nvidia_peermem or "
         "DMA-BUF, NCCL_NET_GDR_LEVEL)"
     ]
+
+
+def test_a_real_nvidia_smi_underlines_its_topo_header_even_into_a_file():
+    """Captured by scripts/node-facts.sh on the lent H200 (driver 580.159.04, 2026-12-04): the header of `nvidia-smi
+    topo -m` carries ANSI underline codes in the file, as the underlined-header test above assumes."""
+    captured = ROOT / "tests/fixtures/fabric/h200-captured"
+    assert "\x1b[4mGPU0" in (captured / "nvidia-smi-topo.txt").read_text()
+    fact = nf.read_fact(captured, "nvidia-smi-topo")
+    assert "\x1b" not in fact.text and nf.topo_links(fact.text)["gpus"] == 1

@@ -57,6 +57,13 @@ class FSDPStrategy(Strategy):
         super().__init__(ctx, model)
         self.mixed_precision = amp_dtype == torch.bfloat16  # train.amp as lab.training.optim.choose_amp resolved it
         fully_shard = compat.fully_shard()
+        # fully_shard takes contiguous parameters only ("FSDP does not support non-contiguous parameters yet": torch
+        # 2.11 on an H200 with model.channels_last, the device check's first GPU run). The weights go back to NCHW;
+        # the inputs stay channels_last, and that is enough for cuDNN's NHWC kernels (a convolution takes
+        # channels_last when its input or its weight is).
+        for param in model.parameters():
+            if not param.is_contiguous():
+                param.data = param.data.contiguous()
         self.float32_units = _shard_batchnorm_in_float32(model, fully_shard) if self.mixed_precision else []
         policy = (
             MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
