@@ -258,7 +258,7 @@ def run(
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:  # whichever way the wait ended: nothing of the group outlives it
-                stop_group(proc, stop_grace_seconds, terminated=signal.SIGTERM in forwarded)
+                stop_group(proc, stop_grace_seconds, terminated=bool(forwarded))
     finally:
         for reader in readers:
             reader.join(timeout=KILL_GRACE_SECONDS)
@@ -279,8 +279,9 @@ def start(command: list[str], *, env: dict[str, str] | None = None, processes: i
 def stop_group(proc: subprocess.Popen, grace_seconds: float = STOP_GRACE_SECONDS, terminated: bool = False) -> None:
     """SIGTERM to every process of `proc`'s group, SIGKILL to what is left after `grace_seconds`: within
     grace + KILL_GRACE_SECONDS every process is gone. At once when the group is already empty. `terminated`: the
-    group has had its SIGTERM already (passed on from the lab's own): not a second one, which a server such as
-    JupyterHub takes for a second shutdown racing the first."""
+    group has had its SIGINT or SIGTERM already (passed on from the lab's own): not a SIGTERM on top, which a
+    server such as JupyterHub takes for a second shutdown racing the first (the likely cause of a room's hub that
+    had Ctrl-C then SIGTERM at once and had not ended 90 s later, once, on a loaded CI machine)."""
     if _group_alive(proc):  # asked first: a group that is gone may have left its number to another
         if not terminated:
             _signal_group(proc.pid, signal.SIGTERM)
