@@ -57,6 +57,9 @@ fact ibstat ibstat
 fact modules lsmod
 fact fabricmanager systemctl is-active nvidia-fabricmanager
 fact dcgmi-version dcgmi -v
+# The last XID of each GPU as DCGM saw it (field 230, DCGM_FI_DEV_XID_ERRORS): readable without the journal's
+# rights, which an ordinary Slurm user lacks
+fact dcgm-xid dcgmi dmon -e 230 -c 1
 
 # The driver's own banner: its version and whether it is the open kernel module (DMA-BUF needs the open one)
 printf '%s\n' "cat /proc/driver/nvidia/version" > "$out/driver-version.cmd"
@@ -65,6 +68,16 @@ if [[ -r /proc/driver/nvidia/version ]]; then
 else
   echo "/proc/driver/nvidia/version: not present (no NVIDIA driver loaded)" > "$out/driver-version.txt"
   echo 127 > "$out/driver-version.rc"
+fi
+
+# The GPUs the driver has bound, from procfs: listed even where the step's cgroup (Slurm's ConstrainDevices, a job
+# that asked for no GPUs) or a container hides their device files, so a step that sees none can be told apart
+printf '%s\n' "ls /proc/driver/nvidia/gpus" > "$out/driver-gpus.cmd"
+if [[ -d /proc/driver/nvidia/gpus ]]; then
+  ls /proc/driver/nvidia/gpus > "$out/driver-gpus.txt" 2>&1; echo $? > "$out/driver-gpus.rc"
+else
+  echo "/proc/driver/nvidia/gpus: not present (no NVIDIA driver loaded)" > "$out/driver-gpus.txt"
+  echo 127 > "$out/driver-gpus.rc"
 fi
 
 # Each InfiniBand port's state, rate and width from sysfs ("400 Gb/sec (4X NDR)": ibstat prints no width), and its

@@ -22,7 +22,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as tdist
 
-from lab.cluster import cores, horovod_env, slurm, torchrun_env
+from lab.cluster import cores, expected_gpus, horovod_env, slurm, torchrun_env
 from lab.config import DistConfig
 from lab.errors import LaunchError
 
@@ -62,6 +62,15 @@ def choose_device(preference: str, local_rank: int, local_world_size: int = 1) -
 
     A process that sees one GPU while CUDA_VISIBLE_DEVICES is unset sees the node's only GPU, shared with the
     other local ranks: refused, as NCCL cannot put two ranks on one device."""
+    if preference == "auto" and not torch.cuda.is_available():
+        expected = expected_gpus.unseen()
+        if expected:
+            build = " (a CPU build)" if torch.version.cuda is None else ""
+            raise LaunchError(
+                f"dist.device=auto: {expected}, but torch {torch.__version__}{build} sees no CUDA device; a run "
+                f"that expected GPUs does not train on the CPU: mend what hides them (the driver, the image, the "
+                f"job's GPU request), or set dist.device=cpu to train on the CPU on purpose"
+            )
     if preference == "cpu" or (preference == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():

@@ -33,6 +33,7 @@ DMABUF_KERNEL = (5, 12)
 
 # --expect KEY=VALUE: what a node should have, over its platform's table; "skip" waives a check's tool
 EXPECT_KEYS = {
+    "gpus": "GPUs the node has, which its step must see (an integer >= 0; slurm/validate.sbatch gives each node's Gres)",
     "xid_max": "XIDs since boot that still pass (an integer >= 0; default 0)",
     "ib_ports": "InfiniBand ports Active at the rate and width (an integer >= 0)",
     "ib_rate": "each port's rate in Gb/s (e.g. 400)",
@@ -57,6 +58,25 @@ def _missing(name: str, fact: Fact, waiver: str = "") -> tuple[dict[str, str], l
 
 
 # ----------------------------------------------------------------------------- each check
+
+
+def gpus_seen(seen: int, in_slurm: int | None, driver: Fact) -> tuple[dict[str, str], list[str]]:
+    """The GPUs a node has against those its step saw. Slurm's Gres (--expect gpus=N, which slurm/validate.sbatch
+    gives each node) and the driver's own list (/proc/driver/nvidia/gpus: procfs, listed even where the device
+    files are hidden) say what it has; a step that saw fewer measured the node without them, and its figures would
+    be judged on a smaller platform, down to a CPU's floor (a job that asked for no GPUs under ConstrainDevices, a
+    container started without --gpus)."""
+    bound = len(driver.text.split()) if driver.ok else 0
+    has = {"Slurm's Gres": in_slurm or 0, "the driver's /proc/driver/nvidia/gpus": bound}
+    want = max(has.values())
+    if want <= seen:
+        return check("gpus", OK if seen else NOT_APPLICABLE, f"{seen} seen by the step"), []
+    said = ", ".join(f"{count} in {source}" for source, count in has.items() if count)
+    return check("gpus", FAIL, f"{seen} seen of {want}"), [
+        f"gpus: the node has {want} GPU(s) ({said}) but its step saw {seen}, so nothing of them was tested: ask the "
+        f"job for them (sbatch --gpus-per-node={want}), or mend what hides them (ConstrainDevices, a container "
+        f"without --gpus, a CPU build of torch)"
+    ]
 
 
 def pcie(gpus: list[dict[str, Any]], expected: tuple[int, int] | None) -> tuple[dict[str, str], list[str]]:
@@ -229,28 +249,40 @@ def dcgm(fact: Fact, level: int | None, waived: bool) -> tuple[dict[str, str], l
     return check("dcgm-diag", OK, detail), [], "pass"
 
 
-def xid(journal: Fact, kernel_lines: Fact, xid_max: int, waived: bool) -> tuple[dict[str, str], list[str], Any]:
-    """(check, problems, the report's XID reading): more XIDs since boot than xid_max fail; an unreadable journal
-    says "unreadable" (and fails unless --expect journal=skip), never "0 XIDs"."""
+def xid(
+    journal: Fact, kernel_lines: Fact, xid_max: int, waived: bool, dcgm: Fact | None = None
+) -> tuple[dict[str, str], list[str], Any]:
+    """(check, problems, the report's XID reading). The XIDs since boot from the kernel journal, or, where the journal
+    cannot be read (an ordinary Slurm user has no journal rights), each GPU's last XID from DCGM, which needs none.
+    XIDs an application causes (13, 31, 43, 45) are reported and not counted; more of the others than xid_max fail.
+    With neither source the check says "unreadable" (and fails unless --expect journal=skip), never "0 XIDs"."""
     readable, why = nf.journal_readable(journal, kernel_lines)
-    if not readable:
+    if readable:
+        codes = [(event["code"], event["pci"]) for event in nf.xids(journal.text)]
+        source = "since boot (the kernel journal)"
+    elif dcgm is not None and dcgm.ok and (last := nf.dcgm_last_xids(dcgm.text)):
+        codes = [(code, f"GPU {gpu}") for gpu, code in sorted(last.items()) if code]
+        source = f"as each GPU's last (DCGM; the journal: {why})"
+    else:
         status = nf.NOT_PRESENT if journal.status == nf.NOT_PRESENT else nf.UNREADABLE
         if waived:
             return check("xid", status, f"{why} (waived: --expect journal=skip)"), [], status
         return (
             check("xid", status, why),
-            [f"xid: the kernel journal is {status}: {why}; --expect journal=skip waives it"],
+            [f"xid: the kernel journal is {status}: {why}, and DCGM gave no XID field; --expect journal=skip waives it"],
             status,
         )
-    events = nf.xids(journal.text)
-    if len(events) > xid_max:
-        codes = ", ".join(sorted({f"Xid {event['code']} on {event['pci']}" for event in events}))
+    counted = [(code, where) for code, where in codes if code not in nf.APPLICATION_XIDS]
+    apart = len(codes) - len(counted)
+    besides = f"; {apart} from applications (13, 31, 43, 45), not counted" if apart else ""
+    if len(counted) > xid_max:
+        named = ", ".join(sorted({f"Xid {code} on {where}" for code, where in counted}))
         return (
-            check("xid", FAIL, f"{len(events)} XID(s) since boot: {codes}"),
-            [f"xid: {len(events)} XID(s) since boot (threshold {xid_max}): {codes}"],
-            len(events),
+            check("xid", FAIL, f"{len(counted)} XID(s) {source}: {named}{besides}"),
+            [f"xid: {len(counted)} XID(s) {source} (threshold {xid_max}): {named}{besides}"],
+            len(counted),
         )
-    return check("xid", OK, f"{len(events)} XID(s) since boot (threshold {xid_max})"), [], len(events)
+    return check("xid", OK, f"{len(counted)} XID(s) {source} (threshold {xid_max}){besides}"), [], len(counted)
 
 
 def row_remap(fact: Fact) -> tuple[dict[str, str], list[str]]:

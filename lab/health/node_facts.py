@@ -294,6 +294,22 @@ def xids(text: str) -> list[dict[str, Any]]:
     return [{"pci": match.group(1), "code": int(match.group(2))} for match in XID_LINE.finditer(text)]
 
 
+# XIDs that an application causes (a faulting kernel, a killed process), not the GPU: 13 graphics engine exception,
+# 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive cleanup (NVIDIA's XID catalog; the lab's
+# LabGpuXidError alert says the same). Reported, not counted against a node.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45})
+DCGM_XID_ROW = re.compile(r"^\s*GPU\s+(\d+)\s+(\d+)\s*$", re.MULTILINE)
+
+
+def dcgm_last_xids(text: str) -> dict[int, int]:
+    r"""`dcgmi dmon -e 230 -c 1`: each GPU's last XID (0: none since the driver loaded).
+
+    >>> dcgm_last_xids("#Entity   XID\nID\nGPU 0     0\nGPU 1     79\n")
+    {0: 0, 1: 79}
+    """
+    return {int(gpu): int(code) for gpu, code in DCGM_XID_ROW.findall(text)}
+
+
 JOURNAL_DENIED = ("insufficient permissions", "not seeing messages", "no journal files", "permission denied")
 
 
@@ -324,6 +340,7 @@ def driver_module(text: str) -> dict[str, Any]:
 FACT_NAMES = (
     "hostname",
     "kernel",
+    "driver-gpus",
     "nvidia-smi-gpus",
     "nvidia-smi-q",
     "nvidia-smi-topo",
@@ -334,6 +351,7 @@ FACT_NAMES = (
     "modules",
     "fabricmanager",
     "dcgmi-version",
+    "dcgm-xid",
     "dcgmi-diag",
     "journal-xid",
     "journal-kernel-lines",

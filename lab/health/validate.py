@@ -25,8 +25,11 @@ validate.json: {"check": "validate", "platform": the runner ("slurm" or "ansible
              "judged_at", "floor", "ok", "error", "wrong"}], "hostdevice": {...} | null, "facts": {parsed},
              "checks": [{"name", "status", "detail"}], "health": {"dcgm_diag", "xid_events", "ecc_uncorrected"}}},
     "all_nodes": {"hosts", "world_size", "avg_busbw", "busbw", "judged_at", "floor", "wrong", "ok"} | null,
-    "ring": {"A+B": {same keys as all_nodes}}, "ring_needed": bool, "suspects": [NAME], "baseline": {"file",
-    "fraction"} | null, "runs": {NAME: {"node": {"result", "log", "last_line"}, ["nodes": {...}]}}}
+    "ring": {"A+B": {same keys as all_nodes}}, "ring_needed": bool, "suspects": [NAME], "failed_nodes": {NAME:
+    its first reason}, "baseline": {"file", "fraction"} | null, "runs": {NAME: {"node": {"result", "log",
+    "last_line"}, ["nodes": {...}]}}}
+failed-nodes.tsv beside validate.json: NAME<TAB>its first reason, a line a failed node (empty when all passed):
+what slurm/validate.sbatch drains with LAB_DRAIN=1.
 ring_needed: all nodes together missed their floor, more than two nodes took part and DIR has no ring-* result
 yet: the caller measures the ring's pairs (a+b, b+c, ..., z+a) and calls lab validate again; a node in two slow
 pairs is then the suspect.
@@ -178,6 +181,7 @@ def node_record(
                 f"facts: no facts-{name}/ (scripts/node-facts.sh did not run on it): its GPUs, "
                 f"links and health are unchecked"
             )
+    add(fabric_checks.gpus_seen(len(gpus), expect.get("gpus"), facts["driver-gpus"]))
     if platform.key != "cpu":
         ib_want = _ib_expected(platform, expect)
         pcie_want = (
@@ -218,6 +222,7 @@ def node_record(
             facts["journal-kernel-lines"],
             expect.get("xid_max", 0),
             expect.get("journal") == "skip",
+            facts["dcgm-xid"],
         )
         add((chk, problems))
         add(fabric_checks.row_remap(facts["remapped-rows"]))
@@ -573,6 +578,7 @@ def verdict(
         "ring": ring,
         "ring_needed": ring_needed,
         "suspects": suspects,
+        "failed_nodes": failed_nodes(nodes, problems, suspects),
         "baseline": {"file": settings.baseline_file, "fraction": settings.fraction}
         if settings.baseline is not None
         else None,
@@ -580,8 +586,28 @@ def verdict(
     }
 
 
+def failed_nodes(nodes: list[str], problems: list[str], suspects: list[str]) -> dict[str, str]:
+    """Each node that failed, with its first reason: what slurm/validate.sbatch drains (LAB_DRAIN=1).
+
+    >>> failed_nodes(["a", "b"], ["b: xid: 2 XIDs", "b: pcie: x8", "all nodes: 120 GB/s"], ["a"])
+    {'a': 'the slow node of the all-nodes ring', 'b': 'xid: 2 XIDs'}
+    """
+    failed = {}
+    for node in nodes:
+        own = [p.removeprefix(f"{node}: ") for p in problems if p.startswith(f"{node}: ")]
+        if own:
+            failed[node] = own[0]
+        elif node in suspects:
+            failed[node] = "the slow node of the all-nodes ring"
+    return failed
+
+
+FAILED_NODES_FILE = "failed-nodes.tsv"  # beside --out: NODE<TAB>first reason, a line each (empty when all passed)
+
+
 def run(args) -> int:
-    """`lab validate`: write validate.json, print each problem and the verdict; exit 0 passed, 1 failed."""
+    """`lab validate`: write validate.json (and failed-nodes.tsv beside it), print each problem and the verdict;
+    exit 0 passed, 1 failed."""
     nodes = parse_nodes(args.nodes)
     baseline = fabric_baseline.read(args.baseline) if args.baseline else None
     settings = Settings(
@@ -594,6 +620,8 @@ def run(args) -> int:
     )
     doc = verdict(args.folder, nodes, args.run_id, settings, args.runner)
     atomic.write_text(args.out, json.dumps(doc, indent=2) + "\n")
+    failed = "".join(f"{node}\t{' '.join(reason.split())}\n" for node, reason in doc["failed_nodes"].items())
+    atomic.write_text(Path(args.out).with_name(FAILED_NODES_FILE), failed)
     for problem in doc["problems"]:
         print(problem)
     if doc["ring_needed"]:

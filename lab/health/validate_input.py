@@ -67,7 +67,7 @@ def parse_expect(items: list[str]) -> dict[str, dict[str, Any]]:
 
 def _expect_value(item: str, key: str, value: str) -> Any:
     wanted = fabric_checks.EXPECT_KEYS[key]
-    if key in ("xid_max", "ib_ports", "pcie_gen", "pcie_width") and value.isdigit():
+    if key in ("gpus", "xid_max", "ib_ports", "pcie_gen", "pcie_width") and value.isdigit():
         return int(value)
     if key == "ib_rate" and re.fullmatch(r"\d+(\.\d+)?", value):
         return float(value)

@@ -1,7 +1,13 @@
-"""A real two-node Slurm cluster on this one host, for the Slurm tests: munge, slurmctld and two slurmd.
+"""A real Slurm cluster on this one host, for the Slurm tests: munge, slurmctld and four slurmd.
 
-Debian's Slurm (22.05) is built with multiple slurmd per host, so nodes n1 (127.0.0.1) and n2 (127.0.0.2) run
-side by side. Everything lives in one fresh temporary folder (a restart on an old state folder brings finished jobs
+Debian's Slurm (22.05) is built with multiple slurmd per host, so nodes n1 (127.0.0.1) and n2 (127.0.0.2) of the
+default partition `lab` run side by side, and g1 (127.0.0.3) and g2 (127.0.0.4) of partition `gpu` declare two
+GPUs each as a production GPU cluster does (GresTypes=gpu, Gres=gpu:2, a gres.conf naming character devices that
+stand in for /dev/nvidia0-1: made with mknod, major 195 as the driver's, opened by nothing). Slurm then hands them
+out as it would real ones: a job that asks (--gpus-per-node) gets SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS/STEP_GPUS and
+CUDA_VISIBLE_DEVICES; one that does not gets none. No GPU is behind them, so torch sees none: the tests show
+that a job which expected GPUs fails rather than train on the CPU. (Hiding devices from a step, ConstrainDevices,
+needs task/cgroup, which this host's cgroups do not allow: not emulated.) Everything lives in one fresh temporary folder (a restart on an old state folder brings finished jobs
 back); the daemons listen on free ports; nothing in /etc is touched (SLURM_CONF points at the folder's slurm.conf).
 
 No daemon outlives the test session: each gets PR_SET_PDEATHSIG (SIGKILL when the test process dies), and each
@@ -20,6 +26,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -27,6 +34,8 @@ from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 NODES = {"n1": "127.0.0.1", "n2": "127.0.0.2"}
+GPU_NODES = {"g1": "127.0.0.3", "g2": "127.0.0.4"}  # partition gpu
+GPUS_PER_NODE = 2
 CPUS_PER_NODE = 2
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "unshare")
 
@@ -81,8 +90,13 @@ class SlurmCluster:
         for parent in self.root.parents:
             if parent != Path("/") and not os.stat(parent).st_mode & 0o001:
                 raise RuntimeError(f"{parent} is not world-executable; munge's socket cannot live under it")
-        for folder in ("state", "spool", "log", "munge"):
+        for folder in ("state", "spool", "log", "munge", "dev"):
             (self.root / folder).mkdir()
+        for index in range(GPUS_PER_NODE):  # stand-ins for /dev/nvidiaN: character devices, as Slurm needs them
+            os.mknod(self.root / "dev" / f"nvidia{index}", 0o600 | stat.S_IFCHR, os.makedev(195, index))
+        (self.root / "gres.conf").write_text(
+            f"NodeName={','.join(GPU_NODES)} Name=gpu File={self.root / 'dev'}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+        )
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -101,10 +115,10 @@ class SlurmCluster:
             "munged",
         )
         self._wait(lambda: socket_path.exists(), "munged's socket", deadline_s)
-        ports = {"ctld": _free_port(), **{name: _free_port() for name in NODES}}
+        ports = {"ctld": _free_port(), **{name: _free_port() for name in {**NODES, **GPU_NODES}}}
         (self.root / "slurm.conf").write_text(self._config(socket_path, ports))
         self._spawn([_binary("slurmctld"), "-D", "-i"], "slurmctld")
-        for name in NODES:
+        for name in {**NODES, **GPU_NODES}:
             self._spawn(
                 ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", _binary("slurmd"), "-D", "-N", name],
                 f"slurmd-{name}",
@@ -127,7 +141,8 @@ class SlurmCluster:
         r = self.root
         nodes = "\n".join(
             f"NodeName={name} NodeAddr={addr} Port={ports[name]} CPUs={CPUS_PER_NODE} RealMemory=2000"
-            for name, addr in NODES.items()
+            + (f" Gres=gpu:{GPUS_PER_NODE}" if name in GPU_NODES else "")
+            for name, addr in {**NODES, **GPU_NODES}.items()
         )
         return f"""\
 ClusterName=labtest
@@ -156,8 +171,10 @@ ReturnToService=2
 KillWait=10
 MessageTimeout=20
 JobRequeue=1
+GresTypes=gpu
 {nodes}
 PartitionName=lab Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=gpu Nodes={",".join(GPU_NODES)} Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO
 """
 
     def _spawn(self, argv: list[str], name: str) -> None:
@@ -186,7 +203,7 @@ PartitionName=lab Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP 
     def _nodes_idle(self) -> bool:
         out = self.scontrol("show", "node", "-o", check=False).stdout
         states = re.findall(r"State=(\S+)", out)
-        return len(states) == len(NODES) and all(s.split("+")[0] == "IDLE" for s in states)
+        return len(states) == len(NODES) + len(GPU_NODES) and all(s.split("+")[0] == "IDLE" for s in states)
 
     # ------------------------------------------------------------------ jobs
 

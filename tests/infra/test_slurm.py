@@ -219,25 +219,54 @@ def test_a_killed_rank_fails_the_job_with_its_exit_code_and_the_labs_one_line_re
     ) in out
 
 
+# pyxis and enroot cannot be installed here. This stand-in `srun`, first on PATH, behaves as they do where it
+# matters to the scripts: it writes down the --container-* options and drops them; a task "in the image" gets the
+# variables enroot's PyTorch hook (50-slurm-pytorch.sh, on where the image sets PYTORCH_VERSION, as NGC's do)
+# exports from SLURM_* into every task, torchrun or not; and the image's entry point is not run (pyxis runs it
+# only with --container-entrypoint): the scripts must call it themselves.
+PYXIS_STAND_IN = """#!/usr/bin/env bash
+args=() image=""
+for a in "$@"; do
+  case $a in
+    --container-image=*) image=1; echo "$a" >> "$PYXIS_LOG" ;;
+    --container-*|--no-container-*) echo "$a" >> "$PYXIS_LOG" ;;
+    *) args+=("$a") ;;
+  esac
+done
+[[ -n $image ]] || exec /usr/bin/srun "${args[@]}"
+options=()  # srun's own options (the scripts write each as --name=value), then the task's command
+while [[ ${#args[@]} -gt 0 && ${args[0]} == -* ]]; do options+=("${args[0]}"); args=("${args[@]:1}"); done
+exec /usr/bin/srun "${options[@]}" bash -c 'export PYTORCH_VERSION=2.6 RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \
+  WORLD_SIZE=$SLURM_NTASKS MASTER_ADDR=${SLURM_JOB_NODELIST%%,*} MASTER_PORT=29500; exec "$@"' enroot-hook "${args[@]}"
+"""
+
+
+def _pyxis(tmp_path: Path) -> dict[str, str]:
+    """The stand-in's environment: srun first on PATH, the image's entry point (this checkout's, whose NGC part is a
+    stand-in that writes down each node that ran it) and where both write."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "srun").write_text(PYXIS_STAND_IN)
+    (shim / "srun").chmod(0o755)
+    ngc = shim / "nvidia_entrypoint.sh"
+    ngc.write_text('#!/usr/bin/env bash\necho "$SLURMD_NODENAME" >> "$NGC_LOG"\nexec "$@"\n')
+    return {
+        "LAB_IMAGE": "nvcr.io#lab/lab:test",
+        "LAB_ENTRYPOINT": str(ROOT / "images" / "entrypoint.sh"),
+        "LAB_NGC_ENTRYPOINT": str(ngc),
+        "PYXIS_LOG": str(tmp_path / "pyxis.log"),
+        "NGC_LOG": str(tmp_path / "ngc.log"),
+        "PATH": f"{shim}:{os.environ['PATH']}",
+    }
+
+
 def test_a_requeued_job_resumes_from_the_shared_checkpoint_and_its_curve_equals_an_uninterrupted_one(
     cluster, reference, tmp_path
 ):
-    """pyxis is not installed here: a stand-in `srun` first on PATH accepts pyxis's options, writes them down and
-    runs the real srun without them (the image named is this venv's lab), to show the script passes them."""
-    shim = tmp_path / "bin"
-    shim.mkdir()
-    (shim / "srun").write_text(
-        "#!/usr/bin/env bash\n# pyxis stand-in: record and drop --container-* options, then the real srun\n"
-        'args=(); for a in "$@"; do case $a in --container-*|--no-container-*) echo "$a" >> "$PYXIS_LOG";; '
-        '*) args+=("$a");; esac; done\nexec /usr/bin/srun "${args[@]}"\n'
-    )
-    (shim / "srun").chmod(0o755)
-    env = _job_env(
-        tmp_path / "runs",
-        LAB_IMAGE="nvcr.io#lab/lab:test",
-        PYXIS_LOG=str(tmp_path / "pyxis.log"),
-        PATH=f"{shim}:{os.environ['PATH']}",
-    )
+    """In "the image", through the pyxis stand-in: the job launches although enroot's hook exported RANK,
+    LOCAL_RANK and WORLD_SIZE into its tasks, calls the image's entry point on every node, and keeps one named
+    container for the job."""
+    env = _job_env(tmp_path / "runs", **_pyxis(tmp_path))
     job_id = cluster.sbatch("sbatch -N 2 slurm/lab.sbatch", ROOT, tmp_path, env=env)
     run_dir = _wait_for_step(tmp_path / "runs", 6, cluster, job_id)  # past the checkpoint at step 4
     cluster.scontrol("requeue", job_id)
@@ -256,6 +285,9 @@ def test_a_requeued_job_resumes_from_the_shared_checkpoint_and_its_curve_equals_
     mounts = f"--container-mounts={tmp_path / 'runs'}:{tmp_path / 'runs'}"
     assert pyxis.count("--container-image=nvcr.io#lab/lab:test") == 3  # training twice, then the report
     assert pyxis.count(mounts) == 3 and pyxis.count("--no-container-mount-home") == 3
+    assert pyxis.count(f"--container-name=lab-{job_id}") == 3  # one container a node for the job, not an import a step
+    assert pyxis.count("--container-env=GLOO_SOCKET_IFNAME") == 3  # the job's settings over the image's
+    assert sorted((tmp_path / "ngc.log").read_text().split()) == ["n1", "n1", "n1", "n2", "n2"]  # the entry point ran
 
 
 def test_srun_with_one_task_per_rank_is_refused_in_one_line_never_two_runs_of_world_size_one(cluster, tmp_path):
@@ -321,3 +353,57 @@ def test_doctor_on_every_node_reports_the_allocation(cluster, tmp_path):
     for node, index in (("n1", 0), ("n2", 1)):
         assert f"2 node(s) n1,n2; this is {node} (node {index}), step task {index} of 2" in proc.stdout
     assert proc.stdout.count("ok    gpu-share") == 2
+
+
+# ----------------------------------------------------------------------------- GPU nodes (partition gpu)
+
+
+def test_on_gpu_nodes_a_job_that_asks_for_no_gpus_is_refused_before_anything_is_made(cluster, tmp_path):
+    """Slurm gives a job only the GPUs it asks for: without --gpus-per-node its steps would see none, train on the
+    CPU and report success, or validate a DGX as a CPU box. Both scripts refuse, naming the node and the option."""
+    for script in ("lab.sbatch", "validate.sbatch"):
+        job_id = cluster.sbatch(f"sbatch -p gpu -N 2 slurm/{script}", ROOT, tmp_path, env=_job_env(tmp_path / "runs"))
+        job = cluster.wait(job_id)
+        out = _output(tmp_path, job_id)
+        assert job.state == "FAILED" and job.rc == 2, out[-3000:]
+        assert f"{script}: node g1 has 2 GPU(s) (Gres) but this job asked for none" in out
+        assert "sbatch --gpus-per-node=2" in out and len(out.strip().splitlines()) == 1, out
+    assert not (tmp_path / "runs").exists()  # checks before effects: no run folder, no run id written
+
+
+def test_a_job_given_gpus_that_torch_cannot_see_fails_instead_of_training_on_the_cpu(cluster, tmp_path):
+    """`sbatch --gpus-per-node=2`: Slurm hands out the stand-in GPUs (CUDA_VISIBLE_DEVICES=0,1), and torch sees
+    none (there is no GPU behind them: as with a CPU build of torch or a driver too old). dist.device=auto refuses
+    on every rank, in one line each, and the job fails: it never trains on the CPU instead."""
+    env = _job_env(tmp_path / "runs", LAB_MAX_RESTARTS="0")  # a refusal is not a fault a restart mends
+    job_id = cluster.sbatch("sbatch -p gpu -N 2 --gpus-per-node=2 slurm/lab.sbatch", ROOT, tmp_path, env=env)
+    job = cluster.wait(job_id)
+    out = _output(tmp_path, job_id)
+    assert job.state == "FAILED" and job.rc != 0, out[-3000:]
+    assert "2 rank(s) each" in out  # the node's GPUs, from SLURM_GPUS_ON_NODE
+    assert "dist.device=auto: Slurm gave this step GPU(s) 0,1 (SLURM_STEP_GPUS), but torch " in out, out[-3000:]
+    assert "does not train on the CPU" in out and not list((tmp_path / "runs").glob("*/metrics.jsonl"))
+
+
+def test_validate_on_gpu_nodes_whose_steps_see_no_gpu_fails_naming_each_node_and_can_drain_them(cluster, tmp_path):
+    """The fabric check as typed for GPU nodes, on nodes whose GPUs torch cannot use: lab validate is given each
+    node's Gres (--expect NODE:gpus=2) and fails each node by name, where it would have judged them as CPU nodes;
+    LAB_DRAIN=1 drains them with that reason."""
+    env = _job_env(tmp_path / "runs", LAB_DRAIN="1")
+    job_id = cluster.sbatch("sbatch -p gpu -N 2 --gpus-per-node=2 slurm/validate.sbatch", ROOT, tmp_path, env=env)
+    try:
+        job = cluster.wait(job_id)
+        out = _output(tmp_path, job_id)
+        assert job.state == "FAILED" and job.rc == 1, out[-3000:]
+        [validate] = (tmp_path / "runs").glob("*/validate.json")
+        record = json.loads(validate.read_text())
+        assert not record["ok"] and sorted(record["failed_nodes"]) == ["g1", "g2"]
+        for node in ("g1", "g2"):
+            said = f"{node}: gpus: the node has 2 GPU(s) (2 in Slurm's Gres) but its step saw 0"
+            assert any(p.startswith(said) for p in record["problems"]), record["problems"]
+            assert f"validate.sbatch: draining {node}: gpus: the node has 2 GPU(s)" in out
+            state = cluster.scontrol("show", "node", node).stdout
+            assert "DRAIN" in state and f"Reason=lab validate {job_id}: gpus: the node has 2 GPU(s)" in state
+        assert (validate.parent / "failed-nodes.tsv").read_text().count("\n") == 2
+    finally:
+        cluster.scontrol("update", "NodeName=g1,g2", "State=RESUME", check=False)

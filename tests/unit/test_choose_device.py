@@ -118,3 +118,56 @@ def test_two_local_ranks_on_one_gpu_are_refused_naming_them_before_nccl_starts(g
     assert str(refused[0]).startswith("dist.device: local ranks 0, 1 of node 0 are all on GPU GPU-aaaa")
     assert "CUDA_VISIBLE_DEVICES=3" in str(refused[0]) and "at most 1 process(es) per node" in str(refused[0])
     assert meet(["GPU-aaaa", "GPU-bbbb"]) == [None, None]  # one GPU each (Slurm's --gpus-per-task): no refusal
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_GPUS": "0,1"}, "Slurm gave this step GPU(s) 0,1 (SLURM_STEP_GPUS)"),
+        ({"SLURM_JOB_ID": "7", "SLURM_GPUS_ON_NODE": "8"}, "Slurm gave this job 8 GPU(s) (SLURM_GPUS_ON_NODE)"),
+        (  # --exclusive without a GPU request: the job holds the GPUs, its steps get none (Slurm 22.05, measured)
+            {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_JOB_GPUS": "0,1"},
+            "this job holds GPU(s) 0,1 on this node (SLURM_JOB_GPUS; --exclusive gives a job its nodes' GPUs) but "
+            "Slurm gave its step none: submit with --gpus-per-node",
+        ),
+        (
+            {"SLURM_JOB_ID": "7", "SLURM_NODEID": "1", "LAB_SLURM_NODE_GPUS": "2 2"},
+            "Slurm's node 1 of this job has 2 GPU(s) (its Gres) but the job asked for none: submit with "
+            "--gpus-per-node=2",
+        ),
+    ],
+)
+def test_a_step_that_was_meant_to_have_gpus_never_falls_back_to_the_cpu(gpus, monkeypatch, env, said):
+    """Slurm gave GPUs (or the node has them and the job asked for none) but torch sees none: dist.device=auto
+    refuses in one line; dist.device=cpu trains on the CPU on purpose."""
+    gpus(0)
+    for name in (
+        "SLURM_JOB_ID",
+        "SLURM_STEP_ID",
+        "SLURM_STEPID",
+        "SLURM_STEP_GPUS",
+        "SLURM_JOB_GPUS",
+        "SLURM_GPUS_ON_NODE",
+        "SLURM_NODEID",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(LaunchError) as refused:
+        dist.choose_device("auto", 0, 1)
+    assert str(refused.value).startswith(f"dist.device=auto: {said}, but torch ") and "\n" not in str(refused.value)
+    assert "does not train on the CPU" in str(refused.value) and "dist.device=cpu" in str(refused.value)
+    assert dist.choose_device("cpu", 0, 1) == torch.device("cpu")
+
+
+def test_the_drivers_gpus_count_unless_they_are_hidden_on_purpose(tmp_path, monkeypatch):
+    """/proc/driver/nvidia/gpus lists the GPUs the driver bound, even where the device files are hidden (a cgroup,
+    a container without --gpus); an empty CUDA_VISIBLE_DEVICES hides them on purpose (a CPU seat of a room)."""
+    from lab.cluster import expected_gpus
+
+    driver = tmp_path / "gpus"
+    for bus in ("0000:18:00.0", "0000:2a:00.0"):
+        (driver / bus).mkdir(parents=True)
+    assert expected_gpus.unseen({}, driver=driver) == f"this node's NVIDIA driver has 2 GPU(s) ({driver})"
+    assert expected_gpus.unseen({"CUDA_VISIBLE_DEVICES": ""}, driver=driver) is None
+    assert expected_gpus.unseen({}, driver=tmp_path / "none") is None  # no driver: a CPU machine

@@ -162,6 +162,7 @@ def test_a_healthy_dgx_h100_pair_passes_every_check_with_its_platforms_floors(tm
     )
     assert "stas00/ml-engineering" in record["floor_sources"]["node"]
     assert {c["name"]: c["status"] for c in record["checks"]} == {
+        "gpus": "ok",
         "pcie": "ok",
         "fabric-manager": "ok",
         "fabric-state": "ok",
@@ -372,7 +373,7 @@ def test_health_facts_each_fail_by_name(tmp_path):
         "dgx02: gpudirect-support: nvidia_peermem is not loaded and DMA-BUF is not possible: kernel "
         "5.4.0-150-generic (DMA-BUF needs 5.12 or later)",
         "dgx02: dcgmi diag -r 2: PCIe: Fail - GPU: 3",
-        "dgx02: xid: 1 XID(s) since boot (threshold 0): Xid 79 on PCI:0000:ab:00",
+        "dgx02: xid: 1 XID(s) since boot (the kernel journal) (threshold 0): Xid 79 on PCI:0000:ab:00",
         "dgx02: row-remap: 00000000:9A:00.0: pending (pending: reset the GPU; failure: the GPU needs service)",
     ]
     assert doc["nodes"]["dgx02"]["health"]["xid_events"] == 1
@@ -391,12 +392,35 @@ def test_an_unreadable_journal_says_unreadable_never_0_xids(tmp_path):
     doc = fabric.verdict(_dgx_job(tmp_path, facts=facts), ["dgx01", "dgx02"], "v1")
     assert _only(doc) == [
         "dgx02: xid: the kernel journal is unreadable: journalctl read no kernel message of this "
-        "boot (no journal rights, or no journal); --expect journal=skip waives it"
+        "boot (no journal rights, or no journal), and DCGM gave no XID field; --expect journal=skip waives it"
     ]
     assert doc["nodes"]["dgx02"]["health"]["xid_events"] == "unreadable"
     denied = {"dgx02": {"journal_xid": "No journal files were opened due to insufficient permissions.\n"}}
     doc = fabric.verdict(_dgx_job(tmp_path / "2", facts=denied), ["dgx01", "dgx02"], "v1")
     assert "journalctl says 'insufficient permissions'" in _only(doc)[0]
+
+
+def test_without_journal_rights_dcgm_gives_the_xids_and_application_xids_are_not_counted(tmp_path):
+    """An ordinary Slurm user cannot read the kernel journal; DCGM's last XID of each GPU needs no rights. XIDs an
+    application causes (13, 31, 43, 45: a faulting kernel, a killed process) are reported, not held against the
+    node; a GPU's own (79: fallen off the bus) still fails it."""
+    no_rights = {"journal_xid": "", "journal_kernel_lines": "0\n"}
+    dcgm = "#Entity   XID\nID\n" + "".join(f"GPU {i}     {13 if i == 2 else 0}\n" for i in range(8))
+    doc = fabric.verdict(_dgx_job(tmp_path, facts={"dgx02": {**no_rights, "dcgm_xid": dcgm}}), ["dgx01", "dgx02"], "v1")
+    assert _only(doc) == [], doc["problems"]
+    detail = {c["name"]: c["detail"] for c in doc["nodes"]["dgx02"]["checks"]}["xid"]
+    assert detail.startswith("0 XID(s) as each GPU's last (DCGM; the journal: journalctl read no kernel message")
+    assert detail.endswith("; 1 from applications (13, 31, 43, 45), not counted")
+    dead = dcgm.replace("GPU 5     0", "GPU 5     79")
+    doc = fabric.verdict(
+        _dgx_job(tmp_path / "2", facts={"dgx02": {**no_rights, "dcgm_xid": dead}}), ["dgx01", "dgx02"], "v1"
+    )
+    assert [p for p in _only(doc) if "xid" in p][0].startswith(
+        "dgx02: xid: 1 XID(s) as each GPU's last (DCGM; the journal: journalctl read no kernel message"
+    ) and "Xid 79 on GPU 5" in _only(doc)[0]
+    journal = "NVRM: Xid (PCI:0000:18:00): 13, pid=4242, Graphics Exception\n"  # from the journal, as root
+    doc = fabric.verdict(_dgx_job(tmp_path / "3", facts={"dgx02": {"journal_xid": journal}}), ["dgx01", "dgx02"], "v1")
+    assert _only(doc) == [] and doc["nodes"]["dgx02"]["health"]["xid_events"] == 0
 
 
 def test_a_missing_tool_is_not_present_never_a_pass(tmp_path):
@@ -623,3 +647,27 @@ def test_a_folder_that_does_not_exist_is_one_line_and_exit_2(tmp_path, capsys):
 def test_verdict_refuses_an_unknown_floor_key_from_python_too():
     with pytest.raises(LabError, match="unknown key 'gpu'"):
         fabric.parse_floors(["gpu=1"])
+
+
+def test_a_gpu_node_whose_step_saw_no_gpu_fails_by_name_instead_of_passing_as_a_cpu(tmp_path):
+    """A job that asked for no GPUs on DGX nodes under ConstrainDevices: nvidia-smi finds no device, the all-reduce
+    ran as two CPU processes, and a CPU's floor would pass it. The driver's own list (procfs) and Slurm's Gres
+    (--expect gpus=8, from slurm/validate.sbatch) say the node has 8: it fails, naming them."""
+    hidden = {"nvidia_smi_gpus": ("No devices were found\n", 6), "nvidia_smi_topo": ("No devices were found\n", 6)}
+    folder = _dgx_job(tmp_path, facts={"dgx02": hidden}, **{"node-dgx02.json": _allreduce()})
+    doc = fabric.verdict(folder, ["dgx01", "dgx02"], "v1", fabric.Settings(expect=fabric.parse_expect(["gpus=8"])))
+    [problem] = [p for p in _only(doc) if "gpus:" in p]
+    assert problem.startswith(
+        "dgx02: gpus: the node has 8 GPU(s) (8 in Slurm's Gres, 8 in the driver's /proc/driver/nvidia/gpus) but its "
+        "step saw 0, so nothing of them was tested: ask the job for them (sbatch --gpus-per-node=8)"
+    )
+    assert not doc["ok"] and {c["name"]: c["status"] for c in doc["nodes"]["dgx02"]["checks"]}["gpus"] == "fail"
+    # Slurm's word alone (no driver on the node that ran the facts: the test cluster's fake GPUs) is enough
+    cpu = fabric.verdict(
+        _cpu_job(tmp_path / "slurm"), ["a", "b"], "v2", fabric.Settings(expect=fabric.parse_expect(["b:gpus=2"]))
+    )
+    assert [p for p in cpu["problems"] if "gpus:" in p] == [
+        "b: gpus: the node has 2 GPU(s) (2 in Slurm's Gres) but its step saw 0, so nothing of them was tested: ask the "
+        "job for them (sbatch --gpus-per-node=2), or mend what hides them (ConstrainDevices, a container without "
+        "--gpus, a CPU build of torch)"
+    ]
