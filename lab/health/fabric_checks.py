@@ -33,7 +33,7 @@ DMABUF_KERNEL = (5, 12)
 
 # --expect KEY=VALUE: what a node should have, over its platform's table; "skip" waives a check's tool
 EXPECT_KEYS = {
-    "gpus": "GPUs the node has, which its step must see (an integer >= 0; slurm/validate.sbatch gives each node's Gres)",
+    "gpus": "GPUs the node has, which its step must see (an integer >= 0; slurm/validate.sbatch gives its Gres)",
     "xid_max": "XIDs since boot that still pass (an integer >= 0; default 0)",
     "ib_ports": "InfiniBand ports Active at the rate and width (an integer >= 0)",
     "ib_rate": "each port's rate in Gb/s (e.g. 400)",
@@ -269,7 +269,10 @@ def xid(
             return check("xid", status, f"{why} (waived: --expect journal=skip)"), [], status
         return (
             check("xid", status, why),
-            [f"xid: the kernel journal is {status}: {why}, and DCGM gave no XID field; --expect journal=skip waives it"],
+            [
+                f"xid: the kernel journal is {status}: {why}, and DCGM gave no XID field; --expect journal=skip "
+                f"waives it"
+            ],
             status,
         )
     counted = [(code, where) for code, where in codes if code not in nf.APPLICATION_XIDS]
