@@ -4,10 +4,10 @@ Debian's Slurm (22.05) is built with multiple slurmd per host, so nodes n1 (127.
 default partition `lab` run side by side, and g1 (127.0.0.3) and g2 (127.0.0.4) of partition `gpu` declare two
 GPUs each as a production GPU cluster does (GresTypes=gpu, Gres=gpu:2, a gres.conf naming character devices that
 stand in for /dev/nvidia0-1: made with mknod, major 195 as the driver's, opened by nothing). Slurm then hands them
-out as it would real ones: a job that asks (--gpus-per-node) gets SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS/STEP_GPUS and
-CUDA_VISIBLE_DEVICES; one that does not gives its steps none (--exclusive or not). No GPU is behind them, so torch sees none: the tests show
-that a job which expected GPUs fails rather than train on the CPU. (Hiding devices from a step, ConstrainDevices,
-needs task/cgroup, which this host's cgroups do not allow: not emulated.)
+out as it would real ones: a job that asks (--gpus-per-node) gets SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS/STEP_GPUS
+and CUDA_VISIBLE_DEVICES; one that does not gives its steps none (--exclusive or not). No GPU is behind them, so
+torch sees none: the tests show that a job which expected GPUs fails rather than train on the CPU. (Hiding
+devices from a step, ConstrainDevices, needs task/cgroup, which this host's cgroups do not allow: not emulated.)
 
 Everything lives in one fresh temporary folder (a restart on an old state folder brings finished jobs
 back); the daemons listen on free ports; nothing in /etc is touched (SLURM_CONF points at the folder's slurm.conf).
