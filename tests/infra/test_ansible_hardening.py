@@ -1,5 +1,5 @@
 """The roles on real DGX hosts: provision leaves DGX OS's own Docker alone, preflight refuses busy or differing
-nodes, launch passes InfiniBand, NCCL_NET=IB and the shared checkpoint folder on, ansible.cfg is read.
+nodes, launch passes InfiniBand, NCCL_NET=IB where asked and the shared checkpoint folder on, ansible.cfg is read.
 
 What runs where:
 - preflight: one real `ansible-playbook --tags preflight` on the two local "nodes", runtime docker, against
@@ -127,8 +127,10 @@ def test_preflight_refuses_busy_gpus_leftovers_another_image_and_broken_infiniba
         for message in messages:
             assert sum(e.startswith(f"{node}: {message}") for e in mine) == 1, (node, message, mine)
     assert not any("lab-prometheus-1" in e or "mlx5_2" in e for e in errors), errors  # compose's stack; Ethernet
-    # InfiniBand present: NCCL_NET=IB goes into the job's environment; absent: the checks say so and are skipped
-    assert "127.0.0.1: NCCL_NET=IB in the job's environment: NCCL fails rather than falling back" in proc.stdout
+    # InfiniBand present: NCCL picks its network (NCCL_NET=IB would leave SHARP's plugin unused) unless asked;
+    # absent: the checks say so and are skipped
+    assert "127.0.0.1: InfiniBand present: NCCL picks its network itself (a net plugin such as the SHARP" in proc.stdout
+    assert "127.0.0.1: NCCL_NET=IB" not in proc.stdout
     assert (
         f"127.0.0.2: not present here, so not checked: {tmp_path / 'no-infiniband'} (ibstat ports Active and "
         "their rate, nvidia_peermem or DMA-BUF, NCCL_NET=IB)"
