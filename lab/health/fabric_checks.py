@@ -147,7 +147,21 @@ def infiniband(
 ) -> tuple[dict[str, str], list[str], list[dict[str, Any]]]:
     """(check, problems, the Active InfiniBand ports): `want` (ports, Gb/s, width) Active at that rate and width, and
     every InfiniBand port below it named. With nothing expected the ports are reported only."""
-    ports, source = nf.ib_ports(ibstat, ib_width)
+    fabric = nf.transport(ibstat, ib_width)
+    if fabric == "efa":  # AWS: no InfiniBand ports to judge; NCCL runs over aws-ofi-nccl, not NET/IB
+        return (
+            check(
+                "infiniband",
+                NOTE,
+                "transport EFA (efa_N devices): port rates and GPUDirect RDMA from NCCL's log are not judged here; "
+                "the all-nodes floor judges the fabric",
+            ),
+            [],
+            [],
+        )
+    ports, source = nf.ib_ports(ibstat, ib_width, "ethernet" if fabric == "roce" else "infiniband")
+    if fabric == "roce":  # RDMA over Converged Ethernet: the same verbs, judged the same way (NCCL logs NET/IB)
+        source = f"RoCE, {source}"
     active = [port for port in ports if (port.get("state") or "").lower() == "active"]
     if not source:
         if want and want[0] > 0:

@@ -239,9 +239,9 @@ def ib_width_rows(text: str) -> list[dict[str, Any]]:
     return rows
 
 
-def ib_ports(ibstat: Fact, ib_width: Fact) -> tuple[list[dict[str, Any]], str]:
-    """Every InfiniBand-layer port with state, rate and width, merged from ibstat and sysfs (sysfs has the width;
-    either alone serves), and where they came from. Ethernet-layer ports (RoCE, storage) are left out."""
+def ib_ports(ibstat: Fact, ib_width: Fact, link_layer: str = "infiniband") -> tuple[list[dict[str, Any]], str]:
+    """Every RDMA port of one link layer ("infiniband"; "ethernet": RoCE, storage) with state, rate and width,
+    merged from ibstat and sysfs (sysfs has the width; either alone serves), and where they came from."""
     by_port: dict[tuple[str, int], dict[str, Any]] = {}
     sources = []
     for fact, rows in ((ib_width, ib_width_rows), (ibstat, ibstat_ports)):
@@ -253,8 +253,22 @@ def ib_ports(ibstat: Fact, ib_width: Fact) -> tuple[list[dict[str, Any]], str]:
             for key, value in row.items():
                 if merged.get(key) is None:
                     merged[key] = value
-    ports = [port for port in by_port.values() if (port.get("link_layer") or "").lower() == "infiniband"]
+    ports = [port for port in by_port.values() if (port.get("link_layer") or "").lower() == link_layer]
     return sorted(ports, key=lambda p: (p["ca"], p["port"])), " and ".join(sources)
+
+
+def transport(ibstat: Fact, ib_width: Fact) -> str:
+    """The node's RDMA fabric by its ports' link layer: "infiniband", "roce" (RDMA ports on Ethernet only:
+    Spectrum-X, RoCE clusters), "efa" (AWS's Elastic Fabric Adapter devices, efa_N), or "none"."""
+    infiniband, _ = ib_ports(ibstat, ib_width)
+    if infiniband:
+        return "infiniband"
+    every = [
+        row for fact, rows in ((ib_width, ib_width_rows), (ibstat, ibstat_ports)) if fact.ok for row in rows(fact.text)
+    ]
+    if any(str(row["ca"]).startswith("efa") for row in every):
+        return "efa"
+    return "roce" if ib_ports(ibstat, ib_width, "ethernet")[0] else "none"
 
 
 # ----------------------------------------------------------------------------- the rest

@@ -671,3 +671,30 @@ def test_a_gpu_node_whose_step_saw_no_gpu_fails_by_name_instead_of_passing_as_a_
         "job for them (sbatch --gpus-per-node=2), or mend what hides them (ConstrainDevices, a container without "
         "--gpus, a CPU build of torch)"
     ]
+
+
+def test_the_transport_comes_from_the_ports_link_layer_roce_is_judged_as_rdma_and_efa_is_said(tmp_path):
+    """A DGX H100 on Spectrum-X/RoCE has its ConnectX ports on the Ethernet link layer: judged as its RDMA fabric
+    (rate, state; NCCL logs RoCE channels as NET/IB, so GPUDirect RDMA is read the same way), not failed as "no
+    InfiniBand port". AWS's EFA devices are named efa_N: said, and left to the all-nodes floor."""
+    ib = (FIXTURES / "h100" / "ib-width.txt").read_text()
+    ibstat = (FIXTURES / "h100" / "ibstat.txt").read_text()
+    roce = {"ib_width": ib.replace("InfiniBand", "Ethernet"), "ibstat": ibstat.replace("InfiniBand", "Ethernet")}
+    doc = fabric.verdict(_dgx_job(tmp_path, facts={"dgx02": roce}), ["dgx01", "dgx02"], "v1")
+    assert _only(doc) == [], doc["problems"]
+    checks = {c["name"]: c for c in doc["nodes"]["dgx02"]["checks"]}
+    rdma = checks["infiniband"]  # the node's two storage ports are Ethernet too: named beyond the eight, not failed
+    assert rdma["status"] == "note" and rdma["detail"].startswith("8 of 8 expected port(s) Active at 400 Gb/s 4X (RoCE,")
+    assert checks["gdrdma"]["status"] == "ok"  # judged from NCCL's log, as on InfiniBand
+    efa = "".join(
+        f"efa_{i} port 1: state=4: ACTIVE; phys_state=5: LinkUp; rate=100 Gb/sec (4X EDR); link_layer=Unspecified\n"
+        for i in range(4)
+    )
+    doc = fabric.verdict(
+        _dgx_job(tmp_path / "2", facts={"dgx02": {"ib_width": efa, "ibstat": ("ibstat: not installed\n", 127)}}),
+        ["dgx01", "dgx02"],
+        "v1",
+    )
+    assert _only(doc) == [], doc["problems"]
+    said = {c["name"]: c for c in doc["nodes"]["dgx02"]["checks"]}["infiniband"]
+    assert said["status"] == "note" and said["detail"].startswith("transport EFA (efa_N devices)")
