@@ -684,7 +684,8 @@ def test_the_transport_comes_from_the_ports_link_layer_roce_is_judged_as_rdma_an
     assert _only(doc) == [], doc["problems"]
     checks = {c["name"]: c for c in doc["nodes"]["dgx02"]["checks"]}
     rdma = checks["infiniband"]  # the node's two storage ports are Ethernet too: named beyond the eight, not failed
-    assert rdma["status"] == "note" and rdma["detail"].startswith("8 of 8 expected port(s) Active at 400 Gb/s 4X (RoCE,")
+    assert rdma["status"] == "note"
+    assert rdma["detail"].startswith("8 of 8 expected port(s) Active at 400 Gb/s 4X (RoCE,")
     assert checks["gdrdma"]["status"] == "ok"  # judged from NCCL's log, as on InfiniBand
     efa = "".join(
         f"efa_{i} port 1: state=4: ACTIVE; phys_state=5: LinkUp; rate=100 Gb/sec (4X EDR); link_layer=Unspecified\n"
