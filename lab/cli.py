@@ -530,6 +530,12 @@ def _room_serve_args(p: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="how seats reach the hub's API when not at --hub-bind (compose: http://hub:8081)",
     )
+    for option, what in (
+        ("partition", "the partition seats' jobs go to (sbatch -p)"),
+        ("account", "the account they are charged to (sbatch -A; a production cluster often requires one)"),
+        ("qos", "their quality of service (sbatch --qos)"),
+    ):
+        p.add_argument(f"--slurm-{option}", type=plain_name, metavar=option.upper(), help=f"slurm: {what}")
     p.add_argument(
         "--memlock",
         type=at_least(-1),

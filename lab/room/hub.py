@@ -105,6 +105,8 @@ def configure(c, state_dir: str | os.PathLike | None = None) -> None:
     else:
         c.JupyterHub.spawner_class = "batchspawner.SlurmSpawner"
         c.SlurmSpawner.req_partition = settings.slurm_partition
+        c.SlurmSpawner.req_account = settings.slurm_account
+        c.SlurmSpawner.req_qos = settings.slurm_qos
         c.SlurmSpawner.req_runtime = settings.slurm_runtime
         c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
         c.Spawner.notebook_dir = "~"

@@ -58,6 +58,13 @@ NEEDS = {
 def run(args: argparse.Namespace) -> int:
     for module in NEEDS[args.spawner]:
         optional.require(module, "lab room serve (pip install -e '.[room]', as make room does)")
+    if args.spawner == "slurm" and not args.plan and args.gpus is None and not args.devices:
+        # the seats run on the cluster's nodes, and the hub on a login node that seldom has a GPU: a plan of this
+        # host would ask Slurm for no GPU at all
+        raise LabError(
+            "lab room serve --spawner slurm: the seats run on the cluster's nodes, not on this host: describe one "
+            "node with --gpus N --cores N --memory GIB (scontrol show node NAME), or give --plan FILE"
+        )
     plan = room_plan.from_args(args)
     state = Path(args.room_dir).resolve()
     settings = RoomSettings(
@@ -77,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
         hub_bind=args.hub_bind,
         hub_connect_url=args.hub_connect_url,
         memlock=args.memlock,
+        slurm_partition=args.slurm_partition or "",
+        slurm_account=args.slurm_account or "",
+        slurm_qos=args.slurm_qos or "",
     )
     if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
         _make_seats(plan, Path(settings.home_root))

@@ -41,6 +41,8 @@ class RoomSettings:
     network: str = "lab-room"  # docker: the network the hub and the seats share
     memlock: int = -1  # docker: the seats' memlock limit in bytes (-1: unlimited, for NCCL)
     slurm_partition: str = ""  # slurm: the partition seats' jobs go to
+    slurm_account: str = ""  # slurm: the account they are charged to (sbatch -A)
+    slurm_qos: str = ""  # slurm: their quality of service (sbatch --qos)
     slurm_runtime: str = "8:00:00"  # slurm: a seat's job's time limit
 
     @property

@@ -188,6 +188,10 @@ CASES = {
     "memory of no parameters": (lambda t: ["memory", "--params=-7e9"], "--params -7e+09: the parameter count must be"),
     "all-reduce sizes upside down": (lambda t: ["bench", "allreduce", "-b", "1M", "-e", "1K"], "-e 1024 is below -b"),
     "all-reduce of one rank": (lambda t: ["bench", "allreduce", "-e", "1K"], "1 rank: an all-reduce over one process"),
+    "a Slurm room planned from the login node": (  # the hub's host seldom has a GPU: no seat would ask Slurm for one
+        lambda t: ["room", "serve", "--spawner", "slurm", "--seats", "2", "--room-dir", str(t / "room")],
+        "lab room serve --spawner slurm: the seats run on the cluster's nodes, not on this host: describe one node",
+    ),
     "an unknown collective": (
         lambda t: ["bench", "collective", "allgather"],
         "OP allgather: unknown collective; choose from all_reduce, all_gather",

@@ -156,8 +156,9 @@ def test_seat_containers_get_their_gpus_cores_memory_and_volume_as_dockerspawner
 
 def test_a_slurm_room_asks_slurm_for_each_seats_gpus(tmp_path):
     pytest.importorskip("batchspawner")
-    c = _configure(tmp_path, spawner="slurm", slurm_partition="gpu")
+    c = _configure(tmp_path, spawner="slurm", slurm_partition="gpu", slurm_account="course42", slurm_qos="normal")
     assert c.JupyterHub.spawner_class == "batchspawner.SlurmSpawner" and c.SlurmSpawner.req_partition == "gpu"
+    assert c.SlurmSpawner.req_account == "course42" and c.SlurmSpawner.req_qos == "normal"  # a production cluster's
 
 
 def test_lesson_checks_are_recorded_with_the_seat(tmp_path, monkeypatch):
