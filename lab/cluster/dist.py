@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -241,16 +242,22 @@ def teardown(ctx: DistContext) -> None:
         tdist.destroy_process_group()
 
 
+GLOO_SETTLE_SECONDS = 0.2  # the GIL left to gloo's worker threads before the group goes (initialized, below)
+
+
 @contextlib.contextmanager
 def initialized(cfg: DistConfig) -> Iterator[DistContext]:
     """init(cfg) for the length of a with-block; the process group is torn down however the block ends.
 
-    A block that ends normally meets at a barrier first. Why: gloo's worker threads release each finished
-    collective's tensors after the caller has moved on; a tensor Python has seen needs the GIL to be freed,
-    and on torch 2.6 the group's destructor joins those threads while holding the GIL, so a release still
-    in flight deadlocks the exit (seen once in CI under load). The barrier's own tensor is C++'s alone,
-    and by the time every rank has met there the earlier releases are done. Not after an error: a rank
-    that is gone would keep the others at the barrier until the timeout."""
+    A block that ends normally meets at a barrier first, then lets gloo's worker threads finish. Why: those
+    threads release each finished collective's tensors after the caller has moved on; a tensor Python has seen
+    needs the GIL to be freed, and on torch 2.6 the group's destructor (run when DDP's Reducer lets the group
+    go) joins those threads while holding the GIL, so a release still in flight deadlocks the exit. The barrier
+    alone did not settle it: its own work keeps the collectives still in progress when it was queued, and a
+    worker frees them after the barrier returned (a clean-clone run on torch 2.6 hung so, once: the main thread
+    in ~ProcessGroupGloo's join, the worker in ~AsyncBarrierWork waiting for the GIL). The pause gives the GIL to
+    the workers for that moment. Not after an error: a rank that is gone would keep the others at the barrier
+    until the timeout."""
     ctx = init(cfg)
     try:
         yield ctx
@@ -258,6 +265,8 @@ def initialized(cfg: DistConfig) -> Iterator[DistContext]:
         teardown(ctx)
         raise
     barrier(ctx)
+    if ctx.backend == "gloo":
+        time.sleep(GLOO_SETTLE_SECONDS)
     teardown(ctx)
 
 

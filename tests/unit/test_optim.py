@@ -131,6 +131,6 @@ def test_a_resume_keeps_this_runs_sgd_kernel_so_fp16_steps_after_it():
         scaler.scale((w * 2).sum()).backward()
         scaler.step(opt)
 
-    with pytest.raises(AssertionError, match="grad_scale and found_inf"):  # the defect, as torch has it
-        resumed_then_stepped(keep=False)
+    with pytest.raises(AssertionError):  # the defect, as torch has it ("Expected grad_scale and found_inf to be
+        resumed_then_stepped(keep=False)  # None" on 2.14; a bare assert on 2.6)
     resumed_then_stepped(keep=True)
