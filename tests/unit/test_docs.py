@@ -82,6 +82,10 @@ NOT_RUN_HERE = {
     ".venv/bin/lab room status": ROOM,
     ".venv/bin/lab room reset seat2": ROOM,
     "LAB_CONFIG=ddp sbatch -N 4 --gpus-per-node=8 slurm/lab.sbatch": SLURM_DGX,
+    # the test cluster's GPU nodes (partition gpu) declare 2 GPUs and torch sees none behind them: test_slurm.py
+    # submits these with -p gpu and --gpus-per-node=2, and asserts they fail rather than run on the CPU
+    "sbatch -N 2 --gpus-per-node=8 slurm/lab.sbatch": SLURM_DGX,
+    "sbatch -N 2 --gpus-per-node=8 slurm/validate.sbatch": SLURM_DGX,
     "LAB_METRICS_PORT_BASE=9500 LAB_TARGETS_DIR=/shared/prometheus/targets sbatch -N 2 slurm/lab.sbatch": SLURM_DGX,
     "squeue -u $USER": SLURM_JOB,
     "tail -f slurm-lab-ID.out": SLURM_JOB,
