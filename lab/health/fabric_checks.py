@@ -322,6 +322,38 @@ def row_remap(fact: Fact) -> tuple[dict[str, str], list[str]]:
 
 # ----------------------------------------------------------------------------- NCCL's log
 
+NCCL_INFO = re.compile(r"NCCL INFO ")
+NVLS_COMM = re.compile(r"NCCL INFO NVLS comm ")  # src/transport/nvls.cc: NVLS set up for the communicator
+
+
+def nvls(log: str, platform_has_nvls: bool) -> tuple[dict[str, str] | None, bool | None]:
+    """(the check, whether NVLS ran) from NCCL's log of the node's all-reduce (NCCL_DEBUG=INFO): None where NCCL
+    logged nothing at INFO (unknown: the node is judged at the NVLS figure), or where the platform has no NVLS.
+
+    >>> nvls("h:1:1 [0] NCCL INFO NVLS comm 0x55 headRank 0 nHeads 8 buffSize 1048576", True)[1]
+    True
+    >>> nvls("h:1:1 [0] NCCL INFO Channel 00/24 : 0 1 2 3 4 5 6 7", True)[1]
+    False
+    """
+    if not platform_has_nvls:
+        return None, None
+    if not NCCL_INFO.search(log):
+        return check(
+            "nvls", NOTE, "unknown: no NCCL_DEBUG=INFO lines in the node's log; judged at the NVLS figure"
+        ), None
+    if NVLS_COMM.search(log):
+        return check("nvls", OK, "NCCL set up NVLS (NVLink SHARP) for the node's all-reduce"), True
+    return (
+        check(
+            "nvls",
+            NOTE,
+            "NCCL did not set up NVLS for the node's all-reduce (NCCL_NVLS_ENABLE=0, or no multicast: the fabric "
+            "manager, a container, the driver); judged at the ring's figure",
+        ),
+        False,
+    )
+
+
 # "via NET/IB/3/GDRDMA"; through another NIC of the node (PXN, NCCL's src/transport/net.cc) "via NET/IB/3(2)/GDRDMA"
 CHANNEL = re.compile(
     r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO Channel .* via "

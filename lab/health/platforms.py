@@ -6,7 +6,11 @@ The healthy figures, and where they come from (busbw: nccl-tests' all_reduce bus
 - 8 x H100/H200 SXM on NVSwitch (NVLink 4, NVLS): 464.00 / 468.31 / 473.10 / 475.16 GB/s at 1 / 2 / 4 / 8 GiB,
   nccl-tests on one 8 x H200 node (S. Bekman, "Machine Learning Engineering", network/benchmarks/README.md,
   github.com/stas00/ml-engineering); their median, 470, stands for H100 as well (the same NVLink 4 and third
-  generation NVSwitch; issue 26 cites about 460-480 for 8 x H100 with NVLS).
+  generation NVSwitch; issue 26 cites about 460-480 for 8 x H100 with NVLS). Without NVLS (NVLink SHARP, the
+  in-switch reduction NCCL uses by default there) the ring's: 370 GB/s, NCCL's effective NVLink 4 bandwidth
+  after its ~20% protocol overhead (S. Jeaugey, github.com/NVIDIA/nccl-tests/issues/212; 368.76 GB/s measured
+  with NVLS off, github.com/NVIDIA/nccl-tests/issues/309). Which one a node is judged by is read from NCCL's log
+  of its all-reduce: a healthy node without NVLS (disabled, or a container without multicast) would fail 376.
 - 8 x A100 SXM on NVSwitch (NVLink 3): 235 GB/s, nccl-tests on an A100 node (Bekman, network/README.md,
   "Unidirectional vs Bidirectional").
 - All nodes over InfiniBand: 0.94 of the NICs' line rate: 376.71 GB/s at 16 GiB on 4 nodes x 8 x 400 Gb/s NICs
@@ -60,6 +64,7 @@ class Platform:
     nvswitch: bool | None  # True: every GPU pair on NVLink; False: not; None: either
     node_healthy_gbps: float | None  # all GPUs of the node, cited; None: derived from the PCIe link
     node_source: str
+    node_ring_gbps: float | None  # all GPUs without NVLS, cited, where the platform has NVLS; None: no NVLS
     pair_floor_gbps: float | None  # one GPU pair (only run on request where NVSwitch is); None: as the node
     pcie: tuple[int, int] | None  # (gen, width) each GPU should have
     ib: tuple[int, float, str] | None  # (ports, Gb/s, width) the node should have; None: what it has
@@ -76,6 +81,7 @@ PLATFORMS: tuple[Platform, ...] = (
         True,
         470.0,
         f"8 x H200 nccl-tests, median at 1-8 GiB ({BEKMAN}); the same NVLink 4 and NVSwitch",
+        370.0,  # NCCL's effective NVLink 4 bandwidth, without NVLS (nccl-tests issues 212 and 309)
         200.0,
         (5, 16),
         (8, 400.0, "4X"),
@@ -90,6 +96,7 @@ PLATFORMS: tuple[Platform, ...] = (
         True,
         470.0,
         f"8 x H200 nccl-tests, median at 1-8 GiB ({BEKMAN})",
+        370.0,  # NCCL's effective NVLink 4 bandwidth, without NVLS (nccl-tests issues 212 and 309)
         200.0,
         (5, 16),
         (8, 400.0, "4X"),
@@ -104,6 +111,7 @@ PLATFORMS: tuple[Platform, ...] = (
         True,
         235.0,
         "A100 node nccl-tests (stas00/ml-engineering network/README.md)",
+        None,
         135.0,
         (4, 16),
         (8, 200.0, "4X"),
@@ -121,6 +129,7 @@ PLATFORMS: tuple[Platform, ...] = (
         None,
         None,
         None,
+        None,
         False,
         True,
     ),
@@ -135,6 +144,7 @@ PLATFORMS: tuple[Platform, ...] = (
         None,
         None,
         None,
+        None,
         False,
         True,
     ),
@@ -146,6 +156,7 @@ PLATFORMS: tuple[Platform, ...] = (
         None,
         None,
         "two gloo processes show the flow works",
+        None,
         CPU_FLOOR,
         None,
         None,
@@ -185,9 +196,10 @@ def pick(gpus: list[dict[str, Any]], all_nvlink: bool) -> tuple[Platform, str]:
 
 
 def floors(
-    platform: Platform, gpus: list[dict[str, Any]], active_ib: list[dict[str, Any]]
+    platform: Platform, gpus: list[dict[str, Any]], active_ib: list[dict[str, Any]], nvls: bool | None = None
 ) -> tuple[dict[str, float], dict[str, str]]:
-    """(floor per key, where each came from) for a node of `platform` with these GPUs and active IB ports.
+    """(floor per key, where each came from) for a node of `platform` with these GPUs and active IB ports;
+    `nvls`: whether NCCL's log of the node's all-reduce shows NVLS (False: judged at the ring's figure).
     Keys: node (all its GPUs), pair (one pair / two CPU processes), nodes (all nodes together; ring pairs),
     host_device (pinned copies, each direction, per GPU). Table-named platforms scale the all-nodes floor by the
     NICs they should have, others by the ports found Active (a missing rail there lowers its own floor)."""
@@ -202,7 +214,13 @@ def floors(
     sources: dict[str, str] = {}
     gen, width = platform.pcie or _found_link(gpus)
     link = link_gbps(gen, width)
-    if platform.node_healthy_gbps is not None:
+    if platform.node_ring_gbps is not None and nvls is False:
+        out["node"] = FLOOR_FRACTION * platform.node_ring_gbps
+        sources["node"] = (
+            f"{FLOOR_FRACTION:g} x {platform.node_ring_gbps:g} GB/s without NVLS (NCCL's log shows none: the "
+            f"ring's NVLink 4 figure, NVIDIA/nccl-tests issues 212 and 309)"
+        )
+    elif platform.node_healthy_gbps is not None:
         out["node"] = FLOOR_FRACTION * platform.node_healthy_gbps
         sources["node"] = f"{FLOOR_FRACTION:g} x {platform.node_healthy_gbps:g} GB/s ({platform.node_source})"
     else:

@@ -111,6 +111,13 @@ def _facts(folder: Path, node: str, **changes: str | tuple[str, int] | None) -> 
     return target
 
 
+# NCCL_DEBUG=INFO lines of a node's all-reduce where NCCL set up NVLS (src/transport/nvls.cc's INFO line)
+NVLS_LOG = (
+    "{node}:4242:4250 [0] NCCL INFO NVLS multicast support is available on dev 0\n"
+    "{node}:4242:4250 [0] NCCL INFO NVLS comm 0x55d0c0 headRank 0 nHeads 8 buffSize 1048576 memSize 2097152\n"
+)
+
+
 def _dgx_job(
     tmp_path: Path, nodes: tuple[str, ...] = ("dgx01", "dgx02"), facts: dict | None = None, **files: dict | str | None
 ) -> Path:
@@ -122,6 +129,7 @@ def _dgx_job(
         _facts(folder, node, **(facts or {}).get(node, {}))
     content = {
         **{f"node-{n}.json": _allreduce(8, 471.0, gpus=True) for n in nodes},
+        **{f"node-{n}.log": NVLS_LOG.format(node=n) for n in nodes},
         **{f"hostdevice-{n}.json": _hostdevice() for n in nodes},
         "nodes.json": _allreduce(8 * len(nodes), 381.0, gpus=True),
         "nodes.log": (FIXTURES / "nodes-gdrdma.log").read_text(),
@@ -163,6 +171,7 @@ def test_a_healthy_dgx_h100_pair_passes_every_check_with_its_platforms_floors(tm
     assert "stas00/ml-engineering" in record["floor_sources"]["node"]
     assert {c["name"]: c["status"] for c in record["checks"]} == {
         "gpus": "ok",
+        "nvls": "ok",
         "pcie": "ok",
         "fabric-manager": "ok",
         "fabric-state": "ok",
@@ -699,3 +708,19 @@ def test_the_transport_comes_from_the_ports_link_layer_roce_is_judged_as_rdma_an
     assert _only(doc) == [], doc["problems"]
     said = {c["name"]: c for c in doc["nodes"]["dgx02"]["checks"]}["infiniband"]
     assert said["status"] == "note" and said["detail"].startswith("transport EFA (efa_N devices)")
+
+
+def test_a_node_whose_nccl_did_not_use_nvls_is_judged_at_the_rings_figure_not_failed_at_nvls(tmp_path):
+    """376 GB/s (0.8 of 470, with NVLS) sits inside a healthy H100 node's range without NVLS (~370: NCCL's ring
+    over NVLink 4). Which one applies is read from NCCL's log of the node's all-reduce."""
+    ring_log = "dgx02:4242:4250 [0] NCCL INFO Channel 00/24 : 0 1 2 3 4 5 6 7\n"
+    files = {"node-dgx02.json": _allreduce(8, 350.0, gpus=True), "node-dgx02.log": ring_log}
+    doc = fabric.verdict(_dgx_job(tmp_path, **files), ["dgx01", "dgx02"], "v1")
+    assert _only(doc) == [], doc["problems"]
+    record = doc["nodes"]["dgx02"]
+    assert record["floors"]["node"] == pytest.approx(296.0) and "without NVLS" in record["floor_sources"]["node"]
+    assert {c["name"]: c["status"] for c in record["checks"]}["nvls"] == "note"
+    # the same figure where NCCL did set up NVLS: far from its health, and failed
+    files["node-dgx02.log"] = NVLS_LOG.format(node="dgx02")
+    doc = fabric.verdict(_dgx_job(tmp_path / "2", **files), ["dgx01", "dgx02"], "v1")
+    assert any("350" in p and "376" in p for p in _only(doc)), doc["problems"]
