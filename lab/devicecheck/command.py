@@ -63,7 +63,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.devicecheck.steps import (  # the steps, named here by the table below (and the tests)
+from lab.devicecheck.bench_steps import (  # the steps, named here by the table below (and the tests)
+    all_reduce,
+    data_path,
+    host_device,
+    host_syncs,
+    levers,
+    lightning_peer,
+    memory,
+    metrics_overhead,
+    strategies,
+)
+from lab.devicecheck.harness import (
     HOW_TO_GET,
     MIN_START_SECONDS,
     STEP_LIMIT,
@@ -73,22 +84,8 @@ from lab.devicecheck.steps import (  # the steps, named here by the table below 
     Outcome,
     StepFailed,
     Terminated,
-    all_reduce,
-    bf16_training,
-    data_path,
-    deterministic_and_resume,
-    doctor,
-    fsdp,
-    host_device,
-    host_syncs,
-    levers,
-    lightning_peer,
-    memory,
-    metrics_overhead,
-    one_rank_ddp,
-    strategies,
-    training,
 )
+from lab.devicecheck.train_steps import bf16_training, deterministic_and_resume, doctor, fsdp, one_rank_ddp, training
 from lab.errors import LabError
 
 

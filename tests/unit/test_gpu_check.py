@@ -8,7 +8,7 @@ import pytest
 
 from lab.cluster import nvml
 from lab.devicecheck import command as gpu_check
-from lab.devicecheck import steps as gpu_steps
+from lab.devicecheck import harness
 
 
 def test_a_gpu_that_torch_cannot_use_is_named_not_skipped(monkeypatch):
@@ -188,7 +188,7 @@ def test_host_syncs_fail_on_bf16_and_show_syncbatchnorms_own(tmp_path, monkeypat
         measured({"bf16": None, "fp16": None, "sync_batchnorm": "called a synchronizing CUDA op"}),
     )
     outcome = gpu_check.host_syncs(check)
-    assert outcome.status == "passed" and gpu_steps.SYNC_BATCHNORM_SYNC + " (expected" in outcome.detail
+    assert outcome.status == "passed" and harness.SYNC_BATCHNORM_SYNC + " (expected" in outcome.detail
     assert "sync_batchnorm:train.amp=bf16,model.sync_batchnorm=true,dist.single_process_group=true" in commands[0]
     monkeypatch.setattr(
         gpu_check.Check,

@@ -18,8 +18,9 @@ import shlex
 import pytest
 
 from lab.bench.comm import hostdevice
+from lab.devicecheck import bench_steps as gpu_steps
 from lab.devicecheck import command as gpu_check
-from lab.devicecheck import steps as gpu_steps
+from lab.devicecheck import harness
 from tests.conftest import PYTHON, lab, run
 
 DOCUMENTED = ".venv/bin/lab bench hostdevice --size 64M --iters 5 --json hostdevice.json"  # docs/benchmarks.md
@@ -123,7 +124,7 @@ def test_bad_sizes_and_counts_are_one_line_and_exit_2():
 def test_the_gpu_check_step_fails_copies_that_ran_on_the_cpu_and_reads_a_gpu_result(tmp_path, monkeypatch):
     # The step's child runs for real (on this CPU: unpinned host copies, which must not pass on a GPU host).
     check = gpu_check.Check(out=tmp_path, quick=True, gpu=True, gpus=1)
-    with pytest.raises(gpu_steps.StepFailed, match="copies ran on cpu with pageable host memory, not CUDA and pinned"):
+    with pytest.raises(harness.StepFailed, match="copies ran on cpu with pageable host memory, not CUDA and pinned"):
         gpu_steps.host_device(check)
     assert (tmp_path / "hostdevice.log").read_text().startswith("$ ")
     # A 2-GPU result, written by hand (no GPU here): the line the table shows of it.
@@ -151,5 +152,5 @@ def test_the_gpu_check_step_fails_copies_that_ran_on_the_cpu_and_reads_a_gpu_res
         "2 GPU(s), pinned, 256 MiB (GB/s): host->device 55.0-56.0, device->host 52.0, "
         "within a GPU 1500.0, GPU to GPU 355.0-360.0"
     )
-    with pytest.raises(gpu_steps.StepFailed, match="2-row matrix for 3 GPU"):  # fewer GPUs than the host has
+    with pytest.raises(harness.StepFailed, match="2-row matrix for 3 GPU"):  # fewer GPUs than the host has
         gpu_steps.host_device(gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=3))
