@@ -14,7 +14,7 @@ import torch.distributed as tdist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from lab.bench.comm import collective, collective_perf
+from lab.bench.comm import collective, collective_data, collective_perf
 from lab.cluster.dist import DistContext
 
 COUNT = 1 << 20  # elements of float32: 4 MiB a buffer
@@ -65,11 +65,11 @@ def _peak(body) -> int:
 # builds its data as broadcast's does, which is here
 @pytest.mark.parametrize("name", [n for n in collective.NAMES if n != "sendrecv"])
 def test_a_size_timed_and_checked_holds_its_buffers_and_at_most_one_more(one_rank, name, monkeypatch):
-    monkeypatch.setattr(collective, "CHECK_CHUNK", CHUNK)
+    monkeypatch.setattr(collective_data, "CHECK_CHUNK", CHUNK)
     coll = collective.COLLECTIVES[name]
     size = COUNT * 4
     count, nbytes = coll.counts(size, 4, 1)
-    setup = collective.Setup(torch, 0, 1, one_rank.device, torch.float32, count, "sum" if coll.reduces else "none")
+    setup = collective_data.Setup(torch, 0, 1, one_rank.device, torch.float32, count, "sum" if coll.reduces else "none")
 
     def bodies_once():
         out_of_place, in_place = coll.bodies(setup)

@@ -48,118 +48,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from lab.bench.comm.collective_data import (
+    PATTERN,
+    VALUES,
+    Bodies,
+    Setup,
+    corrupt,
+    count_wrong,
+    exact_reductions,
+    fill,
+    filled,
+    rank_values,
+    reduction_input,
+)
 from lab.errors import LabError
 
 ALIGN_BYTES = 16  # nccl-tests rounds a per-rank count down to whole 16-byte blocks
-VALUES = 256  # data of the ops that reduce nothing: integers 0..255, exact in bfloat16 (8 significant bits)
-PATTERN = 4  # data of the reductions: (i + r) % 4 on rank r, so every sum is a small integer (see _reduced)
-
-
-# ----------------------------------------------------------------------------- what a call needs
-
-
-@dataclass(frozen=True)
-class Setup:
-    """One rank's view of one size: torch, the rank's place, the element type and nccl-tests' count."""
-
-    torch: Any
-    rank: int
-    world_size: int
-    device: Any
-    dtype: Any
-    count: int  # the count column: elements per rank (per block for alltoall) where the op is per rank
-    op: str  # sum, avg or max; "none" for the ops that reduce nothing
-
-    @property
-    def tdist(self):
-        return self.torch.distributed
-
-    def reduce_op(self):
-        return {"sum": self.tdist.ReduceOp.SUM, "avg": self.tdist.ReduceOp.AVG, "max": self.tdist.ReduceOp.MAX}[self.op]
-
-    def zeros(self, count: int):
-        return self.torch.zeros(count, dtype=self.dtype, device=self.device)
-
-    def unwritten(self, count: int):
-        """An output buffer filled with -1: a value no input holds, so an element never written is counted."""
-        return self.torch.full((count,), -1, dtype=self.dtype, device=self.device)
-
-    def index(self, count: int):
-        return self.torch.arange(count, device=self.device)
-
-    def mine(self, buffer):
-        """This rank's block of an n-block buffer."""
-        return buffer[self.rank * self.count : (self.rank + 1) * self.count]
-
-
-Bodies = tuple[Callable[[], Any], Callable[[], Any]]  # (out-of-place, in-place): one call each, timed in a loop
-
-
-# A check builds its inputs and its expected values CHECK_CHUNK elements at a time, so what it holds beyond its
-# buffers is a few chunks, whatever the size: at -e 8G a whole-buffer index (int64) and its arithmetic had kept
-# 72 GiB alive on an 80 GB H100 beside the benchmark's own buffers (every node of `lab validate` ran out of memory).
-CHECK_CHUNK = 1 << 22  # elements: 32 MiB an int64 temporary
-
-
-def _fill(s: Setup, out, values: Callable[[Any], Any]):
-    """`out` (a buffer of s.dtype) filled with values(position), a chunk at a time; returned."""
-    count = out.numel()
-    for start in range(0, count, CHECK_CHUNK):
-        out[start : start + CHECK_CHUNK] = values(
-            s.torch.arange(start, min(count, start + CHECK_CHUNK), device=s.device)
-        )
-    return out
-
-
-def _filled(s: Setup, count: int, values: Callable[[Any], Any]):
-    """A new buffer of `count` elements of s.dtype holding values(position)."""
-    return _fill(s, s.torch.empty(count, dtype=s.dtype, device=s.device), values)
-
-
-def _wrong(s: Setup, out, expected: Callable[[Any], Any], offset: int = 0):
-    """How many elements of `out` differ from expected(position + offset) (a tensor on the device), a chunk at a
-    time."""
-    wrong = s.torch.zeros((), dtype=s.torch.int64, device=s.device)
-    for start in range(0, out.numel(), CHECK_CHUNK):
-        end = min(out.numel(), start + CHECK_CHUNK)
-        wrong += (out[start:end] != expected(s.torch.arange(start + offset, end + offset, device=s.device))).sum()
-    return wrong
-
-
-def _values(s: Setup, index, rank: int):
-    """Data of rank `rank` at positions `index`: integers 0..255, different on every rank (31 is odd, so
-    31 r mod 256 differs for up to 256 ranks)."""
-    return ((index + 31 * rank) % VALUES).to(s.dtype)
-
-
-def _reduction_input(s: Setup, phase):
-    """This rank's input at positions with the given phases: rank r holds (phase + r) % 4, times n for avg so the
-    mean is an integer too."""
-    scale = s.world_size if s.op == "avg" else 1
-    return ((phase + s.rank) % PATTERN * scale).to(s.dtype)
-
-
-def _reduced(s: Setup):
-    """The exact reduction for each of the PATTERN phases, as a tensor of s.dtype on the device.
-
-    Every partial sum is an integer below 4n (4n + 4 with the test hook), exact in bfloat16 up to n = 64 and
-    in float16 up to 512 ranks, so the check can demand exact equality."""
-    n = s.world_size
-    scale = n if s.op == "avg" else 1
-    inputs = [[(k + r) % PATTERN * scale for r in range(n)] for k in range(PATTERN)]
-    exact: dict[str, list[float]] = {
-        "sum": [float(sum(v)) for v in inputs],
-        "avg": [sum(v) / n for v in inputs],
-        "max": [float(max(v)) for v in inputs],
-    }
-    return s.torch.tensor(exact[s.op], dtype=s.dtype, device=s.device)
-
-
-def _corrupt(s: Setup, x, corrupt_rank: int | None) -> None:
-    """Test hook: rank `corrupt_rank` sends one wrong element, its first. A reduction's is raised past every
-    other input (so even MAX gets it wrong) and stays an exact integer; other data moves by 1 (at most 256)."""
-    if corrupt_rank == s.rank:
-        x[0] += 1 if s.op == "none" else PATTERN * (s.world_size if s.op == "avg" else 1)
 
 
 def _all_gather_call(tdist):
@@ -183,12 +87,12 @@ def _all_reduce_bodies(s: Setup) -> Bodies:
 
 
 def _all_reduce_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
-    x = _filled(s, s.count, lambda i: _reduction_input(s, i))
-    _corrupt(s, x, corrupt_rank)
+    x = filled(s, s.count, lambda i: reduction_input(s, i))
+    corrupt(s, x, corrupt_rank)
     result = s.torch.empty_like(x).copy_(x) if out_of_place else x
     s.tdist.all_reduce(result, op=s.reduce_op())
-    reduced = _reduced(s)
-    return _wrong(s, result, lambda i: reduced[i % PATTERN])
+    reduced = exact_reductions(s)
+    return count_wrong(s, result, lambda i: reduced[i % PATTERN])
 
 
 def _all_gather_bodies(s: Setup) -> Bodies:
@@ -200,11 +104,11 @@ def _all_gather_bodies(s: Setup) -> Bodies:
 def _all_gather_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
     out = s.unwritten(s.world_size * s.count)
     x = s.torch.empty(s.count, dtype=s.dtype, device=s.device) if out_of_place else s.mine(out)
-    _fill(s, x, lambda i: _values(s, i, s.rank))
-    _corrupt(s, x, corrupt_rank)
+    fill(s, x, lambda i: rank_values(s, i, s.rank))
+    corrupt(s, x, corrupt_rank)
     _all_gather_call(s.tdist)(out, x)
     # block j holds rank j's data
-    return _wrong(s, out, lambda p: ((p % s.count + 31 * (p // s.count)) % VALUES).to(s.dtype))
+    return count_wrong(s, out, lambda p: ((p % s.count + 31 * (p // s.count)) % VALUES).to(s.dtype))
 
 
 GLOO_RING = (
@@ -251,16 +155,16 @@ def _reduce_scatter_bodies(s: Setup) -> Bodies:
 
 def _reduce_scatter_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
     # block by block another phase: a block sent to the wrong rank is counted
-    x = _filled(s, s.world_size * s.count, lambda p: _reduction_input(s, p + p // s.count))
-    _corrupt(s, x, corrupt_rank)
+    x = filled(s, s.world_size * s.count, lambda p: reduction_input(s, p + p // s.count))
+    corrupt(s, x, corrupt_rank)
     out = s.unwritten(s.count) if out_of_place else s.mine(x)
     if s.tdist.get_backend() == "gloo":
         work = s.zeros(s.world_size * s.count) if out_of_place else x
         _ring_reduce_scatter(s, out if out_of_place else None, x, work, s.zeros(s.count))
     else:
         _reduce_scatter_call(s.tdist)(out, x, op=s.reduce_op())
-    reduced = _reduced(s)
-    return _wrong(s, out, lambda p: reduced[(p + p // s.count) % PATTERN], offset=s.rank * s.count)
+    reduced = exact_reductions(s)
+    return count_wrong(s, out, lambda p: reduced[(p + p // s.count) % PATTERN], offset=s.rank * s.count)
 
 
 ROOT = 0  # nccl-tests' default root (-r 0)
@@ -278,13 +182,14 @@ def _broadcast_bodies(s: Setup) -> Bodies:
 
 
 def _broadcast_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
-    x = _filled(s, s.count, lambda i: _values(s, i, s.rank))  # every rank starts with its own: only the root's remains
-    _corrupt(s, x, corrupt_rank)
+    # every rank starts with its own data: only the root's may remain
+    x = filled(s, s.count, lambda i: rank_values(s, i, s.rank))
+    corrupt(s, x, corrupt_rank)
     out = s.unwritten(s.count) if out_of_place else x
     if out_of_place and s.rank == ROOT:
         out.copy_(x)
     s.tdist.broadcast(out, src=ROOT)
-    return _wrong(s, out, lambda i: _values(s, i, ROOT))
+    return count_wrong(s, out, lambda i: rank_values(s, i, ROOT))
 
 
 def _alltoall_bodies(s: Setup) -> Bodies:
@@ -296,14 +201,14 @@ def _alltoall_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
     if not out_of_place:
         return None  # one buffer as input and output: no defined result to check (nccl-tests: N/A)
     # block j of rank r's input goes to rank j; its data names both: (i + 31 r + 7 j) % 256
-    x = _filled(
+    x = filled(
         s, s.world_size * s.count, lambda p: ((p % s.count + 31 * s.rank + 7 * (p // s.count)) % VALUES).to(s.dtype)
     )
-    _corrupt(s, x, corrupt_rank)
+    corrupt(s, x, corrupt_rank)
     out = s.unwritten(s.world_size * s.count)
     s.tdist.all_to_all_single(out, x)
     # block j came from rank j
-    return _wrong(s, out, lambda p: ((p % s.count + 31 * (p // s.count) + 7 * s.rank) % VALUES).to(s.dtype))
+    return count_wrong(s, out, lambda p: ((p % s.count + 31 * (p // s.count) + 7 * s.rank) % VALUES).to(s.dtype))
 
 
 def _ring_exchange(s: Setup, send, recv) -> None:
@@ -324,11 +229,11 @@ def _sendrecv_bodies(s: Setup) -> Bodies:
 def _sendrecv_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
     if not out_of_place:
         return None  # sent from and received into one buffer: no defined result (nccl-tests: N/A)
-    x = _filled(s, s.count, lambda i: _values(s, i, s.rank))
-    _corrupt(s, x, corrupt_rank)
+    x = filled(s, s.count, lambda i: rank_values(s, i, s.rank))
+    corrupt(s, x, corrupt_rank)
     out = s.unwritten(s.count)
     _ring_exchange(s, x, out)
-    return _wrong(s, out, lambda i: _values(s, i, (s.rank - 1) % s.world_size))
+    return count_wrong(s, out, lambda i: rank_values(s, i, (s.rank - 1) % s.world_size))
 
 
 # ----------------------------------------------------------------------------- the table

@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.bench.comm.collective import COLLECTIVES, Collective, Setup, parse_names
+from lab.bench.comm.collective import COLLECTIVES, Collective, parse_names
+from lab.bench.comm.collective_data import Setup
 from lab.errors import LabError
 
 SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}  # nccl-tests' parsesize: binary multiples
