@@ -12,7 +12,6 @@ torch is imported only by the handlers that need it, so bad input is refused fas
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,17 +22,15 @@ from lab.bench import registry
 from lab.cluster import torchrun_env
 from lab.config.arguments import (
     PROCESSES,
-    address,
     at_least,
     config_args,
-    executable,
-    host_port,
     output_dir,
     output_file,
-    plain_name,
-    url,
 )
 from lab.errors import EXIT_BAD_INPUT, LabError
+from lab.health import arguments as health_arguments
+from lab.room import arguments as room_arguments
+from lab.sizing import arguments as sizing_arguments
 
 
 class _Parser(argparse.ArgumentParser):
@@ -211,166 +208,10 @@ def _pitfall_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _memory_args(p: argparse.ArgumentParser) -> None:
-    from lab.sizing import choose as tree  # no torch: its argparse types and its headroom
-
-    p.add_argument("--params", type=float, default=7e9, help="parameter count (default 7e9)")
-    # --world-size and --node-size: memory.run checks them, with messages that name what a device count means
-    p.add_argument("--world-size", type=int, default=8, help="devices (default 8)")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd-momentum", "sgd"])
-    p.add_argument(
-        "--precision",
-        default="bf16",
-        choices=["fp32", "bf16", "fp16"],
-        help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)",
-    )
-    p.add_argument(
-        "--convention",
-        default="zero",
-        choices=["zero", "hf", "deepspeed"],
-        help="bytes per parameter: zero (16 for mixed Adam), hf (18), or deepspeed (DeepSpeed's own "
-        "estimators, 2 + 18/N) (default zero)",
-    )
-    p.add_argument("--node-size", type=int, help="devices per node, for FSDP hybrid shard (deepspeed: GPUs per node)")
-    p.add_argument(
-        "--largest-layer",
-        type=float,
-        metavar="PARAMS",
-        help="parameters of the largest layer, for --convention deepspeed's ZeRO-3 rows (default 0)",
-    )
-    p.add_argument(
-        "--bucket-mb",
-        type=float,
-        default=25.0,
-        metavar="MIB",
-        help="DeepSpeed's reduce bucket in MiB, shown beside the total (default 25: dist.bucket_cap_mb)",
-    )
-    p.add_argument(
-        "--headroom",
-        type=tree.FRACTION,
-        default=tree.HEADROOM,
-        metavar="FRACTION",
-        help="part of device memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)",
-    )
-    p.add_argument("--device", choices=["h100", "h200", "a100-80", "a100-40"], help="device to fit on")
-    p.add_argument("--device-memory", type=float, metavar="GB", help="device memory in GB (instead of --device)")
-    for name in ("seq-len", "micro-batch", "hidden", "heads", "layers"):
-        p.add_argument(f"--{name}", type=at_least(1), help="transformer activation term (give all five)")
-    p.add_argument("--measure", action="store_true", help="also measure ResNet-18: 1 process, DDP and FSDP")
-    p.add_argument("--measure-width", type=at_least(1), default=64, help="ResNet-18 width for --measure (default 64)")
-    p.add_argument("--json", type=output_file, metavar="PATH")
-    p.add_argument("--plot", type=output_file, metavar="PNG", help="stacked bars of the estimate")
-
-
-def _choose_args(p: argparse.ArgumentParser) -> None:
-    from lab.sizing import choose as tree  # no torch: its argparse types and tables only
-
-    p.add_argument(
-        "--params",
-        type=tree.parse_params,
-        required=True,
-        metavar="COUNT",
-        help="parameter count: 7B, 70e9, 1.5T, 350M, 125e6",
-    )
-    p.add_argument("--gpus-per-node", type=PROCESSES, default=8, metavar="G", help="GPUs per node (default 8)")
-    p.add_argument("--nodes", type=at_least(1, "{} nodes"), default=1, metavar="N", help="nodes (default 1)")
-    device = p.add_mutually_exclusive_group()
-    device.add_argument("--device", choices=sorted(tree.DEVICES_GB), help="GPU model (default h100)")
-    device.add_argument(
-        "--gpu-memory", type=tree.GPU_MEMORY_GB, metavar="GB", help="GPU memory in GB (instead of --device)"
-    )
-    p.add_argument(
-        "--interconnect",
-        default="ib-ndr",
-        choices=list(tree.INTERCONNECT_GBPS),
-        help="inter-node link, one NIC per GPU (default ib-ndr: 400 Gb/s)",
-    )
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adamw", "sgd-momentum", "sgd"])
-    p.add_argument(
-        "--precision",
-        default="bf16",
-        choices=["fp32", "bf16", "fp16"],
-        help="fp32, or bf16/fp16 mixed precision with fp32 master weights (default bf16)",
-    )
-    for name, says in (("seq-len", "tokens per sequence"), ("hidden", "hidden size"), ("layers", "layers")):
-        p.add_argument(f"--{name}", type=at_least(1), help=f"{says}, for activations (give all three)")
-    p.add_argument("--micro-batch", type=at_least(1), default=1, help="sequences per GPU per step (default 1)")
-    p.add_argument("--heads", type=at_least(1), help="attention heads (default hidden/128)")
-    p.add_argument(
-        "--headroom",
-        type=tree.FRACTION,
-        default=tree.HEADROOM,
-        metavar="FRACTION",
-        help="part of GPU memory kept free for the CUDA context, fragmentation, NCCL (default 0.1)",
-    )
-    p.add_argument("--json", type=output_file, metavar="PATH", help="write the decisions and the choice as JSON")
-
-
 def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="RUN_DIR", help="run directories, workshop folders, result JSONs")
     p.add_argument(
         "--out", type=output_dir, metavar="DIR", help="where report.md and the PNGs go (default: the first folder)"
-    )
-
-
-def _doctor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--port",
-        action="append",
-        default=[],
-        metavar="PORT[-LAST]",
-        help="a port that must be free here: the rendezvous port, the metrics ports (repeatable)",
-    )
-    p.add_argument(
-        "--output-dir", default="runs", type=output_dir, metavar="DIR", help="run output directory (default: runs)"
-    )
-    p.add_argument("--expect-gpus", type=at_least(0), metavar="N", help="fail unless exactly N CUDA GPUs are visible")
-    p.add_argument(
-        "--min-shm", type=float, default=1.0, metavar="GIB", help="warn when /dev/shm is smaller (default 1 GiB)"
-    )
-    p.add_argument("--json", type=output_file, metavar="PATH", help="write checks and facts as JSON ('-': stdout)")
-
-
-def _validate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "folder", metavar="DIR", help="the check's results: facts-NAME/, node-NAME.json, nodes.json (and their .log)"
-    )
-    p.add_argument("--nodes", required=True, metavar="N1,N2", help="the nodes in order, the head first")
-    p.add_argument("--run-id", required=True, metavar="ID", help="the run this check belongs to")
-    p.add_argument("--out", required=True, type=output_file, metavar="PATH", help="where validate.json goes")
-    p.add_argument(
-        "--floor",
-        action="append",
-        default=[],
-        metavar="[NODE:]KEY=GBPS",
-        help="a floor: node, pair, nodes, host_device or d2d, for every node or NODE (repeatable; "
-        "default: the node's platform's, or the baseline's)",
-    )
-    p.add_argument(
-        "--expect",
-        action="append",
-        default=[],
-        metavar="[NODE:]KEY=VALUE",
-        help="what a node should have: xid_max, ib_ports, ib_rate, ib_width, pcie_gen, pcie_width, "
-        "gdrdma, journal, dcgm (repeatable)",
-    )
-    p.add_argument("--baseline", metavar="FILE", help="fail figures under --baseline-fraction of this baseline")
-    p.add_argument("--baseline-fraction", default="0.8", metavar="F", help="of the baseline (default 0.8)")
-    p.add_argument(
-        "--record-baseline", type=output_file, metavar="FILE", help="write this (passed) run's figures as a baseline"
-    )
-    p.add_argument(
-        "--dcgm-level",
-        type=int,
-        choices=range(5),
-        metavar="N",
-        help="the dcgmi diag level the facts were asked for (default: facts-NAME/dcgm-level.txt)",
-    )
-    p.add_argument(
-        "--runner",
-        choices=("slurm", "ansible"),
-        default="slurm",
-        help="who ran the check, as validate.json's platform (default slurm)",
     )
 
 
@@ -394,200 +235,36 @@ def _data_actions() -> tuple[Command, ...]:
     )
 
 
-def _room_plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--gpus",
-        type=at_least(0, "{} GPUs"),
-        metavar="N",
-        help="GPUs to hand out, 0..N-1 (default: the host's, as NVML counts them)",
-    )
-    p.add_argument(
-        "--devices",
-        metavar="ID[,ID]",
-        help="the GPUs or MIG instances to hand out, as CUDA_VISIBLE_DEVICES "
-        "names them (e.g. MIG-<uuid>,...; instead of --gpus)",
-    )
-    seats = os.environ.get("LAB_ROOM_SEATS") or None  # compose's hub service passes it this way
-    p.add_argument(
-        "--seats",
-        type=at_least(1, "{} seats"),
-        metavar="N",
-        default=seats,
-        help="seats (default: $LAB_ROOM_SEATS, else one per 2 GPUs; on a CPU host one per 2 cores)",
-    )
-    p.add_argument(
-        "--gpus-per-seat",
-        type=at_least(1, "{} GPUs a seat"),
-        metavar="G",
-        help="GPUs each seat gets (default: the GPUs split evenly over the seats, else 2)",
-    )
-    p.add_argument(
-        "--cores",
-        type=at_least(1, "{} cores"),
-        metavar="N",
-        help="CPU cores to hand out (default: this host's); --cores and --memory plan another host",
-    )
-    p.add_argument("--memory", type=float, metavar="GIB", help="the host's memory in GiB (default: this host's)")
-    p.add_argument("--prefix", default="seat", help="seat names: PREFIX1, PREFIX2, ... (default seat)")
-
-
-def _room_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--room-dir",
-        default="runs/room",
-        type=output_dir,
-        metavar="DIR",
-        help="the room's folder: its plan, settings and the hub's state (default runs/room)",
-    )
-
-
-def _room_plan_command_args(p: argparse.ArgumentParser) -> None:
-    _room_plan_args(p)
-    p.add_argument(
-        "--json",
-        default="runs/room/plan.json",
-        type=output_file,
-        metavar="PATH",
-        help="where the plan goes, for lab room serve --plan (default runs/room/plan.json)",
-    )
-
-
-def _room_serve_args(p: argparse.ArgumentParser) -> None:
-    _room_plan_args(p)
-    _room_dir(p)
-    p.add_argument("--plan", metavar="PATH", help="a plan from lab room plan (instead of planning this host now)")
-    p.add_argument(
-        "--spawner",
-        choices=("local", "docker", "slurm"),
-        default="local",
-        help="local: a process per seat's system user (root); docker: a container per seat "
-        "(DockerSpawner); slurm: a Slurm job per seat (batchspawner) (default local)",
-    )
-    p.add_argument(
-        "--bind",
-        default="127.0.0.1",
-        type=address,
-        metavar="ADDR",
-        help="where learners' browsers reach the hub (default 127.0.0.1; see docs/workshop.md for TLS)",
-    )
-    p.add_argument("--port", type=at_least(1), default=8000, help="the hub's port for browsers (default 8000)")
-    p.add_argument("--hub-port", type=at_least(1), default=8081, help="the hub's API port, loopback (default 8081)")
-    p.add_argument(
-        "--proxy-api-port", type=at_least(1), default=8001, help="the proxy's API port, loopback (default 8001)"
-    )
-    p.add_argument(
-        "--proxy",
-        type=executable,
-        metavar="PATH",
-        help="configurable-http-proxy (default: make room-proxy's, or PATH's)",
-    )
-    p.add_argument(
-        "--idle-timeout",
-        type=at_least(10, "{} s"),
-        default=3600,
-        metavar="SECONDS",
-        help="stop a seat's server idle this long (default 3600)",
-    )
-    p.add_argument(
-        "--home-root",
-        default="/home",
-        type=output_dir,
-        metavar="DIR",
-        help="where new seat users' homes go (default /home)",
-    )
-    p.add_argument(
-        "--pushgateway",
-        type=host_port,
-        metavar="HOST:PORT",
-        help="a Pushgateway for the lessons' checks and seats' GPUs",
-    )
-    p.add_argument(
-        "--prometheus-url", type=url, metavar="URL", help="a Prometheus for the seats' lesson 6 (default: its own)"
-    )
-    p.add_argument(
-        "--image",
-        default="lab-jupyter:0.1.0",
-        type=plain_name,
-        help="docker: the seats' image (default lab-jupyter:0.1.0)",
-    )
-    p.add_argument(
-        "--network",
-        default="lab-room",
-        type=plain_name,
-        help="docker: the network of the hub and the seats (default lab-room)",
-    )
-    p.add_argument(
-        "--hub-bind",
-        default="127.0.0.1",
-        type=address,
-        metavar="ADDR",
-        help="the hub's API address (default 127.0.0.1; 0.0.0.0 where seats are containers)",
-    )
-    p.add_argument(
-        "--hub-connect-url",
-        default="",
-        type=url,
-        metavar="URL",
-        help="how seats reach the hub's API when not at --hub-bind (compose: http://hub:8081)",
-    )
-    for option, what in (
-        ("partition", "the partition seats' jobs go to (sbatch -p)"),
-        ("account", "the account they are charged to (sbatch -A; a production cluster often requires one)"),
-        ("qos", "their quality of service (sbatch --qos)"),
-    ):
-        p.add_argument(f"--slurm-{option}", type=plain_name, metavar=option.upper(), help=f"slurm: {what}")
-    p.add_argument(
-        "--memlock",
-        type=at_least(-1),
-        default=-1,
-        metavar="BYTES",
-        help="docker: the seats' locked-memory limit (default -1, unlimited, as NCCL wants; an engine "
-        "that may not raise it refuses to start a seat: give the host's hard limit, ulimit -Hl x 1024)",
-    )
-
-
-def _room_status_args(p: argparse.ArgumentParser) -> None:
-    _room_dir(p)
-    p.add_argument(
-        "--json", type=output_file, metavar="PATH", help="write every seat's lessons, checks, run and memory as JSON"
-    )
-
-
-def _room_seat_args(p: argparse.ArgumentParser) -> None:
-    _room_dir(p)
-    p.add_argument("seat", metavar="SEAT", help="a seat of the room's plan, e.g. seat1")
-
-
 def _room_actions() -> tuple[Command, ...]:
     return (
         Command(
             "plan",
             "seats with disjoint GPUs, cores and memory: the table to check before the room arrives",
-            _room_plan_command_args,
+            room_arguments.plan_args,
             "lab.room.plan.run",
         ),
         Command(
             "serve",
             "JupyterHub serving the room's seats, in the foreground (make room)",
-            _room_serve_args,
+            room_arguments.serve_args,
             "lab.room.serve.run",
         ),
         Command(
             "status",
             "every seat by lesson: passed, failed, running, not run; its newest run and memory",
-            _room_status_args,
+            room_arguments.status_args,
             "lab.room.status.run",
         ),
         Command(
             "reset",
             "a seat afresh: its copy of the lessons and its runs deleted",
-            _room_seat_args,
+            room_arguments.seat_args,
             "lab.room.seats.reset",
         ),
         Command(
             "prepare-seat",
             "copy the lessons into a seat's folder where missing (a seat container's start)",
-            lambda p: p.add_argument("home", type=output_dir, metavar="DIR"),
+            room_arguments.prepare_seat_args,
             "lab.room.seats.prepare",
         ),
     )
@@ -630,11 +307,13 @@ COMMANDS: tuple[Command, ...] = (
         _pitfall_args,
         "lab.pitfalls.command.run",
     ),
-    Command("memory", "memory per device: DDP vs ZeRO-1/2/3 and FSDP", _memory_args, "lab.sizing.memory.run"),
+    Command(
+        "memory", "memory per device: DDP vs ZeRO-1/2/3 and FSDP", sizing_arguments.memory_args, "lab.sizing.memory.run"
+    ),
     Command(
         "choose",
         "which tool for this model: DDP, ZeRO-1/2, FSDP full/hybrid shard or offload",
-        _choose_args,
+        sizing_arguments.choose_args,
         "lab.sizing.choose.run",
         description="Walk the scaling lecture's decision tree with numbers and print the lab train line it ends "
         "on, e.g. `lab choose --params 70B --nodes 2 --device h100 --interconnect ib-ndr`.",
@@ -650,7 +329,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "doctor",
         "preflight checks of this host, one line each; exit 1 when one fails",
-        _doctor_args,
+        health_arguments.doctor_args,
         handlers.doctor,
         description="Check python, torch, devices, NCCL/gloo, /dev/shm, ports, the run output directory and the "
         "interfaces NCCL/GLOO_SOCKET_IFNAME name.",
@@ -658,7 +337,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "validate",
         "the fabric check's verdict from its facts and all-reduce results: validate.json",
-        _validate_args,
+        health_arguments.validate_args,
         "lab.health.validate.run",
         description="Pick each node's platform from its facts (scripts/node-facts.sh), judge its all-reduce "
         "results (node-NAME.json, nodes.json) at the sizes >= 1 GiB and its facts (PCIe, "
