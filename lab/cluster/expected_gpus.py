@@ -24,39 +24,37 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from lab.cluster import slurm
+
 NODE_GPUS_VARIABLE = "LAB_SLURM_NODE_GPUS"  # the batch scripts': each node's GPU Gres count, in the job's node order
 DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the NVIDIA driver has bound
 
 
 def slurm_given(env: Mapping[str, str]) -> str | None:
-    """The GPUs Slurm gave this process on this node, said with where that shows, or None.
-
-    A step (srun) has them when SLURM_STEP_GPUS names them. SLURM_JOB_GPUS alone in a step is the job's: a job with
-    --exclusive holds its nodes' GPUs without asking (its batch script sees them), and its steps get none unless the
-    job asked (measured on Slurm 22.05: srun(1) says a step gets the job's GRES except those --exclusive gave)."""
-    if "SLURM_JOB_ID" not in env:
+    """The GPUs Slurm gave this process on this node, said with where that shows, or None. A step (srun) has them
+    when Slurm gave them to the step (Allocation.step_gpus); the job's alone, in a step, are not the step's."""
+    job = slurm.allocation(env)
+    if job is None:
         return None
-    in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
-    if env.get("SLURM_STEP_GPUS"):
-        return f"Slurm gave this step GPU(s) {env['SLURM_STEP_GPUS']} (SLURM_STEP_GPUS)"
-    if env.get("SLURM_JOB_GPUS") and in_step:
+    if job.step_gpus:
+        return f"Slurm gave this step GPU(s) {job.step_gpus} (SLURM_STEP_GPUS)"
+    if job.job_gpus and job.in_step:
         return (
-            f"this job holds GPU(s) {env['SLURM_JOB_GPUS']} on this node (SLURM_JOB_GPUS; --exclusive gives a job its "
+            f"this job holds GPU(s) {job.job_gpus} on this node (SLURM_JOB_GPUS; --exclusive gives a job its "
             f"nodes' GPUs) but Slurm gave its step none: submit with --gpus-per-node"
         )
-    if env.get("SLURM_JOB_GPUS"):
-        return f"Slurm gave this job GPU(s) {env['SLURM_JOB_GPUS']} (SLURM_JOB_GPUS)"
-    count = env.get("SLURM_GPUS_ON_NODE", "")
-    return f"Slurm gave this job {count} GPU(s) (SLURM_GPUS_ON_NODE)" if count.isdigit() and int(count) > 0 else None
+    if job.job_gpus:
+        return f"Slurm gave this job GPU(s) {job.job_gpus} (SLURM_JOB_GPUS)"
+    return f"Slurm gave this job {job.gpus_on_node} GPU(s) (SLURM_GPUS_ON_NODE)" if job.gpus_on_node else None
 
 
 def slurm_node_gpus(env: Mapping[str, str]) -> int:
     """This node's GPUs in Slurm's configuration (its Gres), as the batch script exported them; 0 when unknown."""
+    job = slurm.allocation(env)
     counts = env.get(NODE_GPUS_VARIABLE, "").split()
-    node = env.get("SLURM_NODEID", "0")
-    if "SLURM_JOB_ID" not in env or not node.isdigit() or int(node) >= len(counts) or not counts[int(node)].isdigit():
+    if job is None or job.node_id >= len(counts) or not counts[job.node_id].isdigit():
         return 0
-    return int(counts[int(node)])
+    return int(counts[job.node_id])
 
 
 def driver_gpus(driver: Path = DRIVER_GPUS) -> int:

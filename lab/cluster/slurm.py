@@ -71,7 +71,10 @@ class Allocation:
     task_id: int  # SLURM_PROCID
     local_id: int  # SLURM_LOCALID: this task's index among the step's tasks on this node
     gpus_on_node: int | None  # SLURM_GPUS_ON_NODE: GPUs the job was given on this node (None: no GRES asked)
-    job_gpus: str | None  # SLURM_JOB_GPUS / SLURM_STEP_GPUS: their indices on the node
+    job_gpus: str | None  # SLURM_STEP_GPUS / SLURM_JOB_GPUS: their indices on the node
+    # SLURM_STEP_GPUS alone: what this step was given. A job with --exclusive and no GPU request holds its nodes'
+    # GPUs (SLURM_JOB_GPUS, inherited by its steps) while each srun step gets none (Slurm 22.05, measured).
+    step_gpus: str | None
     restart_count: int  # SLURM_RESTART_COUNT: times the job was requeued
 
     @property
@@ -136,6 +139,7 @@ def allocation(env: Mapping[str, str] | None = None) -> Allocation | None:
         local_id=_int(env, "SLURM_LOCALID", default=0),
         gpus_on_node=_int(env, "SLURM_GPUS_ON_NODE"),
         job_gpus=gpus,
+        step_gpus=env.get("SLURM_STEP_GPUS") or None,
         restart_count=_int(env, "SLURM_RESTART_COUNT", default=0),
     )
 
