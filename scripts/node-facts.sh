@@ -61,24 +61,21 @@ fact dcgmi-version dcgmi -v
 # rights, which an ordinary Slurm user lacks
 fact dcgm-xid dcgmi dmon -e 230 -c 1
 
+# driver_fact NAME PATH COMMAND...: a fact the NVIDIA driver's procfs holds; "not present" where PATH is not there
+driver_fact() {
+  local name=$1 path=$2; shift 2
+  printf '%s\n' "$*" > "$out/$name.cmd"
+  if [[ -e $path ]]; then
+    "$@" > "$out/$name.txt" 2>&1; echo $? > "$out/$name.rc"
+  else
+    echo "$path: not present (no NVIDIA driver loaded)" > "$out/$name.txt"; echo 127 > "$out/$name.rc"
+  fi
+}
 # The driver's own banner: its version and whether it is the open kernel module (DMA-BUF needs the open one)
-printf '%s\n' "cat /proc/driver/nvidia/version" > "$out/driver-version.cmd"
-if [[ -r /proc/driver/nvidia/version ]]; then
-  cat /proc/driver/nvidia/version > "$out/driver-version.txt" 2>&1; echo $? > "$out/driver-version.rc"
-else
-  echo "/proc/driver/nvidia/version: not present (no NVIDIA driver loaded)" > "$out/driver-version.txt"
-  echo 127 > "$out/driver-version.rc"
-fi
-
+driver_fact driver-version /proc/driver/nvidia/version cat /proc/driver/nvidia/version
 # The GPUs the driver has bound, from procfs: listed even where the step's cgroup (Slurm's ConstrainDevices, a job
 # that asked for no GPUs) or a container hides their device files, so a step that sees none can be told apart
-printf '%s\n' "ls /proc/driver/nvidia/gpus" > "$out/driver-gpus.cmd"
-if [[ -d /proc/driver/nvidia/gpus ]]; then
-  ls /proc/driver/nvidia/gpus > "$out/driver-gpus.txt" 2>&1; echo $? > "$out/driver-gpus.rc"
-else
-  echo "/proc/driver/nvidia/gpus: not present (no NVIDIA driver loaded)" > "$out/driver-gpus.txt"
-  echo 127 > "$out/driver-gpus.rc"
-fi
+driver_fact driver-gpus /proc/driver/nvidia/gpus ls /proc/driver/nvidia/gpus
 
 # Each InfiniBand port's state, rate and width from sysfs ("400 Gb/sec (4X NDR)": ibstat prints no width), and its
 # link layer (an Ethernet port of a ConnectX is RoCE, not a rail of the IB fabric). No tool needed.

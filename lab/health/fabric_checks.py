@@ -20,6 +20,7 @@ logs "GPU Direct RDMA (DMABUF) enabled" per HCA (nvidia-peermem: "GPU Direct RDM
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from lab.health import node_facts as nf
@@ -321,6 +322,18 @@ def row_remap(fact: Fact) -> tuple[dict[str, str], list[str]]:
 
 
 # ----------------------------------------------------------------------------- NCCL's log
+
+NCCL_LOG_BYTES = 32 << 20  # an NCCL_DEBUG=INFO log of many nodes; its channel and NVLS lines come first
+
+
+def nccl_log(path: Path) -> str:
+    """The head of an NCCL_DEBUG=INFO log (NCCL_LOG_BYTES), or "" where it is missing or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(NCCL_LOG_BYTES).decode(errors="replace")
+    except OSError:
+        return ""
+
 
 NCCL_INFO = re.compile(r"NCCL INFO ")
 NVLS_COMM = re.compile(r"NCCL INFO NVLS comm ")  # src/transport/nvls.cc: NVLS set up for the communicator

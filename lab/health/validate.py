@@ -64,8 +64,6 @@ from lab.health.validate_input import (
 )
 from lab.health.validate_node import Settings, node_record
 
-NCCL_LOG_BYTES = 32 << 20  # an NCCL_DEBUG=INFO log of many nodes; its channel lines come first
-
 DEFINITIONS = {
     "busbw": "nccl-tests' bus bandwidth of all_reduce, algbw * 2 (n-1) / n, GB/s (1e9); per size the better of "
     "out-of-place and in-place",
@@ -171,11 +169,7 @@ def all_nodes_check(
 
 
 def _nccl_log(folder: Path) -> dict[str, dict[str, Any]]:
-    path = folder / "nodes.log"
-    if not path.exists():
-        return {}
-    with open(path, "rb") as f:
-        return fabric_checks.nccl_channels(f.read(NCCL_LOG_BYTES).decode(errors="replace"))
+    return fabric_checks.nccl_channels(fabric_checks.nccl_log(folder / "nodes.log"))
 
 
 # ----------------------------------------------------------------------------- the verdict

@@ -59,14 +59,6 @@ class Settings:
         return default, source
 
 
-def _text(path: Path) -> str:
-    """A log's text, or "" where it is missing or unreadable."""
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 def _platform(facts: dict[str, nf.Fact], like: dict[str, Any] | None) -> tuple[table.Platform, str, list, dict]:
     """(platform, why, the GPUs, the topology) from the facts, or from the all-reduce result's device names when
     the facts say nothing of GPUs."""
@@ -187,7 +179,9 @@ def node_record(
         )
         checks.append(fabric_checks.check("gpu-checks", NOT_APPLICABLE, f"no NVIDIA GPU ({why})"))
 
-    nvls_check, nvls = fabric_checks.nvls(_text(folder / f"node-{name}.log"), platform.node_ring_gbps is not None)
+    nvls_check, nvls = fabric_checks.nvls(
+        fabric_checks.nccl_log(folder / f"node-{name}.log"), platform.node_ring_gbps is not None
+    )
     if nvls_check is not None:
         checks.append(nvls_check)
     defaults, sources = table.floors(platform, gpus, active_ib, nvls)
