@@ -376,6 +376,7 @@ def test_a_job_given_gpus_that_torch_cannot_see_fails_instead_of_training_on_the
     none (there is no GPU behind them: as with a CPU build of torch or a driver too old). dist.device=auto refuses
     on every rank, in one line each, and the job fails: it never trains on the CPU instead."""
     env = _job_env(tmp_path / "runs", LAB_MAX_RESTARTS="0")  # a refusal is not a fault a restart mends
+    del env["LAB_RDZV_PORT"]  # the script's own default (29400 + the job id mod 1000), used by one test at least
     job_id = cluster.sbatch("sbatch -p gpu -N 2 --gpus-per-node=2 slurm/lab.sbatch", ROOT, tmp_path, env=env)
     job = cluster.wait(job_id)
     out = _output(tmp_path, job_id)
