@@ -27,18 +27,23 @@ def _int(name: str, default: int) -> int:
 
 
 def layout() -> Layout:
-    if not launched_by_torchrun():
-        from lab.cluster import horovod_env
+    """This process's place: torchrun's variables where torchrun's agent started it, horovodrun's where that did,
+    else one process alone. RANK and WORLD_SIZE by themselves are not a launch: enroot's PyTorch hook exports them
+    into every pyxis task, so `lab launch --slurm` on the second node would take itself for rank 1 (and keep its
+    own refusals quiet, as a non-primary rank does)."""
+    if launched_by_torchrun():
+        return Layout(
+            _int("RANK", 0),
+            _int("LOCAL_RANK", 0),
+            _int("WORLD_SIZE", 1),
+            _int("LOCAL_WORLD_SIZE", 1),
+            _int("GROUP_RANK", 0),
+        )
+    from lab.cluster import horovod_env
 
-        if horovod_env.launched():
-            return Layout(*horovod_env.layout())
-    return Layout(
-        _int("RANK", 0),
-        _int("LOCAL_RANK", 0),
-        _int("WORLD_SIZE", 1),
-        _int("LOCAL_WORLD_SIZE", 1),
-        _int("GROUP_RANK", 0),
-    )
+    if horovod_env.launched():
+        return Layout(*horovod_env.layout())
+    return Layout(0, 0, 1, 1, 0)
 
 
 def launched_by_torchrun(env: Mapping[str, str] | None = None) -> bool:

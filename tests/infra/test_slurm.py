@@ -92,7 +92,8 @@ def _processes_of(job_id: str, rank: str) -> list[int]:
             env = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
         except OSError:
             continue
-        if env.get("SLURM_JOB_ID") == job_id and env.get("RANK") == rank and "LOCAL_RANK" in env:
+        torchrun_worker = "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env  # not a task with enroot's hook
+        if env.get("SLURM_JOB_ID") == job_id and env.get("RANK") == rank and torchrun_worker:
             found.append(int(entry.name))
     return found
 

@@ -110,3 +110,17 @@ def test_the_allocation_is_read_as_srun_sets_it():
         "nodes": ["dgx07", "dgx08"],
         "restart_count": 0,
     }
+
+
+def test_enroots_hook_variables_alone_are_one_process_not_a_rank(monkeypatch):
+    """RANK/LOCAL_RANK/WORLD_SIZE from enroot's PyTorch hook, without torchrun's agent: one process alone, which
+    prints its own refusals (the second node's `lab launch --slurm` took itself for rank 1 and kept them quiet)."""
+    from lab.cluster import torchrun_env
+
+    for name in ("TORCHELASTIC_RUN_ID", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "n1"}.items():
+        monkeypatch.setenv(name, value)
+    assert torchrun_env.layout() == torchrun_env.Layout(0, 0, 1, 1, 0) and torchrun_env.is_primary_process()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")  # the same variables under torchrun's agent: rank 1 of 2
+    assert torchrun_env.layout().global_rank == 1 and torchrun_env.layout().world_size == 2
