@@ -28,6 +28,7 @@ from lab.config.arguments import (
     output_file,
 )
 from lab.errors import EXIT_BAD_INPUT, LabError
+from lab.exercises import arguments as exercise_arguments
 from lab.health import arguments as health_arguments
 from lab.room import arguments as room_arguments
 from lab.sizing import arguments as sizing_arguments
@@ -235,6 +236,29 @@ def _data_actions() -> tuple[Command, ...]:
     )
 
 
+def _exercise_actions() -> tuple[Command, ...]:
+    return (
+        Command(
+            "list",
+            "the exercises: lesson, minutes, what you write",
+            exercise_arguments.list_args,
+            "lab.exercises.command.listing",
+        ),
+        Command(
+            "start",
+            "copy an exercise's starter into your folder (never over your work)",
+            exercise_arguments.start_args,
+            "lab.exercises.command.start_command",
+        ),
+        Command(
+            "check",
+            "run your file under torchrun, watched, and print the checklist: exit 0 all hold, 1 one fails",
+            exercise_arguments.check_args,
+            "lab.exercises.command.check",
+        ),
+    )
+
+
 def _room_actions() -> tuple[Command, ...]:
     return (
         Command(
@@ -306,6 +330,12 @@ COMMANDS: tuple[Command, ...] = (
         "the course's pitfalls: the mistake, then the fix, measured",
         _pitfall_args,
         "lab.pitfalls.command.run",
+    ),
+    Command(
+        "exercise",
+        "hands-on: you write the distributed code, the lab runs it on several ranks and measures what it did",
+        actions=_exercise_actions,
+        metavar="ACTION",
     ),
     Command(
         "memory", "memory per device: DDP vs ZeRO-1/2/3 and FSDP", sizing_arguments.memory_args, "lab.sizing.memory.run"

@@ -390,6 +390,18 @@ def push_lesson_checks(gateway: str, lesson: str, passed: int, failed: int) -> b
     return push(gateway, ROOM_JOB, {"seat": seat.seat() or "none", "lesson": lesson}, values, "the lesson's checks")
 
 
+def push_exercise(gateway: str, exercise: str, passed: int, failed: int) -> bool:
+    """An exercise's last check under (job lab-room, seat, exercise), replacing its last push: the room's dashboard
+    shows each seat's exercises as passed (no check failed), failed, or not tried (no series)."""
+    values: list[Sample] = [
+        ("lab_exercise_checks_passed", "Checks of the exercise's last grading that held", {}, passed),
+        ("lab_exercise_checks_failed", "Checks of the exercise's last grading that failed", {}, failed),
+        ("lab_exercise_last_check_timestamp_seconds", "Unix time of the exercise's last grading", {}, time.time()),
+    ]
+    grouping = {"seat": seat.seat() or "none", "exercise": exercise}
+    return push(gateway, ROOM_JOB, grouping, values, "the exercise's checks")
+
+
 def push_room_lessons(gateway: str, lessons: list[tuple[str, int]]) -> bool:
     """How many checks each lesson (its number, "01") makes, one group per lesson: a seat's lesson has passed when
     lab_lesson_checks_passed reaches lab_lesson_checks_expected."""

@@ -1,0 +1,42 @@
+"""The command-line arguments of `lab exercise`'s actions (the table of actions is lab.cli's). No torch here."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lab.config.arguments import at_least
+from lab.exercises import EXERCISES
+
+
+def _name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=list(EXERCISES), metavar="NAME", help="one of: " + ", ".join(EXERCISES))
+
+
+def _directory(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dir", type=Path, metavar="DIR", help="the folder of your exercise files (default: exercises/ here)"
+    )
+
+
+def list_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="the table as JSON")
+
+
+def start_args(p: argparse.ArgumentParser) -> None:
+    _name(p)
+    _directory(p)
+
+
+def check_args(p: argparse.ArgumentParser) -> None:
+    _name(p)
+    p.add_argument("file", nargs="?", type=Path, metavar="FILE", help="your file (default: DIR/NAME.py)")
+    _directory(p)
+    p.add_argument(
+        "--timeout",
+        type=at_least(5, "{} s"),
+        default=60,
+        metavar="S",
+        help="seconds each run may take before it is called hung and stopped (default: 60)",
+    )
+    p.add_argument("--json", action="store_true", help="the checklist as JSON on stdout (the text on stderr)")

@@ -1,0 +1,175 @@
+"""The `convert` exercise graded for real: the learner's file under torchrun (gloo), every rank watched.
+
+The reference solution passes every check and the unchanged starter fails; each check's own mistake, planted in a
+copy of the solution, fails that check with its hint while the others hold (measured on the fewest ranks that show
+it, so the file stays within its minutes); a rank left waiting in a collective is stopped at the timeout, named,
+and nothing of the run is left.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from lab.exercises import folder
+from lab.exercises.convert import check as convert
+from lab.exercises.grading import Check
+from tests.conftest import lab
+
+SOLUTION = folder("convert") / "solution.py"
+STARTER = folder("convert") / "starter.py"
+TIMEOUT = 90.0  # a run that should end takes seconds; this is only the backstop for a loaded CI machine
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with tempfile.TemporaryDirectory() as tmp:
+        return convert.reference_run(Path(tmp), TIMEOUT)
+
+
+def planted(tmp_path: Path, old: str, new: str, *more: tuple[str, str]) -> Path:
+    """A copy of the solution with one mistake in it (`old` replaced by `new`, and any `more` such pairs)."""
+    text = SOLUTION.read_text()
+    for a, b in ((old, new), *more):
+        assert a in text, a
+        text = text.replace(a, b)
+    path = tmp_path / "convert.py"
+    path.write_text(text)
+    return path
+
+
+def failed(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks if not c.held}
+
+
+def grade(path: Path, reference, worlds=(2,), resume: bool = False, timeout: float = TIMEOUT) -> list[Check]:
+    return convert.judge(convert.measure(path, timeout, worlds=worlds, resume=resume, reference=reference))
+
+
+def test_the_solution_passes_every_check_and_is_recorded_for_the_room(tmp_path):
+    env = {"LAB_LESSON_RUNS": str(tmp_path / "runs")}
+    done = lab("exercise", "check", "convert", str(SOLUTION), "--json", env=env)
+    doc = json.loads(done.stdout)
+    assert doc["passed"], done.stderr
+    names = [c["check"] for c in doc["checks"]]
+    assert names[:2] == ["runs on 2 ranks", "runs on 3 ranks"] and len(names) == 10
+    assert "[x] a resume continues the curve" in done.stderr
+    record = json.loads((tmp_path / "runs" / "exercises" / "convert.json").read_text())
+    assert record["passed"] and record["failed_checks"] == []
+
+
+def test_the_unchanged_starter_fails_where_it_is_not_yet_distributed(reference):
+    found = failed(grade(STARTER, reference))
+    # Its ranks all write one checkpoint through one temporary name: a rank's os.replace may lose the race and end
+    # the run, which fails the checks that need a whole run too. These three fail however the race goes.
+    assert {
+        "the model in DistributedDataParallel",
+        "each rank its own share of every epoch",
+        "rank 0 alone writes the checkpoint",
+    } <= set(found)
+    assert "every rank reads the whole data set" in found["each rank its own share of every epoch"].hint
+
+
+MISTAKES = {
+    "no-set-epoch": (
+        "        self.train_data.sampler.set_epoch(epoch)",
+        "        pass",
+        "a new order each epoch",
+        "set_epoch(epoch)",
+    ),
+    "every-rank-saves": (  # each to a file of its own first, so the race does not crash the run before it counts
+        "                if dist.get_rank() == 0:  # every rank holds the same weights: one writer\n"
+        "                    self._save_checkpoint(epoch)",
+        "                self._save_checkpoint(epoch)",
+        "rank 0 alone writes the checkpoint",
+        "dist.get_rank() == 0",
+        ('tmp = path + ".tmp"', 'tmp = f"{path}.{dist.get_rank()}.tmp"'),
+    ),
+    "module-prefix": (
+        '"model": self.model.module.state_dict()',
+        '"model": self.model.state_dict()',
+        "the checkpoint loads into the plain model",
+        "model.module.state_dict()",
+    ),
+    "data-parallel": (
+        'self.model = DDP(self.model, device_ids=[device.index] if device.type == "cuda" else None)',
+        "self.model = torch.nn.DataParallel(self.model)",
+        "the model in DistributedDataParallel",
+        "DataParallel is one process",
+    ),
+    "rank-0s-own-loss": (
+        "            dist.all_reduce(loss)  #",
+        "            loss *= dist.get_world_size()  #",
+        "the printed loss is the mean over ranks",
+        "dist.all_reduce",
+    ),
+    "whole-batch-per-rank": (
+        "args.batch_size // dist.get_world_size()",
+        "args.batch_size",
+        "the single-device curve at the same global batch",
+        "batch_size // world_size",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_each_planted_mistake_fails_its_check_alone_with_its_hint(mistake, tmp_path, reference):
+    old, new, check_name, hint, *more = MISTAKES[mistake]
+    found = failed(grade(planted(tmp_path, old, new, *more), reference))
+    assert set(found) == {check_name}, {n: c.measured for n, c in found.items()}
+    assert hint in found[check_name].hint
+
+
+def test_a_share_of_the_batch_hard_coded_for_two_ranks_fails_on_three(tmp_path, reference):
+    path = planted(tmp_path, "args.batch_size // dist.get_world_size()", "args.batch_size // 2")
+    found = failed(grade(path, reference, worlds=(3,)))
+    assert set(found) == {"the single-device curve at the same global batch"}
+    assert "6 optimizer steps per epoch on 3 ranks, 8 on one device" in found[next(iter(found))].measured
+
+
+def test_a_resume_that_restarts_from_epoch_zero_fails_the_resume_check(tmp_path, reference):
+    path = planted(tmp_path, '        self.epochs_run = checkpoint["epochs_run"]\n', "")
+    found = failed(grade(path, reference, resume=True))
+    assert set(found) == {"a resume continues the curve"}
+    assert "epochs_run" in found["a resume continues the curve"].hint
+
+
+def test_a_rank_left_waiting_in_a_collective_is_stopped_named_and_nothing_is_left(tmp_path, reference):
+    path = planted(
+        tmp_path,
+        "    dist.destroy_process_group()",
+        "    if dist.get_rank() == 1:\n        dist.barrier()  # rank 1 alone: rank 0 never comes\n"
+        "    dist.destroy_process_group()",
+    )
+    checks = grade(path, reference, timeout=20)
+    runs = {c.name: c for c in checks}["runs on 2 ranks"]
+    assert not runs.held
+    line = path.read_text().splitlines().index("        dist.barrier()  # rank 1 alone: rank 0 never comes") + 1
+    assert "rank 1 waiting in barrier #" in runs.measured and f"convert.py:{line} in main" in runs.measured
+    assert "rank 0 had finished" in runs.measured
+    survivors = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
+    assert survivors == [], f"processes of the hung run left: {survivors}"
+
+
+def test_start_copies_the_starter_once_and_check_refuses_bad_input_in_one_line(tmp_path):
+    done = lab("exercise", "start", "convert", "--dir", str(tmp_path))
+    mine = tmp_path / "convert.py"
+    assert mine.read_text() == STARTER.read_text()
+    mine.write_text(mine.read_text() + "# my work\n")
+    again = lab("exercise", "start", "convert", "--dir", str(tmp_path))
+    assert "already at" in again.stdout and mine.read_text().endswith("# my work\n"), done.stdout
+    (tmp_path / "notes.py").write_bytes(b"\x00\x01binary")
+    for args, says in (
+        (["check", "nope"], "invalid choice: 'nope'"),
+        (["check", "convert", str(tmp_path / "absent.py")], "absent.py: no such file"),
+        (["check", "convert", str(tmp_path / "notes.py")], "notes.py: not Python"),
+        (["check", "convert", "--dir", str(tmp_path / "empty")], "lab exercise start convert puts the starter there"),
+    ):
+        refused = lab("exercise", *args, check=False)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["convert.py", "notes.py"]  # a refusal writes nothing
