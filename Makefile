@@ -95,7 +95,9 @@ test-fast: $(STAMP)
 # 8-rank exporter test (the exporter's HTTP), gpu-check at toy sizes, DDP accumulation over every shipped
 # config and strong scaling (DDP's no_sync, unchanged since torch 1.x; FSDP's accumulation stays), a BatchNorm run
 # learning, the disk-space checks, and the process runner (process groups and signals are the kernel's, not
-# torch's). The course scripts stay: NGC 25.01's torch is this one. About 4 minutes of the 35-minute budget.
+# torch's), and of the exercises the grading of each planted mistake (the observer's patches of torch, which do
+# depend on its version, are proved by the convert solution, the hang and the comm exercises). The course scripts
+# stay: NGC 25.01's torch is this one. About 4 minutes of the 35-minute budget.
 # From PyPI, whose x86_64 torch wheels are CUDA builds (~3 GB with their nvidia-* libraries, about 2 minutes
 # here): PyTorch's CPU-only index is not reachable from CI machines, which reach package registries only.
 # --no-cache-dir: the ~3 GB of wheels are not kept a second time in pip's cache.
@@ -111,7 +113,10 @@ LOWEST_SKIPS := --ignore=tests/distributed/test_rerun.py --ignore=tests/distribu
                 --deselect=tests/distributed/test_faults.py::test_a_disk_too_small_is_refused_before_training_and_a_fitting_one_is_not \
                 --deselect=tests/distributed/test_performance.py::test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter \
                 --deselect=tests/distributed/test_accumulation.py::test_accumulation_under_ddp_matches_one_process_at_the_full_batch_for_every_shipped_config \
-                --deselect=tests/distributed/test_ddp_training.py::test_two_process_batchnorm_run_learns
+                --deselect=tests/distributed/test_ddp_training.py::test_two_process_batchnorm_run_learns \
+                --ignore=tests/distributed/test_exercise_pitfalls.py \
+                $(addprefix --deselect=tests/distributed/test_exercise_convert.py::test_,the_unchanged_starter \
+                  each_planted_mistake a_share_of_the_batch a_resume_that start_copies)
 
 $(LOWEST_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)

@@ -77,8 +77,7 @@ lesson.show(folder / "loss.png")
 # (lesson 2 shows that pitfall and its fixes), and because floating-point sums in a different order round
 # differently.
 #
-# **Ask:** why does the DDP run not take fewer *steps*? (It takes the same steps; each one is cheaper per
-# process. Speed is lesson 4.)
+# **Ask:** why does the DDP run not take fewer *steps*?
 
 # %%
 result = lesson.results(folder / "comparison.json")
@@ -86,3 +85,26 @@ first = result["loss_at_matching_steps"][0]
 lesson.table(result["loss_at_matching_steps"], ["step", "baseline", f"ddp-{n}", "max_relative_difference"])
 lesson.expect(first["max_relative_difference"] < 0.05,
               f"the first matching step's losses agree within 5% (here {first['max_relative_difference']:.2%})")
+
+# %% [markdown]
+# ## Your turn: make a script data-parallel
+# You have watched DDP train; now write it yourself. `exercises/convert.py` is a plain single-device training script
+# (a small CNN, so it runs in seconds on a CPU). Make it run under `torchrun` on 2 processes with everything this
+# lesson's DDP run relied on: a process group, a `DistributedSampler` (and `set_epoch`) so each process reads its
+# own share of every epoch, the model in `DistributedDataParallel`, `--batch-size` kept as the global batch, and one
+# rank writing a checkpoint that loads into a plain model. Every place to change is marked `TODO(ddp)` in the file.
+# `lab exercise list`, in a terminal, lists every exercise of the course; this one is `convert` (about 25 minutes).
+#
+# The next cell copies the starter to `exercises/convert.py`; it never overwrites your work there.
+
+# %%
+path = lesson.exercise("convert")
+
+# %% [markdown]
+# Open `exercises/convert.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is beside
+# `notebooks/`), do its `TODO(ddp)`s, then run the next cell. It runs your script under `torchrun` on 2 and on 3
+# processes, watches what each rank does, and prints a checklist. Each `[ ]` in its checklist says what to change:
+# edit, save, and run the cell again until every line is `[x]`.
+
+# %%
+result = lesson.check_exercise("convert")

@@ -125,10 +125,7 @@ else:
 #   all complete, with equal weights on every rank.
 #
 # **Ask:** in the batchnorm run the weights are identical on both ranks (difference 0), yet the test accuracy
-# differs. Why, and why is `broadcast_buffers=True` only half a fix? (Evaluation in `eval()` mode normalises
-# with the running statistics, which are buffers each rank computed from its own shard. Broadcasting copies
-# rank 0's buffers everywhere: the ranks agree, but on statistics of rank 0's shard only. SyncBatchNorm
-# computes the batch statistics over all ranks, as one process with the whole batch would.)
+# differs. Why, and why is `broadcast_buffers=True` only half a fix?
 
 # %%
 records = {"set-epoch": set_epoch, "checkpoint-every-rank": checkpoint, "batchnorm": batchnorm,
@@ -174,3 +171,84 @@ lesson.expect(uneven["broken"]["timed_out"] and all(f["completed"] and f["weight
               "uneven-batches: the plain loop times out; Join, padding and drop_last all complete with equal weights")
 lesson.expect(all(r["demonstrated"] for r in records.values()),
               "all four pitfalls report 'demonstrated: yes'")
+
+# %% [markdown]
+# ## Your turn: fix each pitfall yourself
+# Four short scripts, each with one of this lesson's pitfalls in it: run it, see the symptom, fix it. Each has its
+# own file in `exercises/`, its `TODO`s marking where to look, and its own check, which runs your script under
+# `torchrun` on 2 processes and measures what each rank did. `lab exercise list`, in a terminal, lists them with
+# every other exercise of the course. A check that fails does not stop the notebook: its checklist says what to
+# change.
+
+# %% [markdown]
+# ### fix-set-epoch (about 5 minutes)
+# Every epoch of this DDP loop reads the data in the same order, as in `set-epoch` above. Give each epoch an order
+# of its own (`TODO(set-epoch)`). The next cell copies the starter to `exercises/fix_set_epoch.py`; it never
+# overwrites your work there.
+
+# %%
+path = lesson.exercise("fix-set-epoch")
+
+# %% [markdown]
+# Open `exercises/fix_set_epoch.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is
+# beside `notebooks/`), do its `TODO(set-epoch)`, then run the next cell. The check counts the samples each rank
+# reads in each epoch. Each `[ ]` in its checklist says what to change: edit, save, and run the cell again until
+# every line is `[x]`.
+
+# %%
+result = lesson.check_exercise("fix-set-epoch")
+
+# %% [markdown]
+# ### fix-checkpoint (about 10 minutes)
+# Every rank writes the checkpoint to one file at once, the others read it before it is whole, and it does not load
+# into a plain model: `checkpoint-every-rank` above. Make one rank write it, the others wait, and the file load into
+# a model without DDP (three `TODO(checkpoint)`s). The next cell copies the starter to
+# `exercises/fix_checkpoint.py`.
+
+# %%
+path = lesson.exercise("fix-checkpoint")
+
+# %% [markdown]
+# Open `exercises/fix_checkpoint.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is
+# beside `notebooks/`), do its `TODO(checkpoint)`s, then run the next cell. The check watches every `torch.save` and
+# `torch.load` of every rank. Each `[ ]` in its checklist says what to change: edit, save, and run the cell again
+# until every line is `[x]`.
+
+# %%
+result = lesson.check_exercise("fix-checkpoint")
+
+# %% [markdown]
+# ### fix-batchnorm (about 10 minutes)
+# The same weights on every rank, and a different test loss on each: the `batchnorm` pitfall above. Make the
+# BatchNorm statistics agree across the ranks (`TODO(batchnorm)`). The next cell copies the starter to
+# `exercises/fix_batchnorm.py`.
+
+# %%
+path = lesson.exercise("fix-batchnorm")
+
+# %% [markdown]
+# Open `exercises/fix_batchnorm.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is
+# beside `notebooks/`), do its `TODO(batchnorm)`, then run the next cell. The check compares the BatchNorm running
+# statistics every rank holds at the end. Each `[ ]` in its checklist says what to change: edit, save, and run the
+# cell again until every line is `[x]`.
+
+# %%
+result = lesson.check_exercise("fix-batchnorm")
+
+# %% [markdown]
+# ### fix-uneven (about 10 minutes)
+# Rank 0's shard holds one batch more than the others', and the run never ends: `uneven-batches` above. Make it end,
+# with every rank holding the same weights (`TODO(uneven)`). The next cell copies the starter to
+# `exercises/fix_uneven.py`.
+
+# %%
+path = lesson.exercise("fix-uneven")
+
+# %% [markdown]
+# Open `exercises/fix_uneven.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is beside
+# `notebooks/`), do its `TODO(uneven)`, then run the next cell. The check stops a run that hangs (after 60 s), so a
+# hang fails a check rather than stopping the notebook. Each `[ ]` in its checklist says what to change: edit,
+# save, and run the cell again until every line is `[x]`.
+
+# %%
+result = lesson.check_exercise("fix-uneven")

@@ -112,9 +112,8 @@ lesson.table([{"size (B)": r["size"], "time (us)": r["oop_time_us"], "algbw": r[
 # - At n = 2 the all_reduce factor 2(n-1)/n is 1 and the (n-1)/n factor 0.5; at n = 8 they are 1.75 and
 #   0.875.
 #
-# **Ask:** on 8 GPUs an all-reduce of 1 GiB takes 6 ms. What are algbw and busbw, and which one do you
-# compare with NVLink's 450 GB/s per direction? (algbw = 1.074e9 B / 0.006 s = 179 GB/s; busbw = 179 x 1.75 =
-# 313 GB/s, about 70% of the link. busbw is the one to compare: it is what each GPU's link carried.)
+# **Ask:** on 8 GPUs an all-reduce of 1 GiB takes 6 ms. What are algbw and busbw, and which one do you compare with
+# NVLink's 450 GB/s per direction?
 
 # %%
 wrong = {name: sum(r["oop_wrong"] + (r["ip_wrong"] or 0) for r in result["rows"]) for name, result in results.items()}
@@ -134,3 +133,27 @@ lesson.expect(all(g > 10 for g in growth.values()),
 lesson.expect("## Collectives: bus bandwidth by operation" in report
               and (folder / "collectives.png").stat().st_size > 0,
               "lab report drew the collectives' busbw plot and table")
+
+# %% [markdown]
+# ## Your turn: all-reduce around a ring
+# This lesson measured all-reduce; now write it. In `exercises/ring_allreduce.py` you build all-reduce from
+# point-to-point messages around a ring: each rank sends only to its right neighbour and receives only from its
+# left, the tensor cut in one chunk per rank, first a reduce-scatter, then an all-gather. Each rank then sends
+# 2(n-1)/n of the tensor, the all_reduce factor in this lesson's busbw. The places to fill in are marked
+# `TODO(ring)`. `lab exercise list`, in a terminal, lists every exercise of the course; this one is `ring-allreduce`
+# (about 25 minutes).
+#
+# The next cell copies the starter to `exercises/ring_allreduce.py`; it never overwrites your work there.
+
+# %%
+path = lesson.exercise("ring-allreduce")
+
+# %% [markdown]
+# Open `exercises/ring_allreduce.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is
+# beside `notebooks/`), do its `TODO(ring)`s, then run the next cell. The check calls your `ring_all_reduce` on 2, 3
+# and 4 ranks, with sizes that do not divide by the world size, compares each result with `dist.all_reduce`'s, and
+# times yours beside it. Each `[ ]` in its checklist says what to change: edit, save, and run the cell again until
+# every line is `[x]`.
+
+# %%
+result = lesson.check_exercise("ring-allreduce")

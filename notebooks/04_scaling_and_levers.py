@@ -128,9 +128,8 @@ for png in ("scaling-strong.png", "scaling-weak.png", "step-time-strong.png", "l
 #   in float64, ends at the same parameters as one batch up to rounding (about 1e-16). On a CPU bf16 is
 #   slower than fp32 (no bf16 matrix units); on H100/H200 it is the fast path.
 #
-# **Ask:** your strong-scaling fit says s = 0.25. How fast can this job ever get, and what does Gustafson say
-# about the same s at 8 processes? (Amdahl: at most 1/s = 4x, 2.9x at 8 processes. Gustafson with s = 0.25 at 8:
-# 8 - 0.25 x 7 = 6.25x, because the batch, and with it the parallel work, grew 8 times.)
+# **Ask:** your strong-scaling fit says s = 0.25. How fast can this job ever get, and what does Gustafson say about
+# the same s at 8 processes?
 
 # %%
 lesson.table([{"lever": r["label"], "what": r["what"], "images/s": r["samples_per_second"],
@@ -180,3 +179,25 @@ lesson.expect(equivalence["max_parameter_difference"] < 1e-9,
 ratio = labels[f"accum-{k}"]["activation_bytes"] / levers["plain"]["activation_bytes"]
 lesson.expect(0.5 / k < ratio < 1.5 / k,
               f"a micro-batch of 1/{k} of the batch saves about 1/{k} of the activations (here {ratio:.3f})")
+
+# %% [markdown]
+# ## Your turn: accumulate gradients, one all-reduce per step
+# One of this lesson's levers, written by you: gradient accumulation under DDP. `exercises/accumulate.py` already
+# runs K micro-batches per optimizer step, but DDP all-reduces the gradients in every backward (K times a step,
+# where once would do) and the K micro-batch means add up to K times the large batch's gradient. Fix both (two
+# `TODO(accumulate)`s: `model.no_sync()`, and the loss's scale). `lab exercise list`, in a terminal, lists every
+# exercise of the course; this one is `accumulate` (about 15 minutes).
+#
+# The next cell copies the starter to `exercises/accumulate.py`; it never overwrites your work there.
+
+# %%
+path = lesson.exercise("accumulate")
+
+# %% [markdown]
+# Open `exercises/accumulate.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is beside
+# `notebooks/`), do its `TODO(accumulate)`s, then run the next cell. The check counts DDP's all-reduces between
+# optimizer steps and compares your final weights with one process trained on the large batch. Each `[ ]` in its
+# checklist says what to change: edit, save, and run the cell again until every line is `[x]`.
+
+# %%
+result = lesson.check_exercise("accumulate")

@@ -133,9 +133,7 @@ lesson.table([{"strategy": label, "state MiB per rank": r.get("state_bytes", 0) 
 # replica, and `lab memory`'s DDP row is its estimate) and trains DDP's loss curve (bit for bit on a CPU); its
 # place in `lab choose` is the last line: it fits where DDP fits, and its last release is from 2023.
 #
-# **Ask:** ZeRO-3 uses the least memory; why not always use it? (Its parameters are sharded too, so every
-# forward and backward must all-gather them: 1.5x DDP's communication per step (ZeRO paper, section 7), and the
-# steps wait on it when the link is slow. Shard only as much as you must: here ZeRO-1 on H100s, nothing on H200s.)
+# **Ask:** ZeRO-3 uses the least memory; why not always use it?
 
 # %%
 h100, h200 = (lesson.results(folder / f"memory-{d}.json") for d in ("h100", "h200"))
@@ -170,3 +168,24 @@ lesson.expect("not installed" in horovod["error"] if "error" in horovod else
               horovod["state_bytes"] == ddp["state_bytes"] and horovod["loss_gap_from_ddp"] <= (1e-2 if gpu else 0.0),
               horovod.get("error") or f"Horovod holds DDP's {ddp['state_bytes'] / 2**20:.2f} MiB per rank and trains "
               f"its loss curve (largest gap {horovod['loss_gap_from_ddp']:.1e})")
+
+# %% [markdown]
+# ## Your turn: shard the model
+# This lesson's table says full sharding holds a fraction of DDP's bytes per device; now make a model do it.
+# `exercises/shard.py` trains a small model under DDP: put it under FSDP2's `fully_shard` instead, so each rank
+# holds 1/N of the parameters, gradients and optimizer state, with the same loss at every step (`TODO(shard)`).
+# `lab exercise list`, in a terminal, lists every exercise of the course; this one is `shard` (about 15 minutes).
+#
+# The next cell copies the starter to `exercises/shard.py`; it never overwrites your work there.
+
+# %%
+path = lesson.exercise("shard")
+
+# %% [markdown]
+# Open `exercises/shard.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is beside
+# `notebooks/`), do its `TODO(shard)`, then run the next cell. The check runs your script and its DDP twin on 2
+# ranks and compares the model-state bytes each rank holds and the loss at each step. Each `[ ]` in its checklist
+# says what to change: edit, save, and run the cell again until every line is `[x]`.
+
+# %%
+result = lesson.check_exercise("shard")

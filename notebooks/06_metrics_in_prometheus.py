@@ -214,10 +214,7 @@ lesson.show(folder / "throughput.png")
 # other at every all-reduce); the recording rule's total at most the ranks' best values added up (the sum is taken
 # at one instant, the maxima at different ones).
 #
-# **Ask:** why is the run's throughput a *sum* over ranks, while its step time is not? (Each rank trains on its own
-# share of every global batch, so the images per second of the ranks add up. The step is shared: no rank starts the
-# next one before the all-reduce has heard from every rank, so each rank's step time is the run's step time, and
-# the recording rules take quantiles of it across ranks instead of a sum, to catch a rank whose clock disagrees.)
+# **Ask:** why is the run's throughput a *sum* over ranks, while its step time is not?
 
 # %%
 try:

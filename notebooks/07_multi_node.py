@@ -208,10 +208,7 @@ else:
 # its tasks (an all-reduce per pair, then over all nodes, then validate.json).
 #
 # **Ask:** the two-node job hangs at the start on a real cluster, and after the join timeout the head says
-# "expected 2 nodes, 1 arrived". Which node is missing, and what do you check first? (The head counted itself, so the
-# other node never reached the head's store: check that node is running `lab launch` with the same `--rdzv-id` and
-# `--rdzv-endpoint`, that it can reach HEAD:PORT (`nc -zv HEAD PORT`; a firewall, or the head's address on the
-# wrong network), and that the head's `lab_node_address` is the cluster network's, not a 127.0.1.1 from /etc/hosts.)
+# "expected 2 nodes, 1 arrived". Which node is missing, and what do you check first?
 
 # %%
 node_ranks = sorted(r["node_rank"] for r in manifest["ranks"])

@@ -29,6 +29,8 @@ slowest thing here and measures only itself):
   levers          `lab bench levers` on every GPU: bf16 and fp16 + GradScaler against fp32, accumulation, buckets,
                   the step's peak memory, and (2 GPUs or more) the NCCL_ALGO/PROTO/P2P sweep
   all-reduce      `lab bench collective all` over every GPU of the host (2 GPUs or more)
+  exercise        `lab exercise check convert` on its reference solution: the grader's observer on NCCL, a rank a
+                  GPU (3 GPUs or more; else gloo, said so)
   metrics         `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
   Lightning peer  `lab bench lightning`: the lab's images/s over PyTorch Lightning's, same model, batch, steps
   DDP + compile   the 1-rank DDP run with torch.compile (DDPOptimizer) and static_graph
@@ -85,7 +87,15 @@ from lab.devicecheck.harness import (
     StepFailed,
     Terminated,
 )
-from lab.devicecheck.train_steps import bf16_training, deterministic_and_resume, doctor, fsdp, one_rank_ddp, training
+from lab.devicecheck.train_steps import (
+    bf16_training,
+    deterministic_and_resume,
+    doctor,
+    exercise,
+    fsdp,
+    one_rank_ddp,
+    training,
+)
 from lab.errors import LabError
 
 
@@ -164,6 +174,7 @@ STEPS: tuple[Step, ...] = (
         no_gpu="no CUDA device: the CPU tests run the levers on gloo (no fp16, no NCCL)",
     ),
     Step("all-reduce", 40, 20, all_reduce, gpus=2, limit=240, no_gpu="no GPU: the CPU tests time all-reduce over gloo"),
+    Step("exercise", 30, 30, exercise, limit=150),
     Step("metrics", 20, 12, metrics_overhead, needs=("prometheus_client",), limit=150),
     Step("Lightning peer", 30, 20, lightning_peer, needs=("lightning", "lab.bench.train.lightning_peer"), limit=180),
     Step(

@@ -112,3 +112,26 @@ def deterministic_and_resume(c: Check) -> list[Outcome]:
         )
     )
     return outcomes
+
+
+def exercise(c: Check) -> Outcome:
+    """`lab exercise check convert` on the reference solution: the grader's observer on the learner's path (nccl,
+    one rank per GPU, where the host has a GPU for each of the 3 ranks the check runs; else gloo, said so)."""
+    from lab.exercises import folder
+
+    result = c.out / "exercise-convert.json"
+    c.lab("exercise", "exercise", "check", "convert", str(folder("convert") / "solution.py"), "--json", str(result))
+    doc = json.loads(result.read_text())
+    runs = next(check["measured"] for check in doc["checks"] if check["check"] == "runs on 3 ranks")
+    expected = "nccl" if c.gpus >= 3 else "gloo"
+    if f"over {expected}" not in runs:
+        raise StepFailed(f"the solution's ranks did not use {expected}: {runs}")
+    held = sum(check["held"] for check in doc["checks"])
+    why = "" if c.gpus >= 3 else f" ({c.gpus} GPU here: 3 ranks need 3, so the CPU path)"
+    return Outcome(
+        "exercise",
+        "passed",
+        f"the convert solution: {held} of {len(doc['checks'])} checks held over {expected}{why}, "
+        f"{doc['seconds']:.0f} s",
+        figures=doc,
+    )

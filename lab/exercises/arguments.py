@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lab.config.arguments import at_least
+from lab.config.arguments import at_least, output_file
 from lab.exercises import EXERCISES
 
 
@@ -20,7 +20,7 @@ def _directory(p: argparse.ArgumentParser) -> None:
 
 
 def list_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="the table as JSON")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the table as JSON")
 
 
 def start_args(p: argparse.ArgumentParser) -> None:
@@ -39,4 +39,4 @@ def check_args(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds each run may take before it is called hung and stopped (default: 60)",
     )
-    p.add_argument("--json", action="store_true", help="the checklist as JSON on stdout (the text on stderr)")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the checklist as JSON")

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from lab import atomic
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 from lab.exercises import EXERCISES, folder, module_name
 
@@ -29,8 +30,7 @@ def listing(args) -> int:
         rows = [
             {"name": e.name, "lesson": e.lesson, "writes": e.writes, "minutes": e.minutes} for e in EXERCISES.values()
         ]
-        print(json.dumps(rows, indent=1))
-        return EXIT_OK
+        atomic.write_text(Path(args.json), json.dumps(rows, indent=1) + "\n")
     width = max(map(len, EXERCISES))
     print("Exercises (lab exercise start NAME, then lab exercise check NAME):")
     print(f"  {'name':<{width}}  lesson  minutes  you write")
@@ -87,11 +87,8 @@ def check(args) -> int:
     rows = [{"check": c.name, **{k: v for k, v in c.to_dict().items() if k != "name"}} for c in checks]
     results.record(args.name, rows)
     held = all(c.held for c in checks)
-    text = grading.render(args.name, checks) + f" ({seconds:.0f} s)"
+    print(grading.render(args.name, checks) + f" ({seconds:.0f} s)")
     if args.json:
-        print(text, file=sys.stderr)
         doc = {"exercise": args.name, "file": str(path), "passed": held, "seconds": round(seconds, 1), "checks": rows}
-        print(json.dumps(doc, indent=1))
-    else:
-        print(text)
+        atomic.write_text(Path(args.json), json.dumps(doc, indent=1) + "\n")
     return EXIT_OK if held else EXIT_FAILED

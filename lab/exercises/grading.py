@@ -60,9 +60,16 @@ class Run:
     def ok(self) -> bool:
         return self.returncode == 0 and not self.timed_out
 
+    @property
+    def backend(self) -> str | None:
+        """The process group's backend the ranks used (gloo, nccl), where they started one."""
+        found = [e["backend"] for r in self.ranks for e in r.of("init")]
+        return found[0] if found else None
+
     def how_it_ended(self) -> str:
         if self.ok:
-            return f"{self.label} ended cleanly in {self.seconds:.1f} s"
+            over = f" over {self.backend}" if self.backend else ""
+            return f"{self.label}{over} ended cleanly in {self.seconds:.1f} s"
         if self.timed_out:
             return f"{self.label} did not end within {self.timeout_seconds:g} s and was stopped: {hang(self)}"
         error = runner.last_error_line(self.output) or "no error line"

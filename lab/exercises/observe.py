@@ -239,6 +239,7 @@ def _patch_wrappers(rec: Recorder) -> None:
 
 def _counting_allreduce(rec: Recorder) -> Any:
     """DDP's default hook (all-reduce, then divide by the world size), each bucket's call recorded."""
+    import torch
     import torch.distributed as dist
 
     def hook(state: Any, bucket: Any) -> Any:
@@ -252,12 +253,15 @@ def _counting_allreduce(rec: Recorder) -> Any:
             future = dist.all_reduce(tensor, async_op=True).get_future()
         finally:
             rec.inside.depth = depth
-
-        def done(fut: Any) -> Any:
-            rec.write("coll", phase="exit", seq=seq, op="ddp_allreduce")
-            return fut.value()[0]
-
-        return future.then(done)
+        # Waited for here and handed back in a finished future of our own (as torch's noop_hook does), with no
+        # Python callback chained on gloo's: a `future.then(python_function)` is released on gloo's worker thread,
+        # which then needs the GIL, and torch 2.6 destroys the process group at exit holding the GIL while it joins
+        # that thread: ranks hung at exit, now and then (the accumulate exercise's runs on the lowest torch).
+        future.wait()
+        rec.write("coll", phase="exit", seq=seq, op="ddp_allreduce")
+        finished: Any = torch.futures.Future()
+        finished.set_result(tensor)
+        return finished
 
     # DDP refuses a hook whose `bucket` or return annotation is anything but GradBucket / Future[Tensor], and under
     # `from __future__ import annotations` they are strings ("Any"): no annotations at all, as torch accepts.

@@ -50,7 +50,7 @@ def record(exercise: str, checks: list[dict[str, Any]]) -> Path:
     if gateway:
         from lab.observability import metrics
 
-        metrics.push_exercise(gateway, exercise, len(checks) - len(failed), len(failed))
+        metrics.push_exercise(gateway, exercise, len(checks) - len(failed), len(failed), failed[0] if failed else None)
     return path
 
 

@@ -390,14 +390,19 @@ def push_lesson_checks(gateway: str, lesson: str, passed: int, failed: int) -> b
     return push(gateway, ROOM_JOB, {"seat": seat.seat() or "none", "lesson": lesson}, values, "the lesson's checks")
 
 
-def push_exercise(gateway: str, exercise: str, passed: int, failed: int) -> bool:
+def push_exercise(gateway: str, exercise: str, passed: int, failed: int, first_failed: str | None = None) -> bool:
     """An exercise's last check under (job lab-room, seat, exercise), replacing its last push: the room's dashboard
-    shows each seat's exercises as passed (no check failed), failed, or not tried (no series)."""
+    shows each seat's exercises as passed (no check failed), failed (and the first check that did), or not tried
+    (no series)."""
     values: list[Sample] = [
         ("lab_exercise_checks_passed", "Checks of the exercise's last grading that held", {}, passed),
         ("lab_exercise_checks_failed", "Checks of the exercise's last grading that failed", {}, failed),
         ("lab_exercise_last_check_timestamp_seconds", "Unix time of the exercise's last grading", {}, time.time()),
     ]
+    if first_failed:
+        values.append(
+            ("lab_exercise_failing_check_info", "The first check that failed, by name", {"check": first_failed}, 1)
+        )
     grouping = {"seat": seat.seat() or "none", "exercise": exercise}
     return push(gateway, ROOM_JOB, grouping, values, "the exercise's checks")
 

@@ -1,8 +1,12 @@
 """`lab room status`: every seat by lesson (passed, failed, running, not run), each seat's newest run and the
-memory its GPUs hold, read from the seats' homes (their lessons' checks.json and run directories) and NVML.
+memory its GPUs hold, then every seat by exercise (passed, failed with the check that failed, not tried), read from
+the seats' homes (their lessons' checks.json, run directories and exercises' records) and NVML.
 
     | seat | 01 | 02 | ... | newest run | memory |
     | seat1 | passed 1/1 | not run | ... | ddp-2 (completed) | no GPU; rank 0 held 0.7 GiB |
+
+    | seat | convert | fix-set-epoch | ... |
+    | seat1 | failed: each rank its own share of every epoch | not tried | ... |
 
 Run it as root (or the user who owns the seats' homes): each home is closed to everyone else. The Grafana
 dashboard "lab room" shows the same from the Pushgateway, where the room has one.
@@ -17,6 +21,8 @@ from typing import Any
 
 from lab import atomic
 from lab.errors import LabError
+from lab.exercises import EXERCISES
+from lab.exercises import results as exercise_results
 from lab.room import plan as room_plan
 from lab.room import seats
 from lab.teaching import lesson_checks
@@ -66,11 +72,13 @@ def seat_status(seat: room_plan.Seat, home: Path | None, expected: list[tuple[st
                 f"closed to everyone else)"
             ) from None
     run = newest_run(runs) if runs is not None and runs.is_dir() else None
+    tried = exercise_results.read_all(runs) if runs is not None and runs.is_dir() else {}
     return {
         "seat": seat.name,
         "devices": list(seat.devices),
         "lessons": {n: lesson_state(found.get(n), count) for n, count in expected},
         "checks": {n: found[n]["checks"] for n in found},
+        "exercises": {name: exercise_results.state(tried.get(name)) for name in EXERCISES},
         "run": run,
         "memory": memory_text(seat, run),
     }
@@ -150,6 +158,20 @@ def table(rows: list[dict[str, Any]], numbers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def exercise_table(rows: list[dict[str, Any]]) -> str:
+    """Each seat's exercises: passed, failed (with the first check that failed), or not tried.
+
+    >>> print(exercise_table([{"seat": "s1", "exercises": {"convert": "passed", "shard": "not tried"}}]))
+    | seat | convert | shard |
+    |---|---|---|
+    | s1 | passed | not tried |
+    """
+    names = list(rows[0]["exercises"]) if rows else []
+    lines = ["| seat | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [f"| {row['seat']} | " + " | ".join(row["exercises"][n] for n in names) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def seat_home(name: str, spawner: str) -> Path | None:
     """Where seat `name` keeps its files, as seen from here: its system user's home, or under Docker its volume's
     folder on this host (the Docker engine says where)."""
@@ -177,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
     expected = lessons()
     rows = [seat_status(seat, seat_home(seat.name, spawner), expected) for seat in plan.seats]
     print(table(rows, [n for n, _ in expected]))
+    print()
+    print(exercise_table(rows))
     if args.json:
         atomic.write_text(Path(args.json), json.dumps({"seats": rows}, indent=2) + "\n")
     return 0

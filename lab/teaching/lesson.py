@@ -160,7 +160,7 @@ def devices() -> int:
 def output_dir(lesson: str, root: str | os.PathLike | None = None, fresh: bool = True) -> Path:
     """The lesson's own folder under runs/lessons/, emptied first (fresh) so a rerun shows its own results."""
     global _folder
-    folder = Path(root or os.environ.get(ROOT_ENV) or checkout() / "runs" / "lessons") / lesson
+    folder = Path(root or runs_root()) / lesson
     if fresh and folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -170,10 +170,16 @@ def output_dir(lesson: str, root: str | os.PathLike | None = None, fresh: bool =
     return folder.resolve()
 
 
+def runs_root() -> Path:
+    """Where the lessons write: LAB_LESSON_RUNS (a room's seat has it), else runs/lessons/ in the checkout."""
+    return Path(os.environ.get(ROOT_ENV) or checkout() / "runs" / "lessons")
+
+
 def command_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a command a lesson starts: this kernel's, the plan's (the GPU hidden on a 1-GPU host),
-    then the cell's own `env`."""
-    return {**os.environ, **plan().env, **(env or {})}
+    then the cell's own `env`. LAB_LESSON_RUNS is always set, so what a command records for the room (an
+    exercise's checks) lands beside the lessons' runs whatever folder the kernel started in."""
+    return {**os.environ, ROOT_ENV: str(runs_root()), **plan().env, **(env or {})}
 
 
 def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -245,3 +251,32 @@ def expect(condition: bool, what_you_should_see: str) -> None:
 def _record(check: str, held: bool) -> None:
     if _folder is not None:
         lesson_checks.record(_folder, check, held)
+
+
+# ----------------------------------------------------------------------------- "your turn": the exercises
+
+
+def exercise_file(name: str) -> Path:
+    """Where the learner's work on exercise `name` lives: exercises/NAME.py in the checkout (a seat's home)."""
+    return checkout() / "exercises" / f"{name.replace('-', '_')}.py"
+
+
+def exercise(name: str) -> Path:
+    """`lab exercise start NAME`: the starter copied to exercise_file(name) unless the learner's work is there
+    already (it is never overwritten); says where to open it."""
+    path = exercise_file(name)
+    lab("exercise", "start", name, "--dir", str(path.parent))
+    print(f"open it in JupyterLab's file browser: {path.relative_to(checkout())}")
+    return path
+
+
+def check_exercise(name: str) -> dict:
+    """`lab exercise check NAME FILE`: the learner's file run under torchrun, watched, and its checklist shown.
+    The outcome is the learner's, not the lesson's: it is recorded for the room (runs/lessons/exercises/) and
+    returned, and a failing check does not stop the notebook (the checklist says what to change)."""
+    from lab.exercises import results as exercise_results
+
+    path = exercise_file(name)
+    lab("exercise", "check", name, str(path), check=False)
+    found = exercise_results.read_all(runs_root()).get(name)
+    return found or {"exercise": name, "passed": False, "checks": []}

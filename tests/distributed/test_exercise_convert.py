@@ -9,7 +9,10 @@ and nothing of the run is left.
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import pytest
 from lab.exercises import folder
 from lab.exercises.convert import check as convert
 from lab.exercises.grading import Check
-from tests.conftest import lab
+from tests.conftest import lab, run
 
 SOLUTION = folder("convert") / "solution.py"
 STARTER = folder("convert") / "starter.py"
@@ -50,16 +53,21 @@ def grade(path: Path, reference, worlds=(2,), resume: bool = False, timeout: flo
     return convert.judge(convert.measure(path, timeout, worlds=worlds, resume=resume, reference=reference))
 
 
-def test_the_solution_passes_every_check_and_is_recorded_for_the_room(tmp_path):
-    env = {"LAB_LESSON_RUNS": str(tmp_path / "runs")}
-    done = lab("exercise", "check", "convert", str(SOLUTION), "--json", env=env)
-    doc = json.loads(done.stdout)
-    assert doc["passed"], done.stderr
-    names = [c["check"] for c in doc["checks"]]
-    assert names[:2] == ["runs on 2 ranks", "runs on 3 ranks"] and len(names) == 10
-    assert "[x] a resume continues the curve" in done.stderr
-    record = json.loads((tmp_path / "runs" / "exercises" / "convert.json").read_text())
-    assert record["passed"] and record["failed_checks"] == []
+def test_the_documented_commands_start_it_and_grade_the_solution_and_record_it_for_the_room(tmp_path):
+    """docs/exercises.md's commands as typed, in a folder like a checkout: the starter copied, a learner's finished
+    work (the reference solution) graded, every check held, the outcome kept where `lab room status` reads it."""
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    for command in (".venv/bin/lab exercise list", ".venv/bin/lab exercise start convert"):
+        run(shlex.split(command), cwd=tmp_path)
+    mine = tmp_path / "exercises" / "convert.py"
+    assert mine.read_text() == STARTER.read_text()
+    shutil.copyfile(SOLUTION, mine)  # the learner's TODOs done
+    done = run(shlex.split(".venv/bin/lab exercise check convert"), cwd=tmp_path)
+    assert "[x] runs on 3 ranks: 3 ranks over gloo ended cleanly" in done.stdout
+    assert "[x] a resume continues the curve" in done.stdout and "10 of 10 checks hold" in done.stdout, done.stdout
+    record = json.loads((tmp_path / "runs" / "lessons" / "exercises" / "convert.json").read_text())
+    assert record["passed"] and record["failed_checks"] == [] and len(record["checks"]) == 10
+    assert [c["check"] for c in record["checks"]][:2] == ["runs on 2 ranks", "runs on 3 ranks"]
 
 
 def test_the_unchanged_starter_fails_where_it_is_not_yet_distributed(reference):

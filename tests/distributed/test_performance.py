@@ -63,11 +63,12 @@ def test_profile_writes_a_trace_per_rank_and_a_summary(tmp_path):
 
 
 # The steps the bare run proves: the check's own path (its plan, deadline and table), the doctor, `lab train` alone
-# and on a 1-rank process group with DDP and accumulation, FSDP's sharded path, and that a missing optional package
+# and on a 1-rank process group with DDP and accumulation, FSDP's sharded path, the exercise grader's observer on
+# the reference solution (gloo here: 3 ranks, no GPUs), and that a missing optional package
 # is a skip that names it. The others re-train what tests of their own own: bf16 training (test_levers' bf16 lever,
 # test_strategies_as_on_cuda), the data path (test_pipeline_benchmark_interleaves_both_paths above), the
 # deterministic pair and the resume (tests/distributed/test_rerun.py, test_faults.py).
-BARE_STEPS = ["doctor", "FSDP", "DDP, 1 rank", "training", "metrics", "Lightning peer"]
+BARE_STEPS = ["doctor", "FSDP", "DDP, 1 rank", "training", "exercise", "metrics", "Lightning peer"]
 
 
 def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_path):
@@ -95,7 +96,7 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     details = {s["step"]: s["detail"] for s in result["steps"]}
     # What a CPU can run of the steps asked for, ran and passed: FSDP, the 1-rank process group (gloo here, NCCL on
     # a GPU) with accumulation, plain training.
-    ran = ["doctor", "FSDP", "DDP, 1 rank", "training"]
+    ran = ["doctor", "FSDP", "DDP, 1 rank", "training", "exercise"]
     for step in ran:
         assert status[step] == "passed", (step, result["steps"])
     # The steps whose package the bare interpreter lacks are skipped naming it (each runs for real elsewhere:

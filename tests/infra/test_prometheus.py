@@ -233,7 +233,7 @@ def test_a_run_that_ends_again_replaces_its_group(stack):
     assert len(wait_for(prom, 'lab_run_device_memory_peak_bytes{run_id="r1"}', 2)) == 2  # ranks 2, 3 are gone
 
 
-def test_two_seats_runs_of_one_id_stay_apart_by_seat_and_the_room_dashboard_reads_their_lessons(stack, tmp_path):
+def test_two_seats_runs_stay_apart_by_seat_and_the_room_dashboard_reads_their_lessons_and_exercises(stack, tmp_path):
     """A workshop room: two seats train a run of the same id at once (their lessons give every seat the same
     ids). Each seat's targets file, series and pushed summary carry its seat, so neither overwrites the other;
     the lessons' pushed checks and the room's pushed check counts give the room dashboard's seats-by-lesson cell."""
@@ -302,6 +302,25 @@ def test_two_seats_runs_of_one_id_stay_apart_by_seat_and_the_room_dashboard_read
     cell = dashboard["panels"][0]["targets"][0]["expr"]
     shown = {r["metric"]["seat"]: float(r["value"][1]) for r in wait_for(prom, cell, 3)}
     assert shown == {"seat1": 1.0, "seat2": 0.5, "seat3": -1.0}  # passed, running (1 of 2), failed
+
+    # the exercises' gradings, pushed as lab exercise check records them: passed, failed (naming the check), not tried
+    from lab.exercises import results as exercise_results
+
+    for name, held in (("seat1", True), ("seat2", False)):
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("LAB_SEAT", name)
+            env.setenv(exercise_results.PUSHGATEWAY_ENV, stack["pushgateway"])
+            env.setenv(exercise_results.LESSON_RUNS_ENV, str(tmp_path / name))
+            exercise_results.record(
+                "convert", [{"check": "runs on 2 ranks", "held": True}, {"check": "a new order", "held": held}]
+            )
+    by_exercise = next(p for p in dashboard["panels"] if p["title"] == "Seats by exercise")["targets"][0]["expr"]
+    shown = {
+        (r["metric"]["seat"], r["metric"]["exercise"]): float(r["value"][1]) for r in wait_for(prom, by_exercise, 2)
+    }
+    assert shown == {("seat1", "convert"): 1.0, ("seat2", "convert"): -1.0}
+    stuck = wait_for(prom, "lab_exercise_failing_check_info", 1)
+    assert [(r["metric"]["seat"], r["metric"]["check"]) for r in stuck] == [("seat2", "a new order")]
     gpus = wait_for(prom, "lab_room_seat_gpu_info", 4)
     assert sorted((r["metric"]["seat"], r["metric"]["gpu"]) for r in gpus) == [
         ("seat1", "0"),

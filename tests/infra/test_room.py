@@ -235,6 +235,13 @@ def test_lesson_one_runs_in_three_seats_own_kernels_at_once(room):
     with its seat. The seats' peak memory (PSS, summed over each seat's processes) is printed for the docs."""
     seats = room["seats"]
     results: dict[str, object] = {}
+    # The lesson ends with its "your turn" cell (the convert exercise): one seat has done it (the reference solution
+    # where the lesson looks for its work), the others run the starter the cell copies, as a learner's first try.
+    done = Path(pwd.getpwnam(SEATS[0]).pw_dir) / "exercises" / "convert.py"
+    done.parent.mkdir(exist_ok=True)
+    shutil.copyfile(ROOT / "lab" / "exercises" / "convert" / "solution.py", done)
+    for path in (done.parent, done):
+        shutil.chown(path, SEATS[0], SEATS[0])
 
     def run(seat: hub.Seat) -> None:
         try:
@@ -266,6 +273,10 @@ def test_lesson_one_runs_in_three_seats_own_kernels_at_once(room):
         assert record["seat"] == name and record["passed"] == 1 and record["failed"] == 0
         assert json.loads((folder / "ddp-2" / "manifest.json").read_text())["seat"] == name
         assert all(p.owner() == name for p in folder.rglob("*"))
+        graded = json.loads((folder.parent / "exercises" / "convert.json").read_text())
+        assert graded["seat"] == name and graded["passed"] == (name == SEATS[0]), graded["failed_checks"]
+        if name != SEATS[0]:  # the starter is one process per rank, each reading everything
+            assert "the model in DistributedDataParallel" in graded["failed_checks"]
 
 
 def test_room_status_shows_every_seat_with_lesson_one_passed(room, tmp_path):
@@ -285,6 +296,10 @@ def test_room_status_shows_every_seat_with_lesson_one_passed(room, tmp_path):
         assert all(row["lessons"][n] == "not run" for n in ("02", "03", "04", "05", "06", "07")), row
         assert row["run"]["status"] == "completed" and row["run"]["run_id"] in ("baseline", "ddp-2")
         assert f"| {name} | passed 1/1 | not run |" in shown.stdout
+        convert = row["exercises"].pop("convert")
+        assert convert == "passed" if name == SEATS[0] else convert.startswith("failed: "), convert
+        assert set(row["exercises"].values()) == {"not tried"}, row["exercises"]
+    assert f"| {SEATS[0]} | passed | not tried |" in shown.stdout
 
 
 def test_a_learner_logs_in_with_a_browser_and_lesson_one_opens_without_a_prompt(room):

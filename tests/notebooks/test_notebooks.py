@@ -1,7 +1,11 @@
 """Every lesson in notebooks/ executed headless, cell by cell, by a real Jupyter kernel (nbclient + ipykernel),
 as JupyterLab would run it: a cell that raises (a lab command that failed, a "what you should see" check that
 did not hold) fails the test with that cell's error. Each lesson runs once a session (tests/lessons.py): the
-tests that assert the details of the same runs (tests/distributed/test_pitfalls.py, ...) read its results."""
+tests that assert the details of the same runs (tests/distributed/test_pitfalls.py, ...) read its results.
+
+Lessons 1-5 end with "your turn" cells (lesson.exercise, lesson.check_exercise): they run here with the reference
+solutions in place, as a learner's finished work, and each exercise's recorded check must have passed. They are
+the learner's, not the lesson's checks: a failing one does not stop the notebook, and none counts as a lesson check."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.infra.test_room import cannot_run as room_test_cannot_run
+from tests.lessons import exercises_of
 
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 
@@ -38,6 +43,25 @@ def test_lesson_runs_clean_with_its_checks(path, lessons):
     assert not [o for o in lesson.outputs if o.output_type == "error"]
     assert lesson.printed.count("as expected: ") == sum(c.source.count("lesson.expect(") for c in checks)
     assert any(o.output_type == "display_data" for o in lesson.outputs), "the lesson shows no table or plot inline"
+    recorded = lesson.exercises()  # the "your turn" cells' checks, run on the reference solutions
+    for name in exercises_of(path):
+        assert name in recorded, f"{path.name}: no check of exercise {name} was recorded"
+        assert recorded[name]["passed"], f"{name}'s reference solution failed: {recorded[name]['failed_checks']}"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_a_lesson_ends_with_its_exercises_after_its_own_checks(path):
+    """Each exercise of the lesson (lab.exercises.EXERCISES) is opened and then checked by cells of their own after
+    the lesson's last "what you should see" check, so a learner's failing exercise never stands before one."""
+    import jupytext
+
+    code = [c.source for c in jupytext.read(path).cells if c.cell_type == "code"]
+    last_check = max(i for i, source in enumerate(code) if "lesson.expect(" in source)
+    opened = {m: i for i, s in enumerate(code) for m in re.findall(r'lesson\.exercise\("([\w-]+)"\)', s)}
+    checked = {m: i for i, s in enumerate(code) for m in re.findall(r'lesson\.check_exercise\("([\w-]+)"\)', s)}
+    names = exercises_of(path)
+    assert list(opened) == list(checked) == names, (opened, checked, names)
+    assert all(last_check < opened[name] < checked[name] for name in names), (last_check, opened, checked)
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])

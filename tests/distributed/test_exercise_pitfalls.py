@@ -1,0 +1,161 @@
+"""Lesson 02's four exercises graded for real: each learner file under torchrun (gloo, 2 ranks), every rank watched.
+
+For each exercise the reference solution passes every check and the unchanged starter fails the check it is
+there for; each check's own mistake, planted in a copy of the solution, fails that check alone, with its hint.
+(The starters of fix-set-epoch and fix-batchnorm are their one planted mistake.) A run that hangs is stopped at
+the timeout with the waiting rank and its collective named, and nothing of it left running.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from lab.exercises import folder
+from lab.exercises.fix_batchnorm import check as batchnorm
+from lab.exercises.fix_checkpoint import check as checkpoint
+from lab.exercises.fix_set_epoch import check as set_epoch
+from lab.exercises.fix_uneven import check as uneven
+from lab.exercises.grading import Check
+
+TIMEOUT = 90.0  # a run that should end takes seconds; this is only the backstop for a loaded CI machine
+HANG_TIMEOUT = 20.0  # the starter of fix-uneven hangs for good: long enough to start and reach the hang
+
+Grade = Callable[[Path, float], list[Check]]
+
+
+def planted(exercise: str, tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of the exercise's solution with one mistake in it (`old` replaced by `new`)."""
+    text = (folder(exercise) / "solution.py").read_text()
+    assert old in text, old
+    path = tmp_path / f"{exercise.replace('-', '_')}.py"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+def failing(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks if not c.held}
+
+
+def assert_fails_alone(checks: list[Check], name: str, hint: str) -> Check:
+    failed = failing(checks)
+    assert list(failed) == [name], "\n".join(f"{c.name}: {c.measured}" for c in checks)
+    assert hint in failed[name].hint, failed[name].hint
+    return failed[name]
+
+
+@pytest.mark.parametrize(
+    "exercise, grade",
+    [
+        ("fix-set-epoch", set_epoch.check),
+        ("fix-checkpoint", checkpoint.check),
+        ("fix-batchnorm", batchnorm.check),
+        ("fix-uneven", uneven.check),
+    ],
+)
+def test_the_solution_passes_every_check(exercise: str, grade: Grade):
+    checks = grade(folder(exercise) / "solution.py", TIMEOUT)
+    assert checks and not failing(checks), "\n".join(f"{c.name}: {c.measured}" for c in checks)
+
+
+# ----------------------------------------------------------------------------- fix-set-epoch
+
+
+def test_set_epoch_starter_repeats_epoch_0_on_every_rank():
+    checks = set_epoch.check(folder("fix-set-epoch") / "starter.py", TIMEOUT)
+    c = assert_fails_alone(checks, "a new order each epoch", "sampler.set_epoch(epoch)")
+    assert c.measured.startswith("4 of 4 later epochs (100%)"), c.measured
+    assert "sampler epoch at each epoch: 0, 0, 0" in c.measured
+
+
+def test_set_epoch_a_run_that_fails_after_its_epochs_fails_ends_cleanly_alone(tmp_path):
+    path = planted(
+        "fix-set-epoch",
+        tmp_path,
+        "    dist.destroy_process_group()\n",
+        "    dist.destroy_process_group()\n    dist.barrier()  # a collective after the group is gone\n",
+    )
+    c = assert_fails_alone(set_epoch.check(path, TIMEOUT), "ends cleanly", "first error")
+    assert "exited" in c.measured, c.measured
+
+
+# ----------------------------------------------------------------------------- fix-checkpoint
+
+SAVE = "rank 0 alone writes the checkpoint"
+EARLY = "no rank reads the checkpoint before rank 0 has written it"
+KEYS = "the checkpoint loads into the plain model"
+
+
+def test_checkpoint_starter_fails_all_three():
+    checks = checkpoint.check(folder("fix-checkpoint") / "starter.py", TIMEOUT)
+    failed = failing(checks)
+    assert set(failed) == {SAVE, EARLY, KEYS}, "\n".join(f"{c.name}: {c.measured}" for c in checks)
+    assert "rank 0 1, rank 1 1" in failed[SAVE].measured
+    assert "module.0.weight" in failed[KEYS].measured
+
+
+@pytest.mark.parametrize(
+    "old, new, name, hint",
+    [
+        (  # every rank writes (the barrier kept: the loads still come after rank 0's save)
+            "    if dist.get_rank() == 0:  # every rank",
+            "    if True:  # every rank",
+            SAVE,
+            "save only where dist.get_rank() == 0",
+        ),
+        (  # no barrier: rank 1 loads a file rank 0 may not have written yet (it may crash; only this check fails)
+            "    dist.barrier()  # no rank reads",
+            "    pass  # no rank reads",
+            EARLY,
+            "dist.barrier() after the save",
+        ),
+        (  # the DDP wrapper's keys (the restore then fails, strictly: only this check fails)
+            "torch.save(model.module.state_dict(), args.checkpoint)",
+            "torch.save(model.state_dict(), args.checkpoint)",
+            KEYS,
+            "model.module.state_dict()",
+        ),
+    ],
+    ids=["every-rank-saves", "no-barrier", "module-prefix"],
+)
+def test_checkpoint_each_planted_mistake_fails_its_check_alone(tmp_path, old, new, name, hint):
+    assert_fails_alone(checkpoint.check(planted("fix-checkpoint", tmp_path, old, new), TIMEOUT), name, hint)
+
+
+# ----------------------------------------------------------------------------- fix-batchnorm
+
+
+def test_batchnorm_starter_keeps_each_ranks_own_statistics():
+    checks = batchnorm.check(folder("fix-batchnorm") / "starter.py", TIMEOUT)
+    c = assert_fails_alone(checks, "the same BatchNorm statistics on every rank", "broadcast_buffers")
+    assert "convert_sync_batchnorm" in c.hint
+    largest = float(c.measured.split("between ranks ")[1].split()[0])
+    assert largest > 100 * batchnorm.TOLERANCE, c.measured  # the broken spread sits far above the tolerance
+
+
+# ----------------------------------------------------------------------------- fix-uneven
+
+
+def test_uneven_starter_hangs_is_stopped_the_waiting_rank_named_and_nothing_is_left(tmp_path):
+    path = tmp_path / "fix_uneven_hangs.py"  # a name of its own: pgrep finds only this run's processes
+    path.write_text((folder("fix-uneven") / "starter.py").read_text())
+    checks = uneven.check(path, HANG_TIMEOUT)
+    failed = failing(checks)
+    assert set(failed) == {"ends cleanly", "every rank ends with the same weights"}
+    ends = failed["ends cleanly"]
+    assert f"did not end within {HANG_TIMEOUT:g} s" in ends.measured, ends.measured
+    assert "rank 0 waiting in ddp_allreduce #5 (DDP backward)" in ends.measured, ends.measured
+    assert "rank 1 waiting in barrier #5 (fix_uneven_hangs.py:" in ends.measured, ends.measured
+    assert "Join([model])" in ends.hint
+    assert failed["every rank ends with the same weights"].measured.startswith("not measured")
+    survivors = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
+    assert survivors == [], f"processes of the hung run left: {survivors}"
+
+
+def test_uneven_skipping_the_all_reduce_ends_but_fails_same_weights_alone(tmp_path):
+    path = planted("fix-uneven", tmp_path, "    with Join([model]):", "    with model.no_sync():  # no wait, no hang")
+    c = assert_fails_alone(uneven.check(path, TIMEOUT), "every rank ends with the same weights", "Join([model])")
+    assert c.measured.startswith("optimizer steps per rank 5 / 4"), c.measured
