@@ -116,7 +116,9 @@ LOWEST_SKIPS := --ignore=tests/distributed/test_rerun.py --ignore=tests/distribu
                 --deselect=tests/distributed/test_ddp_training.py::test_two_process_batchnorm_run_learns \
                 --ignore=tests/distributed/test_exercise_pitfalls.py \
                 $(addprefix --deselect=tests/distributed/test_exercise_convert.py::test_,the_unchanged_starter \
-                  each_planted_mistake a_share_of_the_batch a_resume_that start_copies)
+                  each_planted_mistake a_share_of_the_batch a_resume_that start_copies) \
+                $(addprefix --deselect=tests/distributed/test_exercise_comm.py::test_,each_ the_ring_starter \
+                  the_accumulate_starter the_shard_starter)
 
 $(LOWEST_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)

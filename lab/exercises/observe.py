@@ -85,6 +85,7 @@ class Recorder:
         self.sequence = 0
         self.models: list[Any] = []  # modules wrapped in DDP / DataParallel / fully_shard, for "end"
         self.inside = threading.local()  # depth of recorded collectives on this thread
+        self.buckets: dict[int, Any] = {}  # each DDP bucket's latest tensor, held to the end (see _counting_allreduce)
 
     def write(self, event: str, **fields: Any) -> None:
         line = json.dumps({"e": event, "t": round(time.time(), 6), **fields}, default=str)
@@ -258,6 +259,9 @@ def _counting_allreduce(rec: Recorder) -> Any:
         # which then needs the GIL, and torch 2.6 destroys the process group at exit holding the GIL while it joins
         # that thread: ranks hung at exit, now and then (the accumulate exercise's runs on the lowest torch).
         future.wait()
+        # Held here too: a tensor Python has seen keeps its Python object, and where gloo's worker thread drops the
+        # last reference it needs the GIL to free it, which torch 2.6's exit, joining that thread, holds.
+        rec.buckets[bucket.index()] = tensor
         rec.write("coll", phase="exit", seq=seq, op="ddp_allreduce")
         finished: Any = torch.futures.Future()
         finished.set_result(tensor)
