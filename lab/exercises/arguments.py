@@ -35,8 +35,9 @@ def check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
         type=at_least(5, "{} s"),
-        default=60,
+        default=120,
         metavar="S",
-        help="seconds each run may take before it is called hung and stopped (default: 60)",
+        help="seconds each run may take before it is called hung and stopped (default: 120: alone a run takes "
+        "seconds, but a room's seats share the cores)",
     )
     p.add_argument("--json", type=output_file, metavar="PATH", help="write the checklist as JSON")

@@ -101,6 +101,7 @@ def pushed_by_the_lab() -> set[str]:
         assert metrics.push_lesson_checks(gateway, "01", 1, 0)
         assert metrics.push_room_lessons(gateway, [("01", 1)])
         assert metrics.push_room_seats(gateway, [("seat1", ["0"])])
+        assert metrics.push_exercise(gateway, "convert", 9, 1, "a new order each epoch")  # an exercise's grading
     finally:
         server.shutdown()
         server.server_close()

@@ -65,7 +65,7 @@ class Trainer:
         self.model = DDP(self.model, device_ids=[device.index] if device.type == "cuda" else None)
 
     def _load_checkpoint(self, path: str):
-        checkpoint = torch.load(path, map_location=self.device)
+        checkpoint = torch.load(path, map_location=self.device, weights_only=True)
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.epochs_run = checkpoint["epochs_run"]

@@ -73,7 +73,7 @@ class Trainer:
         # TODO(ddp): wrap the model in DistributedDataParallel (after loading the checkpoint into the plain model)
 
     def _load_checkpoint(self, path: str):
-        checkpoint = torch.load(path, map_location=self.device)
+        checkpoint = torch.load(path, map_location=self.device, weights_only=True)
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.epochs_run = checkpoint["epochs_run"]

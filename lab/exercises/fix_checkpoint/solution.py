@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> None:
 
     # Every rank restores it into a plain model, as a resumed or evaluating run would, and tests it.
     restored = mlp(args.seed).to(device)
-    restored.load_state_dict(torch.load(args.checkpoint, map_location=device))
+    restored.load_state_dict(torch.load(args.checkpoint, map_location=device, weights_only=True))
     test_x, test_y = blobs(256, args.seed + 1)
     with torch.no_grad():
         test_loss = F.cross_entropy(restored(test_x.to(device)), test_y.to(device))
