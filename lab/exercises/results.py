@@ -48,9 +48,11 @@ def record(exercise: str, checks: list[dict[str, Any]]) -> Path:
     atomic.write_text(path, json.dumps(content, indent=1) + "\n")
     gateway = os.environ.get(PUSHGATEWAY_ENV, "").strip()
     if gateway:
-        from lab.observability import metrics
+        from lab.observability import room_metrics
 
-        metrics.push_exercise(gateway, exercise, len(checks) - len(failed), len(failed), failed[0] if failed else None)
+        room_metrics.push_exercise(
+            gateway, exercise, len(checks) - len(failed), len(failed), failed[0] if failed else None
+        )
     return path
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from lab import optional
 from lab.cluster import runner
 from lab.errors import LabError
-from lab.observability import metrics
+from lab.observability import room_metrics
 from lab.room import plan as room_plan
 from lab.room import seats
 from lab.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     room_plan.save(plan, state / "plan.json")
     settings.save(state)
     if settings.pushgateway:
-        metrics.push_room_seats(settings.pushgateway, [(s.name, list(s.devices)) for s in plan.seats])
-        metrics.push_room_lessons(settings.pushgateway, lessons())
+        room_metrics.push_room_seats(settings.pushgateway, [(s.name, list(s.devices)) for s in plan.seats])
+        room_metrics.push_room_lessons(settings.pushgateway, lessons())
     print(room_plan.table(plan), flush=True)
     print(
         f"\nthe room: http://{settings.bind}:{settings.port}/hub/ (learners sign up as "

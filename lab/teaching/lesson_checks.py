@@ -58,7 +58,7 @@ def _write(folder: Path, content: dict[str, Any]) -> None:
     atomic.write_text(Path(folder) / RECORD, json.dumps(content, indent=1) + "\n")
     gateway = os.environ.get(PUSHGATEWAY_ENV, "").strip()
     if gateway:
-        from lab.observability import metrics
+        from lab.observability import room_metrics
 
         # the lesson by its number ("01"), as lab room serve pushes each lesson's check count
-        metrics.push_lesson_checks(gateway, content["lesson"][:2], content["passed"], content["failed"])
+        room_metrics.push_lesson_checks(gateway, content["lesson"][:2], content["passed"], content["failed"])

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from lab import config
-from lab.observability import metrics
+from lab.observability import metrics, room_metrics
 from tests.conftest import ROOT
 
 MONITORING = ROOT / "monitoring"
@@ -98,10 +98,10 @@ def pushed_by_the_lab() -> set[str]:
             gateway, "s1", [{"world_size": 1, "samples_per_second": 1.0, "efficiency": 1.0}], "weak"
         )
         # a workshop room's: a lesson's checks, each lesson's count, each seat's GPUs
-        assert metrics.push_lesson_checks(gateway, "01", 1, 0)
-        assert metrics.push_room_lessons(gateway, [("01", 1)])
-        assert metrics.push_room_seats(gateway, [("seat1", ["0"])])
-        assert metrics.push_exercise(gateway, "convert", 9, 1, "a new order each epoch")  # an exercise's grading
+        assert room_metrics.push_lesson_checks(gateway, "01", 1, 0)
+        assert room_metrics.push_room_lessons(gateway, [("01", 1)])
+        assert room_metrics.push_room_seats(gateway, [("seat1", ["0"])])
+        assert room_metrics.push_exercise(gateway, "convert", 9, 1, "a new order each epoch")  # an exercise's grading
     finally:
         server.shutdown()
         server.server_close()
