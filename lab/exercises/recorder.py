@@ -56,7 +56,7 @@ class Recorder:
 
 
 def local(tensor: Any) -> Any:
-    return tensor.tolocal() if hasattr(tensor, "to_local") else tensor  # a DTensor's shard on this rank
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's shard on this rank
 
 
 def state_bytes(optimizer: Any) -> int:
