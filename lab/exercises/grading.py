@@ -108,6 +108,15 @@ def device_env(world_size: int) -> dict[str, str]:
     return env
 
 
+# The grader's own runs (a reference, the unchanged starter) cannot hang: they get this long however short the
+# learner's limit, so a loaded machine (a room's seats grading at once on shared cores) slows a check, never fails it.
+REFERENCE_SECONDS = 600.0
+
+
+def reference_limit(timeout_seconds: float) -> float:
+    return max(timeout_seconds, REFERENCE_SECONDS)
+
+
 def observed(
     file: Path,
     world_size: int | None,

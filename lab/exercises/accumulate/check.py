@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.exercises import folder
-from lab.exercises.grading import Check, Run, ended, observed
+from lab.exercises.grading import Check, Run, ended, observed, reference_limit
 
 WORLD = 2
 SAMPLES = 256
@@ -57,7 +57,7 @@ def reference_run(timeout_seconds: float) -> Run:
         folder("accumulate") / "reference.py",
         None,
         reference_arguments(),
-        timeout_seconds=timeout_seconds,
+        timeout_seconds=reference_limit(timeout_seconds),
         label="the large-batch reference",
     )
     if not run.ok:

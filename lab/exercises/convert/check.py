@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.exercises import folder
-from lab.exercises.grading import Check, Run, ended, observed
+from lab.exercises.grading import Check, Run, ended, observed, reference_limit
 from lab.exercises.trace import Rank
 
 SAMPLES = 192  # divides by 2 and by 3: every rank an equal share, no padding
@@ -55,7 +55,7 @@ def reference_run(work: Path, timeout_seconds: float) -> Run:
         folder("convert") / "starter.py",
         None,
         arguments(EPOCHS, work / "reference.pt"),
-        timeout_seconds=timeout_seconds,
+        timeout_seconds=reference_limit(timeout_seconds),
         label="the single-device reference",
     )
     if not run.ok:

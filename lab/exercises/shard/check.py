@@ -24,7 +24,7 @@ from typing import Any
 from lab import compat
 from lab.cluster import cores
 from lab.exercises import folder
-from lab.exercises.grading import Check, Run, ended, observed
+from lab.exercises.grading import Check, Run, ended, observed, reference_limit
 
 WORLD = 2
 SAMPLES = 256
@@ -63,7 +63,11 @@ def runs_here() -> str | None:
 
 def reference_run(timeout_seconds: float) -> Run:
     run = observed(
-        folder("shard") / "reference.py", WORLD, arguments(), timeout_seconds=timeout_seconds, label="the DDP reference"
+        folder("shard") / "reference.py",
+        WORLD,
+        arguments(),
+        timeout_seconds=reference_limit(timeout_seconds),
+        label="the DDP reference",
     )
     if not run.ok:
         raise RuntimeError(f"the reference run failed: {run.how_it_ended()}\n{run.output[-3000:]}")
