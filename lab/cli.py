@@ -216,6 +216,13 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _hang_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "folder", metavar="DIR", help="a run directory (or the folder a failed run named) with hang/ or hang.json"
+    )
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the diagnosis as JSON")
+
+
 def _data_root(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default="data", type=output_dir, help="data root (default: data)")
 
@@ -347,6 +354,16 @@ COMMANDS: tuple[Command, ...] = (
         "lab.sizing.choose.run",
         description="Walk the scaling lecture's decision tree with numbers and print the lab train line it ends "
         "on, e.g. `lab choose --params 70B --nodes 2 --device h100 --interconnect ib-ndr`.",
+    ),
+    Command(
+        "hang",
+        "which rank waited in which collective, on which line: what a hung or killed run left",
+        _hang_args,
+        "lab.cluster.hang.command",
+        description="Read DIR's hang.json, or its ranks' records (hang/rank-N.json) that each rank's watchdog "
+        "wrote when it stalled, failed or was stopped, and print who waited in which collective (sequence "
+        "number, operation, sizes, line), who never came, who was elsewhere and who died. Exit 1 when DIR "
+        "holds none (docs/reliability.md).",
     ),
     Command("report", "report.md with plots from run directories and benchmark results", _report_args, handlers.report),
     Command("data", "prepare real CIFAR-10 or write synthetic data", actions=_data_actions, metavar="ACTION"),

@@ -82,7 +82,8 @@ def _launch_train(args: argparse.Namespace, cfg) -> int:
     else:
         command = launch.torchrun_command(args.nproc_per_node, target)
     try:
-        status = launch.run(command, args.nproc_per_node)
+        # the ranks' watchdogs write into the run directory: hang/rank-N.json, and hang.json when one stalls
+        status = launch.run(command, args.nproc_per_node, hang_folder=run_dir.path if run_dir is not None else None)
     finally:  # workers that refused (or died) before the run's first start leave no run directory behind
         if run_dir is not None:
             run_dir.remove_if_unstarted()

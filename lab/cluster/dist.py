@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as tdist
 
-from lab.cluster import cores, expected_gpus, horovod_env, slurm, torchrun_env
+from lab.cluster import cores, expected_gpus, flight, horovod_env, slurm, torchrun_env, watchdog
 from lab.config import DistConfig
 from lab.errors import LaunchError
 
@@ -41,6 +41,9 @@ class DistContext:
     # A second, gloo group used only after a collective timed out, to find the rank(s) that stopped
     # answering: the default group's connections are closed by then.
     probe_group: tdist.ProcessGroup | None = None
+    # Each rank's watch over its main thread (lab.cluster.watchdog): a stall becomes a diagnosis, a failed
+    # collective leaves this rank's record for the launching parent's.
+    watch: watchdog.Watchdog | None = None
 
     @property
     def is_primary(self) -> bool:
@@ -127,6 +130,7 @@ def init(cfg: DistConfig) -> DistContext:
             store = _attempt_store(global_rank, world_size, timeout)
         if device.type == "cuda" and local_world_size > 1:
             refuse_shared_gpu(store, node_rank, local_rank, local_world_size, gpu_uuid(device))
+        flight.enable()  # before the first group: the Flight Recorder reads its buffer size once
         tdist.init_process_group(
             backend=backend,
             store=store,
@@ -140,6 +144,10 @@ def init(cfg: DistConfig) -> DistContext:
             tdist.ProcessGroup,
             tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=cfg.timeout_seconds)),
         )
+    watch = None
+    if world_size > 1 and cfg.hang_seconds > 0:
+        # at most half the collective's timeout: the diagnosis comes while the collective still waits
+        watch = watchdog.Watchdog(global_rank, world_size, min(cfg.hang_seconds, cfg.timeout_seconds / 2)).start()
     return DistContext(
         global_rank,
         local_rank,
@@ -150,6 +158,7 @@ def init(cfg: DistConfig) -> DistContext:
         backend,
         cfg.timeout_seconds,
         probe_group if grouped else None,
+        watch,
     )
 
 
@@ -238,6 +247,8 @@ def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> t
 
 
 def teardown(ctx: DistContext) -> None:
+    if ctx.watch is not None:
+        ctx.watch.stop()
     if ctx.distributed and tdist.is_initialized():
         tdist.destroy_process_group()
 
@@ -261,7 +272,10 @@ def initialized(cfg: DistConfig) -> Iterator[DistContext]:
     ctx = init(cfg)
     try:
         yield ctx
-    except BaseException:
+    except BaseException as exc:
+        if ctx.watch is not None:  # what this rank's collectives were, for the diagnosis after the run
+            said = str(exc).splitlines()[0][:300] if str(exc) else ""
+            ctx.watch.dump(f"raised {type(exc).__name__}: {said}", overwrite=False, failed=True)
         teardown(ctx)
         raise
     barrier(ctx)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lab import atomic
-from lab.cluster import launch, runner
+from lab.cluster import hang, launch, runner
 from lab.config import Config, from_dict, to_dict
 
 JOB_FILE = "job.json"
@@ -65,11 +65,16 @@ def run(job: Job) -> list[dict[str, Any]]:
         _write_job(folder, job)
         done = _start(job, folder)
         if done.timed_out:
-            raise JobFailed(f"{job.module} did not finish within {job.timeout_seconds:g} s", _output(job, done))
+            raise JobFailed(
+                f"{job.module} did not finish within {job.timeout_seconds:g} s{_hang(job, folder, done)}",
+                _output(job, done),
+            )
         if done.returncode != 0:
             output = _output(job, done)
             raise JobFailed(
-                f"{job.module} exited {done.returncode}: {runner.last_error_line(output)}", output, done.returncode
+                f"{job.module} exited {done.returncode}: {runner.last_error_line(output)}{_hang(job, folder, done)}",
+                output,
+                done.returncode,
             )
         paths = sorted(folder.glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
         reports = [_read_json(p) for p in paths]
@@ -77,6 +82,12 @@ def run(job: Job) -> list[dict[str, Any]]:
     if len(reports) != expected:
         raise JobFailed(f"{job.module}: {len(reports)} of {expected} ranks reported", _output(job, done))
     return reports
+
+
+def _hang(job: Job, folder: Path, done: runner.Finished) -> str:
+    """'; ' and which rank waited in which collective, where the ranks' watchdogs left their records."""
+    found = hang.after_failure(folder, job.world_size, _output(job, done).splitlines())
+    return f"; {found[0]['summary']}" if found else ""
 
 
 def _write_job(folder: Path, job: Job) -> None:
@@ -104,7 +115,7 @@ def _start(job: Job, folder: Path) -> runner.Finished:
         command = [sys.executable, *target]
     else:
         command = launch.torchrun_command(n, target)
-    env = job.env if job.env is not None else launch.worker_env(n)
+    env = {**(job.env if job.env is not None else launch.worker_env(n)), hang.FOLDER_ENV: str(folder)}
     if job.log is None:
         return runner.run(
             command,

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from lab.cluster import cores, runner, torchrun_env
 from lab.errors import LabError
@@ -149,12 +152,18 @@ def run(
     nproc_per_node: int,
     rendezvous: Rendezvous | None = None,
     extra_env: dict[str, str] | None = None,
+    hang_folder: Path | None = None,
 ) -> int:
     """Run torchrun through the lab's runner (SIGINT and SIGTERM passed on, its process group stopped whichever
     way it ends) and return its exit status. A multi-node run that ends in failure after its join timeout,
     with fewer nodes than expected ever seen at the rendezvous, says so: expected and arrived nodes.
     (A rendezvous cannot fail sooner than its join timeout, so a quick failure of the workers is never
-    mistaken for one.)"""
+    mistaken for one.)
+
+    A run that fails in a collective (a rank that never came, another collective, a rank killed) is named after
+    it from what its ranks' watchdogs left in `hang_folder` (lab.cluster.hang; default: a temporary folder, kept
+    only when it holds a diagnosis)."""
+    from lab.cluster import hang
     from lab.cluster.rollcall import RollCall
 
     rdzv = rendezvous or Rendezvous()
@@ -169,6 +178,8 @@ def run(
         tail.append(line)
         del tail[:-200]
 
+    given = hang_folder or os.environ.get(hang.FOLDER_ENV)
+    diagnosis_folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="lab-hang-"))
     roll_call = None
     if multi_node:  # the observer's client retries until the head's store is up
         host, port = rdzv.host_port
@@ -178,16 +189,22 @@ def run(
     try:
         # the workers learn this node's address (--local-addr): their exporters listen there (lab.observability)
         address = {NODE_ADDRESS_VARIABLE: rdzv.local_addr} if rdzv.local_addr else {}
+        hang_env = {hang.FOLDER_ENV: str(diagnosis_folder)}
         status = runner.run(
             command,
-            env={**worker_env(nproc_per_node), **address, **(extra_env or {})},
+            env={**worker_env(nproc_per_node), **address, **hang_env, **(extra_env or {})},
             processes=nproc_per_node,
-            stderr=subprocess.PIPE if multi_node else None,
+            stderr=subprocess.PIPE,  # torchrun's failure table names a rank killed by a signal
             each_line=relay,
         ).returncode  # line by line: the log keeps its order
     finally:
         if roll_call is not None:
             roll_call.stop()
+    said = hang.say_after_failure(diagnosis_folder, nproc_per_node, tail, "lab launch") if status != 0 else None
+    if said:
+        print(said, file=sys.stderr, flush=True)
+    elif not given:
+        shutil.rmtree(diagnosis_folder, ignore_errors=True)
     if status == 0 and folder.warnings:
         print(
             f"lab launch: the run succeeded; the {folder.warnings} c10d warning(s) above ({folder.folded} lines of "

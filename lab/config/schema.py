@@ -143,7 +143,17 @@ class DistConfig:
     )
     backend: Literal["auto", "nccl", "gloo"] = knob("auto", "auto: nccl on CUDA, gloo on the CPU.")
     timeout_seconds: float = knob(
-        600.0, "Process-group timeout: a collective that waits longer fails the run.", min=1.0
+        300.0,
+        "Process-group timeout: a collective that waits longer fails the run (above dist.hang_seconds, below "
+        "the job's own limit: docs/reliability.md).",
+        min=1.0,
+    )
+    hang_seconds: float = knob(
+        30.0,
+        "A rank whose main thread has not moved this long writes what its collectives were and asks the others "
+        "for theirs; the first to ask prints which rank waits in which collective, on which line (hang.json). "
+        "At most half of dist.timeout_seconds is used, so it speaks while the collective still waits; 0: none.",
+        min=0.0,
     )
     bucket_cap_mb: float = knob(25.0, "DDP gradient bucket size in MiB.", min=0.0)
     gradient_as_bucket_view: bool = knob(True, "Gradients alias DDP's buckets (saves one copy and memory).")

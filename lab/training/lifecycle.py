@@ -158,6 +158,8 @@ def _open(cfg: Config, ctx: dist.DistContext, hooks: Iterable[Hook], wall_start:
     dataset = data.load(cfg.data).to(ctx.device)
     run_dir = RunDir(cfg.run.output_dir, resolve_run_id(cfg, ctx))
     dist.primary_then_broadcast(ctx, run_dir.create)
+    if ctx.watch is not None and ctx.watch.folder is None:  # torchrun typed by hand: the run directory all the same
+        ctx.watch.folder = run_dir.path
     try:
         return _start(cfg, ctx, hooks, wall_start, dataset, run_dir)
     except LabError:  # refused (a checkpoint, the disk): a directory this start made goes again
