@@ -135,6 +135,7 @@ def launch(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(shlex.join(launching.torchrun_command(args.nproc_per_node, target, rdzv)))
         return EXIT_OK
+    run_dir = None
     with tempfile.TemporaryDirectory(prefix="lab-launch-") as folder:
         # One node, or every node told the job's rendezvous id: the run id is known here, and the workers get the
         # checked config in a file of this launch's (gone when they end). Nodes without a shared id leave the id
@@ -148,8 +149,12 @@ def launch(args: argparse.Namespace) -> int:
                 flush=True,
             )
             target = handoff.target
+            run_dir = Path(cfg.run.output_dir) / handoff.run_id  # where the workers' RunDir will be
         command = launching.torchrun_command(args.nproc_per_node, target, rdzv)
-        return EXIT_OK if launching.run(command, args.nproc_per_node, rdzv) == 0 else EXIT_FAILED
+        # a lab train run's watchdogs write into its run directory (hang.json), any other target's into a folder
+        # of the launch's own, kept only when it holds a diagnosis
+        status = launching.run(command, args.nproc_per_node, rdzv, hang_folder=run_dir)
+        return EXIT_OK if status == 0 else EXIT_FAILED
 
 
 def _place_from_slurm(args: argparse.Namespace) -> None:

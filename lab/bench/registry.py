@@ -207,6 +207,15 @@ def _metrics_overhead_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=output_file, metavar="PATH")
 
 
+def _hang_record_args(p: argparse.ArgumentParser) -> None:
+    config_args(p)
+    p.add_argument("--nproc-per-node", type=PROCESSES, metavar="N", help="ranks of each job (default 2)")
+    p.add_argument("--rounds", type=at_least(1), default=2, help="on/off job pairs, ABBA (default 2)")
+    p.add_argument("--steps", type=at_least(1), default=20, help="timed training steps a job (default 20)")
+    p.add_argument("--calls", type=at_least(1), default=500, help="timed 4-byte all-reduces a job (default 500)")
+    p.add_argument("--json", type=output_file, metavar="PATH")
+
+
 def _lightning_args(p: argparse.ArgumentParser) -> None:
     config_args(p)
     p.add_argument("--steps", type=at_least(2), default=40, help="training steps per side (default 40)")
@@ -307,6 +316,15 @@ BENCHMARKS: dict[str, Benchmark] = {
             "training step time with the exporter on vs off",
             _metrics_overhead_args,
             "lab.bench.train.metrics_overhead.run",
+        ),
+        Benchmark(
+            "hang-record",
+            "what recording every collective costs (Flight Recorder, watchdog): on vs off",
+            _hang_record_args,
+            "lab.bench.train.hang_record.run",
+            description="Alternate torchrun jobs (ABBA) with each rank's collective record and watchdog on and "
+            "off (LAB_FLIGHT_RECORDER=0, dist.hang_seconds=0); print a training step's and a 4-byte all-reduce's "
+            "time on / off. Goal: a step at most 1%% slower (docs/reliability.md).",
         ),
         Benchmark(
             "lightning",

@@ -34,7 +34,7 @@ import torch
 
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 SWITCH_ENV = "LAB_FLIGHT_RECORDER"  # 0: no record at all
-BUFFER_ENTRIES = 2000  # collectives kept per process: a few steps of a large DDP model's buckets
+BUFFER_ENTRIES = 512  # collectives kept per process: many steps of DDP buckets; a dump reads them all (~0.1 s)
 ENTRIES_KEPT = 6  # per group in a snapshot: the one in flight and the few before it
 # Frames that are not the line a reader wants: torch's own, and the lab's thin wrappers of a collective.
 NOT_THE_CALLER = (

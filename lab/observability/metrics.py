@@ -95,6 +95,25 @@ class _Definitions:
         self.restarts = Counter(
             "lab_train_restarts", "Times torchrun restarted this run's worker group", LABELS, registry=registry
         )
+        self.slowest_rank = gauge(
+            "lab_train_slowest_rank",
+            "The rank the others waited for in the last log interval (the least gradient-communication wait, DDP)",
+        )
+        self.slowest_rank_lag = gauge(
+            "lab_train_slowest_rank_lag_seconds",
+            "How much longer the other ranks waited a step than the slowest rank did (lab.training.stragglers)",
+        )
+        self.communication_wait = gauge(
+            "lab_train_communication_wait_seconds",
+            "This rank's gradient communication (transfer and waiting for the peers) in its last sampled step",
+        )
+        self.hang = gauge(
+            "lab_train_hang_rank_info",
+            "1 for each rank of a hang this rank's watchdog diagnosed: its state (waiting, mismatch, elsewhere, "
+            "ahead, dead, silent) and the collective it was in (lab.cluster.hang)",
+            (*LABELS, "hung_rank", "state", "collective"),
+        )
+        self.hang_time = gauge("lab_train_hang_timestamp_seconds", "Unix time of this rank's last hang diagnosis")
         self.steps_redone = Counter(
             "lab_train_steps_redone",
             "Optimizer steps run again after restarts: work lost between the last checkpoint and a crash",
@@ -119,6 +138,9 @@ class NullExporter:
         return None
 
     def record_recovery(self, restarts: int, steps_redone: int) -> None:
+        pass
+
+    def record_hang(self, diagnosis: dict[str, Any]) -> None:
         pass
 
     def close(self) -> None:
@@ -169,6 +191,10 @@ class RankExporter(NullExporter):
         series.steps.labels(**labels).inc(max(0, row["step"] - self._last_step))
         series.samples.labels(**labels).inc(row["rank_samples"])
         series.heartbeat.labels(**labels).set(row["time"])
+        if "slowest_rank" in row:  # DDP's reducer measured every rank's wait (lab.training.stragglers)
+            series.slowest_rank.labels(**labels).set(row["slowest_rank"])
+            series.slowest_rank_lag.labels(**labels).set(row["slowest_rank_lag_seconds"])
+            series.communication_wait.labels(**labels).set(row["rank_wait_seconds"][int(labels["rank"])])
         self._last_step = row["step"]
         self._sample_device()
 
@@ -176,6 +202,15 @@ class RankExporter(NullExporter):
         """What the run survived before this start (a new process after a restart: its counters start at 0)."""
         self.series.restarts.labels(**self.labels).inc(restarts)
         self.series.steps_redone.labels(**self.labels).inc(steps_redone)
+
+    def record_hang(self, diagnosis: dict[str, Any]) -> None:
+        """A hang this rank's watchdog named (from its thread): a series per rank, naming who waits where."""
+        for r in diagnosis["ranks"]:
+            collective = f"{r['op']} #{r['seq']}" if r.get("op") else ""
+            self.series.hang.labels(
+                **self.labels, hung_rank=str(r["rank"]), state=r["state"], collective=collective
+            ).set(1)
+        self.series.hang_time.labels(**self.labels).set(time.time())
 
     def _sample_device(self) -> None:
         import torch

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from lab import __version__
+from lab.cluster import hang
 from lab.errors import LabError
 from lab.formatting import num, pct
 from lab.observability import horovod_timeline
 from lab.teaching import figures
 from lab.teaching.sections import SECTIONS, belongs
 from lab.teaching.sections import result_key as benchmark_key
-from lab.training import runs
+from lab.training import runs, stragglers
 
 
 def result_key(doc: dict[str, Any]) -> str | None:
@@ -220,6 +221,11 @@ def _training(run_dirs: list[Path], out: Path) -> str:
     }
     lines += ["", f"Data: {'; '.join(data_sources)}.", "", "![Training loss](loss.png)", ""]
     for d, m, s in info:
+        hung = hang.read(d)  # a run that stalled or failed in a collective: who waited where (lab.cluster.hang)
+        if hung:
+            lines += [f"{d.name} hung: {hung['summary']} (`lab hang {d.name}` shows each rank's line).", ""]
+        if s.get("slowest_rank") and s["slowest_rank"]["flagged"]:
+            lines += [f"{d.name}: {stragglers.describe(s['slowest_rank'])}.", ""]
         if (d / "profile-summary.json").exists():
             p = runs.read_json(d / "profile-summary.json")
             trace = Path(_relative(d / p["trace"], out))

@@ -30,7 +30,7 @@ from lab.config import Config, check_layout, to_dict
 from lab.errors import CheckpointError, LabError
 from lab.formatting import num, pct
 from lab.observability import device_memory, metrics
-from lab.training import checkpoint
+from lab.training import checkpoint, stragglers
 from lab.training.console import Console, SilentConsole
 from lab.training.runs import RunDir, git_revision, run_id_for
 from lab.training.trainer import Hook, Trainer, set_determinism
@@ -204,6 +204,8 @@ def _exporter(r: RunStart) -> Iterator[metrics.NullExporter]:
         r.cfg.metrics, r.ctx, r.run_dir.run_id, metrics.run_info(r.ctx, r.versions, r.dataset.source), say=r.console.say
     )
     r.trainer.hooks.append(exporter)
+    if r.ctx.watch is not None:  # a hang its watchdog names is a series of this rank's exporter too
+        r.ctx.watch.on_diagnosis = exporter.record_hang
     try:
         yield exporter
     finally:
@@ -259,6 +261,8 @@ def _record_end(r: RunStart, summary: dict[str, Any]) -> None:
             f"{num(summary['samples_per_second'], '.0f')} img/s over {r.ctx.world_size} rank(s); "
             f"records in {r.run_dir.path}"
         )
+        if summary.get("slowest_rank") and summary["slowest_rank"]["flagged"]:
+            r.console.say(stragglers.describe(summary["slowest_rank"]))
 
 
 def resolve_run_id(cfg: Config, ctx: dist.DistContext) -> str:

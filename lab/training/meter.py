@@ -36,6 +36,7 @@ class Interval:
     loss: float  # mean training loss of its samples
     accuracy: float
     rank_samples: int
+    rank_waits: list[float] | None = None  # each rank's gradient-communication wait in its last sampled step
 
     @property
     def samples_per_second(self) -> float:
@@ -65,15 +66,20 @@ class IntervalMeter:
         """Time from now: what came before (an evaluation, a set-up) is not training."""
         self.start_time = time.perf_counter()
 
-    def close(self, ctx: dist.DistContext, step: int) -> Interval | None:
+    def close(self, ctx: dist.DistContext, step: int, wait: float | None = None) -> Interval | None:
         """Reduce over ranks (every rank must call it at the same step), start the next interval, and return
-        the one that ended; None when no step was taken since the last close."""
+        the one that ended; None when no step was taken since the last close. `wait`: this rank's gradient
+        communication time (lab.training.stragglers); each rank's lands in its own slot of the same sum, so every
+        rank learns all of them in the one collective."""
         if step == self.start_step:
             return None
         # torch.full is a fill on the device; torch.tensor(number, device=cuda) would be a blocking host copy
         samples_here = torch.full((), float(self.rank_samples), dtype=torch.float64, device=self.device)
-        totals = torch.stack([self.loss_sum, self.correct.to(torch.float64), samples_here])
-        loss_sum, correct, samples = dist.all_reduce_sum(ctx, totals).tolist()
+        slots = torch.zeros(ctx.world_size if ctx.distributed else 0, dtype=torch.float64, device=self.device)
+        if ctx.distributed and wait is not None:
+            slots[ctx.global_rank] = wait  # a fill on the device
+        totals = torch.cat([torch.stack([self.loss_sum, self.correct.to(torch.float64), samples_here]), slots])
+        loss_sum, correct, samples, *waits = dist.all_reduce_sum(ctx, totals).tolist()
         now = time.perf_counter()
         interval = Interval(
             step=step,
@@ -83,6 +89,7 @@ class IntervalMeter:
             loss=loss_sum / samples,
             accuracy=correct / samples,
             rank_samples=self.rank_samples,
+            rank_waits=waits if waits and all(w > 0 for w in waits) else None,
         )
         self.loss_sum.zero_()
         self.correct.zero_()

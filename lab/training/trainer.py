@@ -26,7 +26,7 @@ from lab import data
 from lab.cluster import dist, torchrun_env
 from lab.config import Config, host_sync_warning, to_dict
 from lab.observability import device_memory
-from lab.training import checkpoint, optim, strategies
+from lab.training import checkpoint, optim, stragglers, strategies
 from lab.training import model as models
 from lab.training.console import Console, SilentConsole
 from lab.training.meter import IntervalMeter, Throughput
@@ -105,6 +105,7 @@ class Trainer:
         self.stopped = False  # ended by train.stop_after_steps
         self.last_eval: dict[str, Any] | None = None
         self.meter = IntervalMeter(ctx.device, self.step)
+        self.slowest_ranks = stragglers.Tally()
         self.pace = Throughput()
         self.last_row: dict[str, Any] | None = None
         self._profiler = None
@@ -295,9 +296,11 @@ class Trainer:
 
     def flush_log(self) -> None:
         """Close the meter's interval (one host sync, a collective) and hand a row to the hooks."""
-        interval = self.meter.close(self.ctx, self.step)
+        interval = self.meter.close(self.ctx, self.step, self.strategy.communication_wait())
         if interval is None:
             return
+        slowest = stragglers.straggler(interval.rank_waits or [], interval.seconds / interval.steps)
+        self.slowest_ranks.add(slowest)
         allocated, peak = device_memory.memory_bytes(self.ctx.device)
         row = {
             "kind": "train",
@@ -317,6 +320,9 @@ class Trainer:
             "attempt": torchrun_env.restart_count(),
             "time": time.time(),
         }
+        if slowest is not None:  # who the others waited for (lab.training.stragglers)
+            row |= {"rank_wait_seconds": interval.rank_waits, "slowest_rank": slowest["rank"]}
+            row |= {"slowest_rank_lag_seconds": slowest["lag_seconds"], "slowest_rank_share": slowest["share"]}
         self.pace.add(interval.samples, interval.seconds)
         self.last_row = row
         self._emit(row)
@@ -385,6 +391,7 @@ class Trainer:
             "samples_per_second": sps,
             "samples_per_second_per_rank": sps / self.ctx.world_size if sps else None,
             "device_memory_peak_bytes": peak,
+            "slowest_rank": self.slowest_ranks.summary(),
         }
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -184,6 +185,62 @@ def test_a_stuck_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
     )
     assert summary["status"] == "failed" and summary["error"] == f"CollectiveTimeout: {expected}"
     assert expected in output
+    # rank 0's watchdog named the wait before the timeout (lab.cluster.hang), in the run directory and the report
+    hung = json.loads((tmp_path / "stuck" / "hang.json").read_text())
+    rank0 = next(r for r in hung["ranks"] if r["rank"] == 0)
+    assert rank0["state"] == "waiting" and rank0["op"] == "all_reduce", hung["summary"]
+    assert hung["summary"] in output
+    report = subprocess.run(
+        [*LAB, "report", str(tmp_path / "stuck"), "--out", str(tmp_path / "report")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    assert f"stuck hung: {hung['summary']}" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_a_rank_slowed_from_outside_is_named_the_straggler(tmp_path):
+    """Rank 1 of 2 runs a third of the time (SIGSTOP/SIGCONT from here, a noisy neighbour's effect): the others
+    wait for it in DDP's all-reduce, and the run names it, by the waits DDP's reducer timed (no code planted)."""
+    cmd = [*LAB, "train", "--nproc-per-node", "2", *TINY, "--set", "train.global_batch_size=32"]
+    cmd += ["--set", "data.synthetic_train_size=3200", "--set", "train.log_every=2", "--set", "train.epochs=1"]
+    cmd += ["--set", "run.id=slow", "--set", f"run.output_dir={tmp_path}"]
+    proc = subprocess.Popen(
+        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    slowed = threading.Event()
+
+    def slow(pid: int) -> None:
+        while proc.poll() is None and not slowed.is_set():
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.04)
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.02)
+            except ProcessLookupError:
+                return
+
+    victim = None
+    try:
+        _wait_for_step(tmp_path / "slow" / "metrics.jsonl", 2, proc)
+        victim = _workers(proc.pid)[1]
+        threading.Thread(target=slow, args=(victim,), daemon=True).start()
+        output = proc.communicate(timeout=HANG_GUARD)[0]
+    finally:
+        slowed.set()
+        if victim:
+            try:
+                os.kill(victim, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    found = json.loads((tmp_path / "slow" / "summary.json").read_text())["slowest_rank"]
+    assert found["rank"] == 1 and found["flagged"], found
+    assert f"rank 1 was the slowest in {found['intervals']} log intervals" in output
+    rows = [json.loads(line) for line in (tmp_path / "slow" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(r.get("slowest_rank") == 1 for r in rows) > len(rows) / 2
 
 
 def _tmpfs(path: Path, size: str) -> None:

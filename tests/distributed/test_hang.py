@@ -119,3 +119,21 @@ def test_lab_hang_refuses_a_missing_folder_and_says_when_there_is_nothing(tmp_pa
     assert missing.returncode == 2 and "no such directory" in missing.stderr and "Traceback" not in missing.stderr
     empty = subprocess.run([sys.executable, "-m", "lab", "hang", str(tmp_path)], capture_output=True, text=True)
     assert empty.returncode == 1 and "no rank left a record" in empty.stdout
+
+
+def test_the_record_cost_benchmark_measures_both_sides_in_one_run(tmp_path):
+    """`lab bench hang-record`, shortened: torchrun jobs with the record on and off, the ratios from both."""
+    out = tmp_path / "cost.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "lab", "bench", "hang-record", "--config", "smoke", "--nproc-per-node", "2"]
+        + ["--rounds", "1", "--steps", "3", "--calls", "50", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=GUARD,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    result = json.loads(out.read_text())
+    assert result["record"] in ("flight recorder", "lab record")
+    assert len(result["step_seconds_on"]) == len(result["step_seconds_off"]) == 1
+    assert result["step_ratio_on_over_off"] > 0 and result["allreduce_ratio_on_over_off"] > 0
+    assert "time on / off: a training step" in done.stdout

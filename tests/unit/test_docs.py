@@ -140,6 +140,7 @@ NOT_RUN_HERE = {
     ".venv/bin/lab memory --measure": MINUTES,
     ".venv/bin/lab bench pipeline --batch-size 256 --num-workers 2": MINUTES,
     ".venv/bin/lab bench metrics-overhead": MINUTES,
+    ".venv/bin/lab bench hang-record --config smoke --nproc-per-node 2": MINUTES,
     ".venv/bin/lab bench lightning --config workshop-cpu --steps 60": MINUTES,
     ".venv/bin/lab report runs/<workshop id>": PLACEHOLDER,
     ".venv/bin/lab rerun runs/<run_id>": PLACEHOLDER,

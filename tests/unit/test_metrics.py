@@ -34,6 +34,9 @@ def test_rows_become_labelled_series_served_over_http():
         exporter(_row(10))
         exporter({"kind": "eval", "test_loss": 0.9, "test_accuracy": 0.7})
         exporter.record_recovery(restarts=1, steps_redone=3)
+        exporter.record_hang(
+            {"ranks": [{"rank": 0, "state": "waiting", "op": "all_reduce", "seq": 7}, {"rank": 1, "state": "dead"}]}
+        )
         text = urllib.request.urlopen(exporter.endpoint, timeout=5).read().decode()
     finally:
         exporter.close()
@@ -44,6 +47,9 @@ def test_rows_become_labelled_series_served_over_http():
     assert 'lab_train_restarts_total{node="n",rank="1",run_id="r1"} 1.0' in text
     assert 'lab_train_steps_redone_total{node="n",rank="1",run_id="r1"} 3.0' in text
     assert 'lab_run_info{node="n",rank="1",run_id="r1",torch=' in text
+    hung = 'lab_train_hang_rank_info{collective="all_reduce #7",hung_rank="0",node="n",rank="1",run_id="r1",state='
+    assert hung + '"waiting"} 1.0' in text
+    assert 'hung_rank="1",node="n",rank="1",run_id="r1",state="dead"} 1.0' in text
     assert exporter.target() == {"targets": [f"127.0.0.1:{exporter.port}"], "labels": labels}
 
 

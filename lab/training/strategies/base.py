@@ -80,6 +80,11 @@ class Strategy(ABC):
         """Restore the model and `optimizer` from a checkpoint `save` wrote and return the trainer's part;
         `check(state)` sees the trainer's part first and may refuse the checkpoint before anything is loaded."""
 
+    def communication_wait(self) -> float | None:
+        """Seconds this rank spent in its last sampled step's gradient communication (transfer and waiting for
+        the peers), read at a log interval; None where the strategy does not measure it (DDP's reducer does)."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """What the run manifest and summary record of the strategy."""
         return {"strategy": self.name}

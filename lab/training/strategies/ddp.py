@@ -50,8 +50,16 @@ class DDPStrategy(Strategy):
                 static_graph=d.static_graph,
                 **buffer_sync,
             )
+        if self.ddp is not None:  # the reducer times one step in log_every: a straggler's lag, read at log time
+            self.ddp._set_ddp_runtime_logging_sample_rate(max(1, cfg.train.log_every))
         network = self.ddp or model
         self.forward = torch.compile(network) if cfg.model.compile else network
+
+    def communication_wait(self) -> float | None:
+        if self.ddp is None:
+            return None
+        nanoseconds = self.ddp._get_ddp_logging_data().get("backward_comm_time")
+        return nanoseconds / 1e9 if isinstance(nanoseconds, int) and nanoseconds > 0 else None
 
     def accumulating(self, sync: bool) -> contextlib.AbstractContextManager:
         # DDP all-reduces gradients during backward; no_sync skips it, the next synced backward carries them.
