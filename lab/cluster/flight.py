@@ -65,6 +65,15 @@ def on() -> bool:
     return os.environ.get(SWITCH_ENV, "1").strip() != "0"
 
 
+def recording() -> str | None:
+    """What records this process's collectives now: 'flight recorder', 'lab record' or None."""
+    if not on():
+        return None
+    if has_flight_recorder() and int(os.environ.get(BUFFER_ENV) or 0) > 0:
+        return "flight recorder"
+    return "lab record" if _PythonRecord.installed else None
+
+
 def has_flight_recorder() -> bool:
     return hasattr(torch._C._distributed_c10d, "_dump_fr_trace")
 

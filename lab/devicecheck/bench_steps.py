@@ -333,6 +333,50 @@ def metrics_overhead(c: Check) -> Outcome:
     )
 
 
+def hang_record(c: Check) -> Outcome:
+    """`lab bench hang-record`: every collective recorded (the Flight Recorder over NCCL on a GPU) and the
+    watchdog, on vs off; the record must hold the run's collectives. 2 ranks where there are 2 GPUs (or on a
+    CPU), else one rank in a 1-rank NCCL group."""
+    ranks = 2 if c.gpus >= 2 or not c.gpu else 1
+    alone = set_args(["dist.single_process_group=true"]) if ranks == 1 else []
+    out = c.out / "hang-record.json"
+    c.lab(
+        "hang-record",
+        "bench",
+        "hang-record",
+        "--config",
+        c.config,
+        *c.fast,
+        *alone,
+        "--nproc-per-node",
+        str(ranks),
+        "--rounds",
+        "1" if c.quick else "2",
+        "--steps",
+        "3" if c.quick else "30",
+        "--calls",
+        "50" if c.quick else "500",
+        "--json",
+        str(out),
+    )
+    doc = json.loads(out.read_text())
+    expected = "nccl" if c.gpu else "gloo"
+    if doc["backend"] != expected or not doc["record"] or "all_reduce" not in doc["recorded_ops"]:
+        raise StepFailed(
+            f"over {doc['backend']} (expected {expected}) the {doc['record'] or 'missing record'} held "
+            f"{doc['recorded_ops'] or 'no collective'}; see {out}"
+        )
+    step = doc["step_ratio_on_over_off"]
+    return Outcome(
+        "hang record",
+        "passed",
+        f"{doc['record']} over {doc['backend']} ({ranks} rank(s)) held {', '.join(doc['recorded_ops'])}; time on/off: "
+        f"a step {step:.3f} (target <= 1.01: {_mark(step <= 1.01)}), a 4-byte all-reduce "
+        f"{doc['allreduce_ratio_on_over_off']:.3f}",
+        figures=doc,
+    )
+
+
 def lightning_peer(c: Check) -> Outcome:
     """The lab's images/s over PyTorch Lightning's for the same ResNet-18, global batch and steps, in one run.
     bf16 on a GPU; fp32 at toy size on a CPU, where bf16 convolutions are ten times slower than fp32."""

@@ -32,6 +32,8 @@ slowest thing here and measures only itself):
   exercise        `lab exercise check convert` on its reference solution: the grader's observer on NCCL, a rank a
                   GPU (3 GPUs or more; else gloo, said so)
   metrics         `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
+  hang record     `lab bench hang-record`: each collective recorded (the Flight Recorder over NCCL) and the
+                  watchdog, on vs off (target <= 1%); the record must hold the run's all-reduces
   Lightning peer  `lab bench lightning`: the lab's images/s over PyTorch Lightning's, same model, batch, steps
   DDP + compile   the 1-rank DDP run with torch.compile (DDPOptimizer) and static_graph
 
@@ -55,6 +57,7 @@ the check short; 2 bad input.
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import shutil
 import signal
@@ -68,6 +71,7 @@ from typing import Any
 from lab.devicecheck.bench_steps import (  # the steps, named here by the table below (and the tests)
     all_reduce,
     data_path,
+    hang_record,
     host_device,
     host_syncs,
     levers,
@@ -176,6 +180,7 @@ STEPS: tuple[Step, ...] = (
     Step("all-reduce", 40, 20, all_reduce, gpus=2, limit=240, no_gpu="no GPU: the CPU tests time all-reduce over gloo"),
     Step("exercise", 30, 30, exercise, limit=150),
     Step("metrics", 20, 12, metrics_overhead, needs=("prometheus_client",), limit=150),
+    Step("hang record", 40, 30, hang_record, limit=180),
     Step("Lightning peer", 30, 20, lightning_peer, needs=("lightning", "lab.bench.train.lightning_peer"), limit=180),
     Step(
         "DDP + compile",
@@ -238,7 +243,7 @@ def plan(
         if not skip and planned + seconds > budget:
             skip = (
                 f"left out to keep the plan within {PLAN_SHARE:.0%} of the {deadline:.0f} s deadline; "
-                f"--deadline {runnable / PLAN_SHARE:.0f} runs every step"
+                f"--deadline {math.ceil(runnable / PLAN_SHARE)} runs every step"  # rounded up: that one fits
             )
         planned += 0 if skip else seconds
         without = (

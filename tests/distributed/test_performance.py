@@ -68,7 +68,7 @@ def test_profile_writes_a_trace_per_rank_and_a_summary(tmp_path):
 # is a skip that names it. The others re-train what tests of their own own: bf16 training (test_levers' bf16 lever,
 # test_strategies_as_on_cuda), the data path (test_pipeline_benchmark_interleaves_both_paths above), the
 # deterministic pair and the resume (tests/distributed/test_rerun.py, test_faults.py).
-BARE_STEPS = ["doctor", "FSDP", "DDP, 1 rank", "training", "exercise", "metrics", "Lightning peer"]
+BARE_STEPS = ["doctor", "FSDP", "DDP, 1 rank", "training", "exercise", "metrics", "hang record", "Lightning peer"]
 
 
 def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_path):

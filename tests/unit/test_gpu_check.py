@@ -84,7 +84,8 @@ def test_the_plan_keeps_a_quarter_of_the_deadline_as_slack_on_one_gpu_and_on_eig
     )
     assert not [r for r in generous if "left out" in (r["skip"] or "")]  # the deadline it names runs every step
     cpu = gpu_check.plan(gpu_check.Check(out=None, quick=True, gpu=False, gpus=0), gpu_check.STEPS, deadline=540)
-    assert sum(r["expected_seconds"] for r in cpu) < 180 and not any("left out" in (r["skip"] or "") for r in cpu)
+    # the bare CPU test runs most of these within its 540 s deadline on 2 cores
+    assert sum(r["expected_seconds"] for r in cpu) < 210 and not any("left out" in (r["skip"] or "") for r in cpu)
     text = gpu_check.render_plan(rows, 360, quick=False)
     total = sum(r["expected_seconds"] for r in rows)
     kept = sum(not r["skip"] for r in rows)

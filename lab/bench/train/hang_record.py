@@ -70,6 +70,9 @@ def summarize(sides: dict[bool, list[dict[str, Any]]], args, nproc: int) -> dict
         "steps": args.steps,
         "calls": args.calls,
         "record": on[0]["source"],
+        "backend": on[0]["backend"],
+        "recorded_ops": on[0]["recorded_ops"],
+        "watchdog": on[0]["watchdog"],
         "step_seconds_on": [r["step_seconds"] for r in on],
         "step_seconds_off": [r["step_seconds"] for r in off],
         "allreduce_seconds_on": [r["allreduce_seconds"] for r in on],
@@ -118,13 +121,16 @@ def worker(argv: list[str]) -> None:
         gathered = dist.all_gather_object(ctx, (step_seconds, allreduce_seconds))
         slowest = (max(g[0] for g in gathered), max(g[1] for g in gathered))  # the slowest rank sets the pace
         if ctx.is_primary:
-            on = flight.on() and ctx.watch is not None
+            held = flight.snapshot("the benchmark's end")  # what the record holds: on a GPU, NCCL's collectives
             job.report(
                 0,
                 {
                     "step_seconds": slowest[0],
                     "allreduce_seconds": slowest[1],
-                    "source": ("flight recorder" if flight.has_flight_recorder() else "lab record") if on else None,
+                    "source": flight.recording(),
+                    "watchdog": ctx.watch is not None,
+                    "backend": ctx.backend,
+                    "recorded_ops": sorted({e["op"] for e in held["entries"]}),
                     "device": provenance.describe(ctx)["device_name"],
                 },
             )
