@@ -14,8 +14,8 @@ run directory; `lab hang DIR` reads it again after the run is gone.
 ... }
 >>> d = diagnose(snaps, world_size=3, exits={2: "Signal 9 (SIGKILL) received by PID 42"})
 >>> print(d["summary"])
-rank 0 waits in all_reduce #4 (group 0); rank 1 never came (at t.py:11 in step); rank 2 died (Signal 9 (SIGKILL)
-received by PID 42)
+rank 0 waits in all_reduce #4 at t.py:13 in step; rank 1 never came (at t.py:11 in step); rank 2 died (Signal 9
+(SIGKILL) received by PID 42)
 """
 
 from __future__ import annotations
@@ -50,7 +50,11 @@ def read_snapshots(folder: Path) -> dict[int, dict[str, Any]]:
 
 
 def _where(frame: dict[str, Any] | None) -> str:
-    return f"{frame['file']}:{frame['line']} in {frame['function']}" if frame else "an unknown line"
+    if not frame:
+        return "an unknown line"
+    if "text" in frame:  # a place that is not a line (the exercises' "DDP backward")
+        return str(frame["text"])
+    return f"{frame['file']}:{frame['line']} in {frame['function']}"
 
 
 def _in_flight(snap: dict[str, Any], group: str) -> dict[str, Any] | None:
@@ -130,12 +134,13 @@ def _finish(group: str | None, at: dict[str, Any] | None, ranks: list[dict[str, 
 def _phrase(r: dict[str, Any], at: dict[str, Any] | None) -> str:
     state = r["state"]
     if state == "waiting":
-        return f"waits in {r['op']} #{r['seq']}"
+        return f"waits in {r['op']} #{r['seq']} at {_where(r.get('where'))}"
     if state == "mismatch":
-        return f"is in {r['op']} #{r['seq']} where the others are in {at['op']} #{at['seq']}" if at else "mismatch"
+        others = f" where the others are in {at['op']} #{at['seq']}" if at else ""
+        return f"is in {r['op']} #{r['seq']}{others}, at {_where(r.get('where'))}"
     if state == "elsewhere":
         never = "never came" if at else "was not in a collective"
-        return f"{never} (at {_where(r.get('where'))})"
+        return f"{never} ({r['exit'] if r.get('exit') else 'at ' + _where(r.get('where'))})"
     if state == "ahead":
         return f"went on to #{r['last_seq']} (at {_where(r.get('where'))})"
     if state == "dead":
@@ -146,10 +151,12 @@ def _phrase(r: dict[str, Any], at: dict[str, Any] | None) -> str:
 def summary(diagnosis: dict[str, Any]) -> str:
     """One line: the ranks grouped by what they did, waiting ones first.
 
-    >>> summary({"group": "0", "collective": {"seq": 2, "op": "barrier"}, "ranks": [
-    ...     {"rank": 0, "state": "waiting", "op": "barrier", "seq": 2}, {"rank": 1, "state": "waiting", "op": "barrier",
-    ...     "seq": 2}, {"rank": 2, "state": "silent"}]})
-    'ranks 0, 1 wait in barrier #2 (group 0); rank 2 left no record (dead, or on a node whose folder this is not)'
+    >>> at = {"file": "t.py", "line": 5, "function": "main"}
+    >>> print(summary({"group": "0", "collective": {"seq": 2, "op": "barrier"}, "ranks": [
+    ...     {"rank": 0, "state": "waiting", "op": "barrier", "seq": 2, "where": at}, {"rank": 1, "state": "waiting",
+    ...     "op": "barrier", "seq": 2, "where": at}, {"rank": 2, "state": "silent"}]}))
+    ranks 0, 1 wait in barrier #2 at t.py:5 in main; rank 2 left no record (dead, or on a node whose folder this
+    is not)
     """
     at, group = diagnosis.get("collective"), diagnosis.get("group")
     phrases: dict[str, list[int]] = {}
@@ -160,8 +167,8 @@ def summary(diagnosis: dict[str, Any]) -> str:
         name = f"rank {who[0]}" if len(who) == 1 else "ranks " + ", ".join(map(str, who))
         if len(who) > 1:
             phrase = phrase.replace("waits in", "wait in")
-        if phrase.startswith("wait"):
-            phrase += f" (group {group})"
+        if phrase.startswith("wait") and group != DEFAULT_GROUP:
+            phrase = phrase.replace(" at ", f" of group {group} at ", 1)
         parts.append(f"{name} {phrase}")
     return "; ".join(parts)
 
@@ -171,9 +178,8 @@ def render(diagnosis: dict[str, Any], header: str) -> str:
     at = diagnosis.get("collective")
     lines = [f"{header}: {diagnosis['summary']}"]
     for r in diagnosis["ranks"]:
-        sizes = f" sizes {r['sizes']}" if r.get("sizes") else ""
-        where = f" at {_where(r.get('where'))}" if r["state"] in ("waiting", "mismatch") else ""
-        lines.append(f"  rank {r['rank']:>3}: {_phrase(r, at)}{sizes}{where}")
+        sizes = f" (sizes {r['sizes']})" if r.get("sizes") else ""
+        lines.append(f"  rank {r['rank']:>3}: {_phrase(r, at)}{sizes}")
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ lab exercise check demo
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.cluster import cores, launch, runner
+from lab.cluster import hang as diagnosis
 from lab.exercises import trace
 
 OBSERVER = "lab.exercises.observe"
@@ -78,26 +80,44 @@ class Run:
 
 
 def hang(run: Run) -> str:
-    """Who waited in which collective (sequence number, operation, line) and who never came, from the traces."""
-    waiting, elsewhere = [], []
+    """Who waited in which collective (sequence number, operation, line), who never came or went to another
+    collective, who raised or had finished: the lab's own diagnosis of a hang (lab.cluster.hang, the words of
+    `lab hang`), read from the ranks' traces instead of the Flight Recorder."""
+    snapshots: dict[int, dict[str, Any]] = {}
+    exits: dict[int, str] = {}
     for r in run.ranks:
-        w = r.waiting()
+        if not r.events:
+            exits[r.rank] = "never started"
+            continue
+        entered = r.collectives()
+        waiting = r.waiting()
+        last = waiting["seq"] if waiting else (entered[-1]["seq"] if entered else 0)
         errors = r.of("error")
-        if w:
-            waiting.append(f"rank {r.rank} waiting in {w['op']} #{w['seq']} ({w['where']})")
-        elif errors:
-            elsewhere.append(f"rank {r.rank} raised {errors[-1]['text']} ({errors[-1]['where']})")
+        if errors:
+            exits[r.rank] = f"raised {errors[-1]['text']} at {errors[-1]['where']}"
         elif r.ended:
-            elsewhere.append(f"rank {r.rank} had finished after {len(r.collectives())} collectives")
-        elif not r.events:
-            elsewhere.append(f"rank {r.rank} never started")
-        else:
-            last = r.collectives()
-            after = f" after {last[-1]['op']} #{last[-1]['seq']}" if last else ""
-            elsewhere.append(f"rank {r.rank} was not in a collective{after}")
-    if not waiting:
-        return "no rank was inside a collective: " + "; ".join(elsewhere) if elsewhere else "no trace"
-    return "; ".join(waiting + elsewhere)
+            exits[r.rank] = f"had finished after {len(entered)} collectives"
+        snapshots[r.rank] = {
+            "groups": {"0": {"enqueued": last, "completed": last - 1 if waiting else last}},
+            "entries": [
+                {"group": "0", "seq": e["seq"], "op": e["op"], "sizes": e.get("shapes"), "where": _place(e)}
+                for e in entered
+            ],
+            "where": _place(r.events[-1]),
+        }
+    found = diagnosis.diagnose(snapshots, len(run.ranks), exits)
+    if not any(r["state"] in ("waiting", "mismatch") for r in found["ranks"]):
+        return "no rank was inside a collective: " + found["summary"]
+    return found["summary"]
+
+
+def _place(event: dict[str, Any]) -> dict[str, Any] | None:
+    """An event's "where" (recorder.where: "file.py:12 in main", or a place such as "DDP backward") as a frame."""
+    where = event.get("where")
+    if not where or where == "?":
+        return None
+    found = re.match(r"^(.+):(\d+) in (.+)$", where)
+    return {"file": found[1], "line": int(found[2]), "function": found[3]} if found else {"text": where}
 
 
 def device_env(world_size: int) -> dict[str, str]:
