@@ -100,6 +100,28 @@ batchnorm = pitfall("batchnorm")
 uneven = pitfall("uneven-batches")
 
 # %% [markdown]
+# ## 4b. The hang named: which rank, which collective, which line
+# A timeout says *that* a collective waited, not who kept it waiting. Every run the lab starts records each
+# rank's collectives (PyTorch's Flight Recorder) and watches its main thread; when nothing moves for
+# `dist.hang_seconds`, one rank gathers every rank's record and prints who waits in which collective (its number,
+# operation, sizes and line), who never came, who is in another collective, who died. Here a planted mistake:
+# rank 1 calls `all_gather` where rank 0 calls `all_reduce`, the third collective of each. `dist.hang_seconds`
+# is 3 s and the timeout 10 s, so the block comes first, then the timeout's tracebacks.
+
+# %%
+import shutil
+
+hang_folder = folder / "hang"
+shutil.rmtree(hang_folder, ignore_errors=True)  # this cell's own: a run before it left its diagnosis there
+lesson.lab("launch", "--nproc-per-node", "2", "--", "-m", "lab.pitfalls.planted_hang", "--plant", "other",
+           "--timeout", "10", "--hang", "3", check=False, env={"LAB_HANG_DIR": str(hang_folder)})
+hung = lesson.results(hang_folder / "hang.json")
+lesson.table([{"rank": r["rank"], "state": r["state"], "collective": f"{r.get('op')} #{r.get('seq')}",
+               "line": f"{r['where']['file']}:{r['where']['line']}" if r.get("where") else ""}
+              for r in hung["ranks"]], ["rank", "state", "collective", "line"])
+print(f"lab hang {hang_folder} shows it again")
+
+# %% [markdown]
 # ## 5. On a GPU server: `cuda-visible-devices`
 # Which GPU each process lands on with and without `CUDA_VISIBLE_DEVICES`: without it and without
 # `torch.cuda.set_device(local_rank)` every rank works on GPU 0. It needs 2 or more GPUs, so on a CPU this
@@ -123,6 +145,8 @@ else:
 #   identical weights; with `broadcast_buffers=True` or GroupNorm the difference is exactly 0.
 # - `uneven-batches`: rank 0 times out after 5 s in the all-reduce of step 5; Join, padding and `drop_last`
 #   all complete, with equal weights on every rank.
+# - the planted hang: within 3 s a block names rank 0 waiting in `all_reduce` #3 and rank 1 in `all_gather` #3,
+#   each with its line of `lab/pitfalls/planted_hang.py`; the run then fails at its 10 s timeout.
 #
 # **Ask:** in the batchnorm run the weights are identical on both ranks (difference 0), yet the test accuracy
 # differs. Why, and why is `broadcast_buffers=True` only half a fix?
@@ -169,6 +193,12 @@ lesson.expect(batchnorm["broken"]["running_mean_spread"] > 0.1 and batchnorm["br
 lesson.expect(uneven["broken"]["timed_out"] and all(f["completed"] and f["weights_equal"]
                                                     for f in uneven["fixed"].values()),
               "uneven-batches: the plain loop times out; Join, padding and drop_last all complete with equal weights")
+states = {r["rank"]: r for r in hung["ranks"]}
+lesson.expect(states[0]["state"] == "waiting" and states[0]["op"] == "all_reduce"
+              and states[1]["state"] == "mismatch" and states[1]["op"] == "all_gather"
+              and states[0]["seq"] == states[1]["seq"],
+              f"the planted hang: rank 0 waits in all_reduce #{states[0]['seq']}, rank 1 is named in all_gather at the "
+              f"same number, each with its line")
 lesson.expect(all(r["demonstrated"] for r in records.values()),
               "all four pitfalls report 'demonstrated: yes'")
 

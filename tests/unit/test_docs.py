@@ -141,7 +141,7 @@ NOT_RUN_HERE = {
     ".venv/bin/lab bench pipeline --batch-size 256 --num-workers 2": MINUTES,
     ".venv/bin/lab bench metrics-overhead": MINUTES,
     ".venv/bin/lab bench hang-record --config smoke --nproc-per-node 2": MINUTES,
-    "python -m lab launch --nproc-per-node 4 -- tests/distributed/planted_hang.py --plant other --rank 2 --timeout 20 "
+    "python -m lab launch --nproc-per-node 4 -- -m lab.pitfalls.planted_hang --plant other --rank 2 --timeout 20 "
     "--hang 4": "a planted hang of 20 s; tests/distributed/test_hang.py runs it (rank 2 of 4) with a shorter timeout",
     ".venv/bin/lab bench lightning --config workshop-cpu --steps 60": MINUTES,
     ".venv/bin/lab report runs/<workshop id>": PLACEHOLDER,

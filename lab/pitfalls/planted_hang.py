@@ -1,7 +1,11 @@
-"""Hangs planted on purpose, for tests/distributed/test_hang.py: a few all-reduces on every rank, then one rank
-(--rank) does the wrong thing. Run under the lab's launcher, so its watchdogs and its diagnosis are the lab's:
+"""Hangs planted on purpose, for lesson 2 and tests/distributed/test_hang.py: a few all-reduces on every rank,
+then one rank (--rank) does the wrong thing. Run under the lab's launcher, so its watchdogs and its diagnosis are
+the lab's (docs/reliability.md):
 
-    python -m lab launch --nproc-per-node 2 -- tests/distributed/planted_hang.py --plant other
+    python -m lab launch --nproc-per-node 2 -- -m lab.pitfalls.planted_hang --plant other
+
+skip: the rank skips one all-reduce (and reaches the exit's barrier early); other: it calls all_gather where the
+others call all_reduce; sleep: it sleeps past the timeout; kill: it SIGKILLs itself; none: nothing wrong.
 """
 
 import argparse
