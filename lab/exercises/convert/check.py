@@ -338,11 +338,14 @@ def mean_reported(run: Run) -> Check:
     if wrong:
         s = wrong[0]
         is_own = s - 1 < len(own) and abs(printed[s] - own[s - 1]) <= PRINT_TOLERANCE
+        if s - 1 >= len(means):  # rank 0 took more steps than another rank: no mean to print there
+            measured = f"rank 0 printed step {s}, past the {len(means)} steps every rank took"
+        else:
+            measured = f"step {s}: printed {printed[s]:.6f}, the ranks' mean {means[s - 1]:.6f}"
         return Check(
             name,
             False,
-            f"step {s}: printed {printed[s]:.6f}, the ranks' mean {means[s - 1]:.6f}"
-            + (" (rank 0's own loss)" if is_own else ""),
+            measured + (" (rank 0's own loss)" if is_own else ""),
             "each rank's loss is over its share of the batch: dist.all_reduce it (SUM) and divide by the world size "
             "before rank 0 prints it",
         )
