@@ -95,8 +95,8 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     status = {s["step"]: s["status"] for s in result["steps"]}
     details = {s["step"]: s["detail"] for s in result["steps"]}
     # What a CPU can run of the steps asked for, ran and passed: FSDP, the 1-rank process group (gloo here, NCCL on
-    # a GPU) with accumulation, plain training.
-    ran = ["doctor", "FSDP", "DDP, 1 rank", "training", "exercise"]
+    # a GPU) with accumulation, plain training, the exercise's grading, the hang record (gloo here, NCCL on a GPU).
+    ran = ["doctor", "FSDP", "DDP, 1 rank", "training", "exercise", "hang record"]
     for step in ran:
         assert status[step] == "passed", (step, result["steps"])
     # The steps whose package the bare interpreter lacks are skipped naming it (each runs for real elsewhere:

@@ -253,6 +253,9 @@ def rank0_writes(runs: dict[int, Run], work: Path) -> Check:
         counts.append(f"{n} ranks: " + ", ".join(f"rank {i} {c}" for i, c in enumerate(per_rank)))
         if per_rank[0] == 0:
             return Check(name, False, f"{n} ranks: rank 0 saved nothing", "save the checkpoint from rank 0")
+        cut_short = [i for i, (r, c) in enumerate(zip(run.ranks, per_rank)) if i and not c and not r.ended]
+        if cut_short:  # a rank that never got as far as a save tells nothing of who writes
+            return Check(name, False, f"not measured: {n} ranks: rank {cut_short[0]} ended before any save")
         if any(per_rank[1:]):
             return Check(
                 name,
