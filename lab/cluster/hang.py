@@ -90,7 +90,7 @@ def diagnose(
                 ranks.append(_absent(r, exits))
             else:
                 ranks.append({"rank": r, "state": "elsewhere", "where": snap.get("where")})
-        return _finish(None, None, ranks, world_size)
+        return _finish(None, None, ranks, world_size, _records(snapshots))
     flights = {r: _in_flight(s, group) for r, s in snapshots.items()}
     waiting = {r: f for r, f in flights.items() if f is not None}
     seq = Counter(f["seq"] for f in waiting.values()).most_common(1)[0][0]
@@ -108,7 +108,12 @@ def diagnose(
             last = status["enqueued"]
             state = "ahead" if last > seq else "elsewhere"
             ranks.append({"rank": r, "state": state, "last_seq": last, "where": snap.get("where"), **_exit(r, exits)})
-    return _finish(group, {"seq": seq, "op": op}, ranks, world_size)
+    return _finish(group, {"seq": seq, "op": op}, ranks, world_size, _records(snapshots))
+
+
+def _records(snapshots: dict[int, dict[str, Any]]) -> list[str]:
+    """What the ranks' records came from: 'flight recorder', 'lab record' (torch < 2.8 on gloo)."""
+    return sorted({str(s["source"]) for s in snapshots.values() if s.get("source")})
 
 
 def _entry(flight: dict[str, Any]) -> dict[str, Any]:
@@ -125,8 +130,10 @@ def _absent(rank: int, exits: dict[int, str]) -> dict[str, Any]:
     return {"rank": rank, "state": "silent"}
 
 
-def _finish(group: str | None, at: dict[str, Any] | None, ranks: list[dict[str, Any]], world: int) -> dict[str, Any]:
-    diagnosis = {"group": group, "collective": at, "world_size": world, "ranks": ranks}
+def _finish(
+    group: str | None, at: dict[str, Any] | None, ranks: list[dict[str, Any]], world: int, records: list[str]
+) -> dict[str, Any]:
+    diagnosis = {"group": group, "collective": at, "world_size": world, "ranks": ranks, "records": records}
     diagnosis["summary"] = summary(diagnosis)
     return diagnosis
 
@@ -180,6 +187,11 @@ def render(diagnosis: dict[str, Any], header: str) -> str:
     for r in diagnosis["ranks"]:
         sizes = f" (sizes {r['sizes']})" if r.get("sizes") else ""
         lines.append(f"  rank {r['rank']:>3}: {_phrase(r, at)}{sizes}")
+    if "lab record" in diagnosis.get("records", []):
+        lines.append(
+            "  (the lab's Python record: this torch has no Flight Recorder for the backend, so collectives made in "
+            "C++, such as DDP's gradient all-reduce, are not in it; a rank 'never came' may wait in one)"
+        )
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lab.cluster import flight
 from lab.training import checkpoint
 from tests.conftest import TINY, lab
 
@@ -186,10 +187,11 @@ def test_a_stuck_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
     assert summary["status"] == "failed" and summary["error"] == f"CollectiveTimeout: {expected}"
     assert expected in output
     # rank 0's watchdog named the wait before the timeout (lab.cluster.hang), in the run directory and the report
+    # The watchdogs' diagnosis, in the run directory and the report. Which collective the others wait in depends on
+    # where SIGSTOP caught rank 1 (tests/distributed/test_hang.py plants each case exactly): a collective is named.
     hung = json.loads((tmp_path / "stuck" / "hang.json").read_text())
-    rank0 = next(r for r in hung["ranks"] if r["rank"] == 0)
-    assert rank0["state"] == "waiting" and rank0["op"] == "all_reduce", hung["summary"]
-    assert hung["summary"] in output
+    assert hung["summary"] in output and any(r["state"] == "waiting" for r in hung["ranks"]), hung["summary"]
+    assert hung["records"] == (["flight recorder"] if flight.has_flight_recorder() else ["lab record"])
     report = subprocess.run(
         [*LAB, "report", str(tmp_path / "stuck"), "--out", str(tmp_path / "report")],
         capture_output=True,
