@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +33,8 @@ from lab.exercises import arguments as exercise_arguments
 from lab.health import arguments as health_arguments
 from lab.room import arguments as room_arguments
 from lab.sizing import arguments as sizing_arguments
+
+REFUSAL_PAUSE_SECONDS = 1.0  # a non-primary rank's wait before it exits on bad input (main, below)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -405,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as exc:
         if torchrun_env.is_primary_process():  # under torchrun every rank sees the same bad input
             print(f"lab: error: {exc}", file=sys.stderr, flush=True)
+        elif torchrun_env.launched_by_torchrun():
+            # The others leave a moment after rank 0: the first rank to exit makes torchrun stop the rest, and a
+            # rank 0 stopped before it printed leaves the refusal unsaid (seen on a loaded CI machine).
+            time.sleep(REFUSAL_PAUSE_SECONDS)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # `lab ... | head`: the reader has what it wanted (lab.broken_pipe)
         broken_pipe.silence_stdout()

@@ -25,7 +25,7 @@ import torch.distributed as tdist
 
 from lab.cluster import cores, expected_gpus, flight, horovod_env, slurm, torchrun_env, watchdog
 from lab.config import DistConfig
-from lab.errors import LaunchError
+from lab.errors import LabError, LaunchError
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,10 @@ def initialized(cfg: DistConfig) -> Iterator[DistContext]:
     try:
         yield ctx
     except BaseException as exc:
-        if ctx.watch is not None:  # what this rank's collectives were, for the diagnosis after the run
+        # What this rank's collectives were, for the diagnosis after the run; not for a refusal (a LabError, said
+        # at once: a dump's fraction of a second could let torchrun stop this rank before it is printed) nor an
+        # interrupt.
+        if ctx.watch is not None and isinstance(exc, Exception) and not isinstance(exc, LabError):
             said = str(exc).splitlines()[0][:300] if str(exc) else ""
             ctx.watch.dump(f"raised {type(exc).__name__}: {said}", overwrite=False, failed=True)
         teardown(ctx)

@@ -141,6 +141,12 @@ def wraps_in_ddp(runs: dict[int, Run]) -> Check:
     )
 
 
+WHOLE_DATA_SET = (
+    "every rank reads the whole data set: give the DataLoader a DistributedSampler (shuffle=False on the loader "
+    "itself, the sampler shuffles)"
+)
+
+
 def disjoint_shards(runs: dict[int, Run]) -> Check:
     name = "each rank its own share of every epoch"
     measured = []
@@ -148,6 +154,14 @@ def disjoint_shards(runs: dict[int, Run]) -> Check:
         # A run that crashed still shows what its ranks read in the epochs they finished (the last may be cut short)
         epochs = [r.epochs if run.ok else r.epochs[:-1] for r in run.ranks]
         if not all(epochs):
+            alone = [i for i, ep in enumerate(epochs) if ep and len(set(ep[0])) == SAMPLES]
+            if alone:  # one rank read everything in an epoch while another finished none: no share was taken
+                return Check(
+                    name,
+                    False,
+                    f"{n} ranks: rank {alone[0]} read all {SAMPLES} samples in an epoch, another rank finished none",
+                    WHOLE_DATA_SET,
+                )
             return Check(name, False, f"not measured: no rank finished an epoch ({run.how_it_ended()})")
         for e in range(min(map(len, epochs))):
             shares = [set(ep[e]) for ep in epochs]
@@ -156,8 +170,7 @@ def disjoint_shards(runs: dict[int, Run]) -> Check:
             if shared or len(union) != SAMPLES:
                 whole = all(len(s) == SAMPLES for s in shares)
                 hint = (
-                    "every rank reads the whole data set: give the DataLoader a DistributedSampler (shuffle=False "
-                    "on the loader itself, the sampler shuffles)"
+                    WHOLE_DATA_SET
                     if whole
                     else "the ranks' shares overlap or leave samples out: let DistributedSampler split one order "
                     "(it reads the rank and the world size from the process group)"
@@ -218,6 +231,8 @@ def same_curve(run: Run, reference: Run) -> Check:
             "--batch-size is the global batch: each rank's DataLoader takes batch_size // world_size",
         )
     ours, theirs = mean_losses(run), reference.ranks[0].losses
+    if not expected_steps or not theirs:
+        return Check(name, False, "not measured: the reference took no step", "")
     if len(ours) < len(theirs):
         return Check(name, False, f"the ranks computed {len(ours)} losses, one device {len(theirs)}", "")
     last = slice(len(theirs) - expected_steps, len(theirs))
@@ -256,6 +271,14 @@ def rank0_writes(runs: dict[int, Run], work: Path) -> Check:
         cut_short = [i for i, (r, c) in enumerate(zip(run.ranks, per_rank)) if i and not c and not r.ended]
         if cut_short:  # a rank that never got as far as a save tells nothing of who writes
             return Check(name, False, f"not measured: {n} ranks: rank {cut_short[0]} ended before any save")
+        steps = [r.steps for r in run.ranks]
+        if len(set(steps)) > 1:  # a rank that trained fewer epochs (it found another's finished checkpoint first)
+            return Check(
+                name,
+                False,
+                f"not measured: {n} ranks took {', '.join(map(str, steps))} steps: they did not run the same epochs",
+                "every rank trains the same epochs in step: DDP, one rank writing, a barrier before any rank reads",
+            )
         if any(per_rank[1:]):
             return Check(
                 name,
@@ -300,8 +323,11 @@ def resume_continues(run: Run, resumed: Run | None, checkpoint: Path) -> Check:
     if not resumed.ok:
         return Check(name, False, resumed.how_it_ended())
     loaded = [r.rank for r in resumed.ranks if any(e["path"] == str(checkpoint) for e in r.of("load"))]
-    first_epoch = statistics.fmean(run.ranks[0].losses[: _steps_per_epoch(run.ranks[0])])
-    last_epoch = statistics.fmean(run.ranks[0].losses[-_steps_per_epoch(run.ranks[0]) :])
+    per_epoch = _steps_per_epoch(run.ranks[0])
+    if not per_epoch or not run.ranks[0].losses:  # a first run cut short (a starter's checkpoint race)
+        return Check(name, False, f"not measured: the first run's rank 0 took {len(run.ranks[0].losses)} steps")
+    first_epoch = statistics.fmean(run.ranks[0].losses[:per_epoch])
+    last_epoch = statistics.fmean(run.ranks[0].losses[-per_epoch:])
     steps = resumed.ranks[0].steps
     losses = mean_losses(resumed)
     if len(loaded) != len(resumed.ranks):
