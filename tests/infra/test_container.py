@@ -325,6 +325,9 @@ def docker_room(project, client, tmp_path_factory):
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # as a terminal starts it, in the foreground: a suite run as a background job (`cmd &` in a script)
+            # passes SIGINT on ignored, and the Ctrl-C below would then be a no-op
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
     base = f"http://127.0.0.1:{port}"
     try:
