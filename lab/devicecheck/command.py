@@ -32,8 +32,7 @@ slowest thing here and measures only itself):
   exercise        `lab exercise check convert` on its reference solution: the grader's observer on NCCL, a rank a
                   GPU (3 GPUs or more; else gloo, said so)
   metrics         `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
-  hang record     `lab bench hang-record`: each collective recorded (the Flight Recorder over NCCL) and the
-                  watchdog, on vs off (target <= 1%); the record must hold the run's all-reduces
+  hang record     `lab bench hang-record`: the collective record over NCCL, on vs off (target <= 1%)
   Lightning peer  `lab bench lightning`: the lab's images/s over PyTorch Lightning's, same model, batch, steps
   DDP + compile   the 1-rank DDP run with torch.compile (DDPOptimizer) and static_graph
 

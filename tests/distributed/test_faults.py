@@ -52,6 +52,15 @@ def _workers(launcher_pid: int) -> dict[int, int]:
     return found
 
 
+def _resume(pid: int | None) -> None:
+    """SIGCONT to a rank a test stopped, if it is still there."""
+    if pid:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def _wait_for_step(metrics_file: Path, step: int, proc: subprocess.Popen) -> None:
     deadline = time.monotonic() + HANG_GUARD
     while time.monotonic() < deadline:
@@ -172,11 +181,7 @@ def test_a_stuck_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
         os.kill(victim, signal.SIGCONT)
         output = proc.communicate(timeout=HANG_GUARD)[0]
     finally:
-        if victim:
-            try:
-                os.kill(victim, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        _resume(victim)
         proc.kill()
     assert proc.returncode == 1
     summary = json.loads(summary_file.read_text())
@@ -231,11 +236,7 @@ def test_a_rank_slowed_from_outside_is_named_the_straggler(tmp_path):
         output = proc.communicate(timeout=HANG_GUARD)[0]
     finally:
         slowed.set()
-        if victim:
-            try:
-                os.kill(victim, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        _resume(victim)
         proc.kill()
     assert proc.returncode == 0, output[-3000:]
     found = json.loads((tmp_path / "slow" / "summary.json").read_text())["slowest_rank"]

@@ -54,7 +54,7 @@ def exported_by_a_rank() -> set[str]:
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry()
-    metrics._Definitions(registry)  # the families RankExporter serves, in a private registry
+    metrics.Definitions(registry, metrics._prometheus())  # the families RankExporter serves, in a private registry
     return samples((family.name, family.type) for family in registry.collect())
 
 
