@@ -38,12 +38,13 @@ jupyter-settings: $(LAB_SETTINGS)
 
 # The lessons in JupyterLab, from .venv (in Docker: `docker compose up jupyter`). It opens no browser: open the
 # http://127.0.0.1:8888/lab?token=... address it prints (a new random token each start). The .ipynb are made
-# from the paired notebooks/*.py (jupytext) and kept in step with them as you save.
+# from the paired notebooks/*.py (jupytext) and kept in step with them as you save. .venv/bin goes first on the server's
+# PATH, so a JupyterLab terminal and a `!lab ...` cell type `lab`, `torchrun` as the docs show them (docs/exercises.md).
 LAB_BIND_ADDRESS ?= 127.0.0.1
 NOTEBOOK_PORT    ?= 8888
 notebook: $(STAMP) jupyter-settings
 	$(BIN)/jupytext --sync notebooks/[0-9]*.py
-	JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/config $(BIN)/jupyter lab --no-browser --ip=$(LAB_BIND_ADDRESS) --port=$(NOTEBOOK_PORT) --ServerApp.root_dir=. \
+	PATH="$(abspath $(BIN)):$$PATH" JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/config $(BIN)/jupyter lab --no-browser --ip=$(LAB_BIND_ADDRESS) --port=$(NOTEBOOK_PORT) --ServerApp.root_dir=. \
 		$(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01_baseline_and_ddp.ipynb
 
 # A workshop room on this host (docs/workshop.md): JupyterHub with a seat per learner, each a system user of its own
@@ -98,7 +99,7 @@ test-fast: $(STAMP)
 # torch's), and of the exercises the grading of each planted mistake (the observer's patches of torch, which do
 # depend on its version, are proved by the convert solution, the hang and the comm exercises), and the hang record's
 # cost benchmark (its record there, the Python one, is proved by the planted hangs). The course scripts
-# stay: NGC 25.01's torch is this one. About 4 minutes of the 35-minute budget.
+# stay: NGC 25.01's torch is this one. About 4 minutes of CI's time.
 # From PyPI, whose x86_64 torch wheels are CUDA builds (~3 GB with their nvidia-* libraries, about 2 minutes
 # here): PyTorch's CPU-only index is not reachable from CI machines, which reach package registries only.
 # --no-cache-dir: the ~3 GB of wheels are not kept a second time in pip's cache.

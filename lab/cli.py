@@ -31,6 +31,7 @@ from lab.config.arguments import (
 from lab.errors import EXIT_BAD_INPUT, LabError
 from lab.exercises import arguments as exercise_arguments
 from lab.health import arguments as health_arguments
+from lab.prediction import arguments as prediction_arguments
 from lab.room import arguments as room_arguments
 from lab.sizing import arguments as sizing_arguments
 
@@ -359,6 +360,16 @@ COMMANDS: tuple[Command, ...] = (
         "on, e.g. `lab choose --params 70B --nodes 2 --device h100 --interconnect ib-ndr`.",
     ),
     Command(
+        "predict",
+        "scaling predicted past the machines at hand; --validate against published tables",
+        prediction_arguments.predict_args,
+        prediction_arguments.run,
+        description="Measure the training step on 1..K ranks, predict it on K+1..N with the step-time model "
+        "(ring/tree all-reduce, bucket pipelining, DDP/ZeRO/FSDP volumes), measure those too and print each "
+        "error; project to 8, 64 and 512 GPUs on a platform's links. --validate reproduces published scaling "
+        "tables (PyTorch's DDP benchmark, Horovod's) from their inputs, row by row (docs/prediction.md).",
+    ),
+    Command(
         "hang",
         "which rank waited in which collective, on which line: what a hung or killed run left",
         _hang_args,
@@ -393,6 +404,16 @@ COMMANDS: tuple[Command, ...] = (
         "results (node-NAME.json, nodes.json) at the sizes >= 1 GiB and its facts (PCIe, "
         "InfiniBand, GPUDirect RDMA, DCGM, XIDs, row remaps, the fabric manager) and write "
         "validate.json. Exit 1 when a floor is missed, a check fails or a result is missing.",
+    ),
+    Command(
+        "accept",
+        "is this cluster accepted? validate.json, each node's device check and the play's recap: PASS or FAIL",
+        health_arguments.accept_args,
+        "lab.health.acceptance.run",
+        description="Read RUN_DIR/validate.json (the validate play's or slurm/validate.sbatch's), each GPU node's "
+        "device check (RUN_DIR/device-check/NODE.json or NODE/gpu-check.json: make gpu-check's gpu-check.json) "
+        "and, with --recap, the play's PLAY RECAP; print PASS or FAIL with each reason (docs/acceptance.md). "
+        "Exit 1 when the cluster is not accepted.",
     ),
 )
 

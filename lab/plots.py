@@ -239,3 +239,19 @@ def levers(result: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def prediction(rows: list[dict[str, Any]], context: str, path: Path) -> Path:
+    """`lab predict --plot`: predicted and measured step time against ranks, the inputs marked apart."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    n = [r["world_size"] for r in rows]
+    ax.plot(n, [r["measured_step_seconds"] * 1e3 for r in rows], marker="o", label="measured")
+    ax.plot(n, [r["predicted_step_seconds"] * 1e3 for r in rows], marker="x", linestyle="--", label="predicted")
+    inputs = [r for r in rows if r["input"]]
+    if inputs:
+        ax.axvspan(0.5, max(r["world_size"] for r in inputs) + 0.5, color="gray", alpha=0.15, label="measured inputs")
+    ax.set_xlabel("ranks (world size)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_xticks(n)
+    ax.legend()
+    return finish(fig, ax, "Predicted, then measured: the training step", context, path)

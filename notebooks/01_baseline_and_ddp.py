@@ -28,7 +28,12 @@
 #
 # On a CPU this uses the `smoke` config (a narrow ResNet-18 on synthetic data, seconds per run) and 2 gloo
 # processes; on a GPU server `workshop-gpu` and every GPU (NCCL). A host with one GPU runs the CPU way (the
-# first cell says so). Every command below is one you can type in the terminal beside this notebook.
+# first cell says so). Every command below is one you can type in the terminal beside this notebook (JupyterLab's
+# File > New > Terminal, where `lab` and `torchrun` are on the PATH; in another shell in the checkout, type
+# `.venv/bin/lab`).
+#
+# New words (rank, world size, gloo, NCCL, torchrun, all-reduce, ...) are defined in the
+# [glossary](../docs/glossary.md) (`docs/glossary.md` in the lab's checkout), each with the lesson that meets it.
 
 # %%
 from lab.teaching import lesson
@@ -87,13 +92,29 @@ lesson.expect(first["max_relative_difference"] < 0.05,
               f"the first matching step's losses agree within 5% (here {first['max_relative_difference']:.2%})")
 
 # %% [markdown]
+# ## The same DDP in one file you can read: `examples/ddp_torchrun.py`
+# `lab train` keeps its DDP set-up inside the lab's package. `examples/ddp_torchrun.py` (in the checkout, beside
+# `notebooks/`) is the whole of it in one plain-PyTorch script you read top to bottom: the process group (gloo on a
+# CPU, NCCL on GPUs), a `DistributedSampler` with `set_epoch`, the model in DDP, the loss averaged over ranks, rank 0
+# alone writing the checkpoint. `examples/single_device.py` is the same script without DDP, so their diff is every
+# change DDP needs. In the terminal beside this notebook:
+#
+# ```sh
+# torchrun --standalone --nproc-per-node 2 examples/ddp_torchrun.py --synthetic 2048 --epochs 2
+# diff -u examples/single_device.py examples/ddp_torchrun.py
+# ```
+#
+# [docs/course.md](../docs/course.md#a-ddp-script-you-can-read-examples) walks through the diff line by line.
+
+# %% [markdown]
 # ## Your turn: make a script data-parallel
 # You have watched DDP train; now write it yourself. `exercises/convert.py` is a plain single-device training script
 # (a small CNN, so it runs in seconds on a CPU). Make it run under `torchrun` on 2 processes with everything this
 # lesson's DDP run relied on: a process group, a `DistributedSampler` (and `set_epoch`) so each process reads its
 # own share of every epoch, the model in `DistributedDataParallel`, `--batch-size` kept as the global batch, and one
 # rank writing a checkpoint that loads into a plain model. Every place to change is marked `TODO(ddp)` in the file.
-# `lab exercise list`, in a terminal, lists every exercise of the course; this one is `convert` (about 25 minutes).
+# `lab exercise list`, in the terminal beside this notebook, lists every exercise of the course; this one is
+# `convert` (about 25 minutes).
 #
 # The next cell copies the starter to `exercises/convert.py`; it never overwrites your work there.
 

@@ -16,11 +16,11 @@
 # %% [markdown]
 # # Lesson 5: memory per device, and choosing a tool
 #
-# Lecture 3 of the course, memory: DDP keeps a full copy of the training state on every device: parameters,
-# gradients and the optimizer state. With bf16 mixed precision and Adam that is 16 bytes per parameter (the ZeRO
-# paper's count: 2 + 2 for the 16-bit parameters and gradients, 12 for the fp32 master weights and Adam's two
-# moments). Sharding divides part of that state by the number of devices N: ZeRO-1 the optimizer state, ZeRO-2
-# also the gradients, ZeRO-3 (FSDP's full shard) also the parameters. The question is which tool is the least
+# Lecture 2 of the course, its last part: memory, then choosing a tool. DDP keeps a full copy of the training state on
+# every device: parameters, gradients and the optimizer state. With bf16 mixed precision and Adam that is 16 bytes per
+# parameter (the ZeRO paper's count: 2 + 2 for the 16-bit parameters and gradients, 12 for the fp32 master weights and
+# Adam's two moments). Sharding divides part of that state by the number of devices N: ZeRO-1 the optimizer state,
+# ZeRO-2 also the gradients, ZeRO-3 (FSDP's full shard) also the parameters. The question is which tool is the least
 # sharding that still fits, since each step of sharding adds communication.
 #
 # You will:

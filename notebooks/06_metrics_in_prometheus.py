@@ -16,12 +16,12 @@
 # %% [markdown]
 # # Lesson 6: the run in Prometheus
 #
-# Lecture 3 of the course, running at scale: a distributed run is many processes, and a slow or stuck one slows
-# every other, because each step waits for the all-reduce. So each rank reports its own numbers, and one place
-# collects them all: every rank serves a Prometheus `/metrics` page (images per second, step time, loss, memory)
-# labelled with its `run_id`, `rank` and `node`; rank 0 writes a file_sd file listing every rank's address;
-# Prometheus reads that file, scrapes each rank every few seconds and keeps the time series. The run's
-# throughput is then a sum over ranks, and a straggler shows as one rank's line below the others.
+# Lecture 3 of the course, hands-on on a DGX, running at scale: a distributed run is many processes, and a slow or
+# stuck one slows every other, because each step waits for the all-reduce. So each rank reports its own numbers, and
+# one place collects them all: every rank serves a Prometheus `/metrics` page (images per second, step time, loss,
+# memory) labelled with its `run_id`, `rank` and `node`; rank 0 writes a file_sd file listing every rank's address;
+# Prometheus reads that file, scrapes each rank every few seconds and keeps the time series. The run's throughput is
+# then a sum over ranks, and a straggler shows as one rank's line below the others.
 #
 # You will:
 # 1. have a Prometheus ready: the stack's one under `docker compose` (`LAB_PROMETHEUS_URL`), otherwise one this

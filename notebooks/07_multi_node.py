@@ -16,13 +16,13 @@
 # %% [markdown]
 # # Lesson 7: more than one node
 #
-# Lecture 3 of the course, running at scale: past one machine, nothing changes in the training code; what
-# changes is how the processes find each other. Every node runs `torchrun` with the same `--nnodes`, `--rdzv-id`
-# and `--rdzv-endpoint` (the head node's address and port). They meet in a c10d rendezvous hosted on the head:
-# when every node has arrived, each gets its node rank, every worker its global rank, and the world trains as
+# Lecture 3 of the course, hands-on on a DGX, running at scale: past one machine, nothing changes in the training
+# code; what changes is how the processes find each other. Every node runs `torchrun` with the same `--nnodes`,
+# `--rdzv-id` and `--rdzv-endpoint` (the head node's address and port). They meet in a c10d rendezvous hosted on the
+# head: when every node has arrived, each gets its node rank, every worker its global rank, and the world trains as
 # one. A node that never arrives must not leave the others waiting forever: the join timeout ends the job with a
-# message. Which hosts take part, and with which settings, is an Ansible inventory; the playbook checks the
-# fabric (the validate play) before it launches.
+# message. Which hosts take part, and with which settings, is an Ansible inventory; the playbook checks the fabric
+# (the validate play) before it launches.
 #
 # You will:
 # 1. read the two inventories the lab ships: two "nodes" on this machine, and a DGX cluster template;

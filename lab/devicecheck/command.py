@@ -29,6 +29,8 @@ slowest thing here and measures only itself):
   levers          `lab bench levers` on every GPU: bf16 and fp16 + GradScaler against fp32, accumulation, buckets,
                   the step's peak memory, and (2 GPUs or more) the NCCL_ALGO/PROTO/P2P sweep
   all-reduce      `lab bench collective all` over every GPU of the host (2 GPUs or more)
+  predict         `lab predict` over every GPU of the host: 1 and 2 measured, 3..N predicted then measured, the
+                  largest error (3 GPUs or more; on a CPU, 3 gloo ranks)
   exercise        `lab exercise check convert` on its reference solution: the grader's observer on NCCL, a rank a
                   GPU (3 GPUs or more; else gloo, said so)
   metrics         `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
@@ -68,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.devicecheck.bench_steps import (  # the steps, named here by the table below (and the tests)
+    PREDICT_RANKS,
     all_reduce,
     data_path,
     hang_record,
@@ -77,6 +80,7 @@ from lab.devicecheck.bench_steps import (  # the steps, named here by the table 
     lightning_peer,
     memory,
     metrics_overhead,
+    predict,
     strategies,
 )
 from lab.devicecheck.harness import (
@@ -112,6 +116,8 @@ class Step:
     run: Callable[[Check], Outcome | list[Outcome]]
     gpus: int = 0  # GPUs it needs (1: CUDA only; 2: more than one)
     no_gpu: str = ""  # why it cannot run on a CPU, when gpus > 0
+    ranks: int = 0  # GPUs it needs on a GPU host, where a CPU runs it on as many processes (--allow-cpu)
+    few_gpus: str = "the 1-rank DDP steps ran NCCL"  # what a host with fewer GPUs than it needs still ran, or why
     needs: tuple[str, ...] = ()  # modules without which it is skipped, saying so
     optional: tuple[tuple[str, str], ...] = ()  # (module, what is left out without it): it runs, smaller
     limit: int = STEP_LIMIT  # seconds each of its children may take at most
@@ -177,6 +183,15 @@ STEPS: tuple[Step, ...] = (
         no_gpu="no CUDA device: the CPU tests run the levers on gloo (no fp16, no NCCL)",
     ),
     Step("all-reduce", 40, 20, all_reduce, gpus=2, limit=240, no_gpu="no GPU: the CPU tests time all-reduce over gloo"),
+    Step(
+        "predict",
+        90,  # a torchrun job per world size, 1..8 on eight GPUs, each about 10 s (the start, NCCL's set-up, 10 steps)
+        40,  # 3 gloo ranks at toy size: 30-40 s on 2 cores
+        predict,
+        ranks=PREDICT_RANKS,
+        limit=300,
+        few_gpus="it measures 1 and 2, the fewest its model reads latency and bandwidth from, and predicts 3 and more",
+    ),
     Step("exercise", 30, 30, exercise, limit=150),
     Step("metrics", 20, 12, metrics_overhead, needs=("prometheus_client",), limit=150),
     Step("hang record", 40, 30, hang_record, limit=180),
@@ -210,8 +225,9 @@ def skip_reason(step: Step, c: Check) -> str | None:
     """Why this host cannot run `step` (GPUs, packages), or None: the preflight."""
     if step.gpus and not c.gpu:
         return step.no_gpu
-    if c.gpus < step.gpus:
-        return f"{c.gpus} GPU on this host: {step.name} needs {step.gpus} or more (the 1-rank DDP steps ran NCCL)"
+    needed = max(step.gpus, step.ranks if c.gpu else 0)
+    if c.gpus < needed:
+        return f"{c.gpus} GPU on this host: {step.name} needs {needed} or more ({step.few_gpus})"
     absent = [m for m in step.needs if missing(m)]
     if absent:
         return "needs " + "; ".join(f"{m} ({HOW_TO_GET.get(m, f'pip install {m}')})" for m in absent)

@@ -177,13 +177,20 @@ def observed(
     )
 
 
+OUTPUT_HINT = "read the first error in its output (its last lines are printed above the checklist)"
+
+
 def ended(run: Run, name: str = "ends cleanly") -> Check:
-    return Check(
-        name,
-        run.ok,
-        run.how_it_ended(),
-        "" if run.ok else "read the first error above it in the output (lab exercise check --verbose shows it all)",
-    )
+    if not run.ok:
+        show_output(run)
+    return Check(name, run.ok, run.how_it_ended(), "" if run.ok else OUTPUT_HINT)
+
+
+def show_output(run: Run, lines: int = 30) -> None:
+    """The last lines of a learner's run that failed, on stderr before the checklist: where its error is."""
+    tail = (run.output or "").splitlines()[-lines:]
+    print(f"--- {run.label}: the last {len(tail)} lines of its output ---", file=sys.stderr)
+    print("\n".join(tail), file=sys.stderr, flush=True)
 
 
 def render(exercise: str, checks: list[Check]) -> str:

@@ -68,3 +68,14 @@ def validate_args(p: argparse.ArgumentParser) -> None:
         default="slurm",
         help="who ran the check, as validate.json's platform (default slurm)",
     )
+
+
+def accept_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the acceptance run's folder, with validate.json (runs/<run id>)")
+    p.add_argument(
+        "--device-checks",
+        metavar="DIR",
+        help="each node's device check: DIR/NODE.json or DIR/NODE/gpu-check.json (default RUN_DIR/device-check)",
+    )
+    p.add_argument("--recap", metavar="FILE", help="the play's saved output: every node's PLAY RECAP must say failed=0")
+    p.add_argument("--platform", metavar="KEY", help="every node must be this platform (lab/health/platforms.py)")

@@ -44,6 +44,14 @@ def plan_options(p: argparse.ArgumentParser) -> None:
         help="CPU cores to hand out (default: this host's); --cores and --memory plan another host",
     )
     p.add_argument("--memory", type=float, metavar="GIB", help="the host's memory in GiB (default: this host's)")
+    p.add_argument(
+        "--mig-per-gpu",
+        type=int,
+        choices=(2, 3, 4, 7),
+        metavar="K",
+        help="plan each GPU as K MIG slices, a seat each (2, 3, 4 or 7: H100 profiles 3g.40gb, 2g.20gb, 1g.20gb, "
+        "1g.10gb), before the slices exist; on a host whose GPUs have MIG slices, plan without it",
+    )
     p.add_argument("--prefix", default="seat", help="seat names: PREFIX1, PREFIX2, ... (default seat)")
 
 

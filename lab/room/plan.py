@@ -2,6 +2,7 @@
 
     lab room plan --gpus 8 --seats 4          # 4 seats of 2 GPUs: the table below, and runs/room/plan.json
     lab room plan --devices MIG-a,MIG-b,...   # one MIG instance (or GPU) per seat, from the host's list
+    lab room plan --gpus 8 --mig-per-gpu 3    # 24 seats of one MIG slice each, planned before the slices exist
 
 Every GPU belongs to one seat (a learner who starts DDP "on every GPU" then takes only their own); cores are
 pinned, a disjoint set per seat, where there are at least as many cores as seats, else shared; memory is the
@@ -12,14 +13,21 @@ GPU sizes (NCCL, one rank per GPU); with one GPU or a MIG instance a multi-rank 
 rank (and NCCL does not run DDP across MIG instances of one job), so the lessons run the CPU way (2 gloo
 processes, the device hidden), which the table says.
 
+More learners than GPUs take MIG slices (a GPU split into 2, 3, 4 or 7 isolated instances): planned from anywhere
+with --mig-per-gpu (the table names each slice by its GPU, gpu0/mig1, and says how to make them), served on the
+host once the slices exist (this host's plan then hands out their MIG UUIDs, read from `nvidia-smi -L`).
+
 >>> host = Host(devices=tuple("01234567"), cores=tuple(range(32)), memory_bytes=256 * GIB)
 >>> room = make_plan(host, seats=4)
 >>> [(s.name, s.cuda_visible_devices, len(s.cpus), s.memory_bytes // GIB) for s in room.seats]
 [('seat1', '0,1', 8, 57), ('seat2', '2,3', 8, 57), ('seat3', '4,5', 8, 57), ('seat4', '6,7', 8, 57)]
->>> make_plan(host, seats=16)
+>>> make_plan(host, seats=12)
 Traceback (most recent call last):
-lab.errors.LabError: 16 seats on 8 GPUs: two seats would share a GPU (each GPU belongs to one seat); at most 8 seats
-of 1 GPU, or give more devices with --devices
+lab.errors.LabError: 12 seats on 8 GPUs: each GPU belongs to one seat; split each GPU into 2 MIG slices
+(--mig-per-gpu 2: 16 slices of 3g.40gb on an H100; docs/workshop.md#more-learners-than-gpus-mig-slices), or seat them
+in pairs (--seats 6, 1 GPU a seat)
+>>> [s.devices for s in make_plan(Host(planned_slices(2, 3), tuple(range(32)), 256 * GIB)).seats][:4]
+[('gpu0/mig1',), ('gpu0/mig2',), ('gpu0/mig3',), ('gpu1/mig1',)]
 """
 
 from __future__ import annotations
@@ -48,6 +56,14 @@ HUB_RESERVE_FRACTION, HUB_RESERVE_MIN_BYTES = 0.10, 2 * GIB
 # A seat is a hub user and a system user (useradd's portable names), so only lower-case letters and digits.
 SEAT_NAME = re.compile(r"^[a-z][a-z0-9]{0,30}$")
 DEFAULT_PLAN = Path("runs") / "room" / "plan.json"
+# The MIG profiles that split an H100 or H200 into K equal slices: K -> (profile id for `nvidia-smi mig -cgi`, its
+# name on an H100 80GB). The ids are the same on an H200, whose slices are larger (1g.18gb ...): `nvidia-smi mig
+# -lgip` lists a GPU's own. A slice is one device to CUDA and to NCCL alike, so it is one seat.
+MIG_SPLITS = {2: (9, "3g.40gb"), 3: (14, "2g.20gb"), 4: (15, "1g.20gb"), 7: (19, "1g.10gb")}
+# A slice planned before it exists (--mig-per-gpu): its GPU and number, in place of the MIG UUID it will have
+PLANNED_SLICE = re.compile(r"^gpu(\d+)/mig(\d+)$")
+# A MIG instance in `nvidia-smi -L`: "  MIG 2g.20gb     Device  0: (UUID: MIG-4b1d...)"
+MIG_LISTED = re.compile(r"^\s+MIG\s.*\(UUID:\s*(MIG-[^)\s]+)\)")
 
 
 @dataclass(frozen=True)
@@ -84,7 +100,7 @@ class Seat:
 
     @property
     def mig(self) -> bool:
-        return any(d.startswith("MIG-") for d in self.devices)
+        return any(is_slice(d) for d in self.devices)
 
     def lessons(self) -> str:
         """How the seven lessons run on this seat (lab.teaching.lesson.plan's rule, said for the table).
@@ -123,22 +139,95 @@ class RoomPlan:
 # ----------------------------------------------------------------------------- the host
 
 
+def is_slice(device: str) -> bool:
+    """A MIG instance's UUID, or a slice planned before it exists."""
+    return device.startswith("MIG-") or bool(PLANNED_SLICE.match(device))
+
+
+def planned_slices(gpus: int, per_gpu: int) -> tuple[str, ...]:
+    """`per_gpu` MIG slices of each GPU, named for the plan until they exist.
+
+    >>> planned_slices(2, 2)
+    ('gpu0/mig1', 'gpu0/mig2', 'gpu1/mig1', 'gpu1/mig2')
+    """
+    return tuple(f"gpu{g}/mig{k}" for g in range(gpus) for k in range(1, per_gpu + 1))
+
+
+def listed_devices(listing: str) -> tuple[str, ...]:
+    """The devices `nvidia-smi -L` lists for seats: each GPU's MIG instances where it has them, else the GPU.
+
+    >>> print(listed_devices(EXAMPLE_LISTING))
+    ('MIG-11aa', 'MIG-22bb', '1')
+    """
+    devices: list[str] = []
+    for line in listing.splitlines():
+        gpu = re.match(r"^GPU (\d+):", line)
+        if gpu:
+            devices.append(gpu.group(1))
+            continue
+        mig = MIG_LISTED.match(line)
+        if mig:
+            if devices and not devices[-1].startswith("MIG-"):
+                devices.pop()  # a GPU in MIG mode is used through its instances only
+            devices.append(mig.group(1))
+    return tuple(devices)
+
+
+EXAMPLE_LISTING = """GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a)
+  MIG 3g.40gb     Device  0: (UUID: MIG-11aa)
+  MIG 3g.40gb     Device  1: (UUID: MIG-22bb)
+GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1b)
+"""
+
+
+def _host_devices(count: int) -> tuple[str, ...]:
+    """This host's GPUs as seats take them: MIG instances where `nvidia-smi -L` lists some, else 0..count-1."""
+    import shutil
+    import subprocess
+
+    if count and shutil.which("nvidia-smi"):
+        try:
+            listing = subprocess.run(
+                ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            listing = ""
+        found = listed_devices(listing)
+        if any(d.startswith("MIG-") for d in found):
+            return found
+    return tuple(str(i) for i in range(count))
+
+
 def this_host(
-    gpus: int | None = None, devices: str | None = None, cores: int | None = None, memory_gib: float | None = None
+    gpus: int | None = None,
+    devices: str | None = None,
+    cores: int | None = None,
+    memory_gib: float | None = None,
+    mig_per_gpu: int | None = None,
 ) -> Host:
-    """This machine: its GPUs (NVML's count), cores and memory; each can be given instead (`gpus`, a `devices`
-    list, `cores`, `memory_gib`), to plan another host from here."""
+    """This machine: its GPUs (NVML's count; their MIG instances where they have some), cores and memory; each can
+    be given instead (`gpus`, a `devices` list, `cores`, `memory_gib`), to plan another host from here, and the GPUs
+    planned as `mig_per_gpu` slices each."""
     from lab.cluster import nvml
 
-    if devices is not None:
+    if mig_per_gpu is not None:
+        if devices is not None:
+            raise LabError(
+                f"--mig-per-gpu {mig_per_gpu} with --devices: the devices are already named; give --gpus N "
+                f"--mig-per-gpu K to plan slices that do not exist yet, or --devices MIG-... for ones that do"
+            )
+        found = planned_slices(nvml.device_count() if gpus is None else gpus, mig_per_gpu)
+    elif devices is not None:
         found = tuple(d.strip() for d in devices.split(",") if d.strip())
         if not found or len(found) != len(devices.split(",")):
             raise LabError(
                 f"--devices {devices!r}: an empty entry; give the seats' devices comma-separated, GPU indices or MIG "
                 f"UUIDs (--devices 0,1,2,3 or --devices MIG-a,MIG-b), or leave --devices out for this host's GPUs"
             )
+    elif gpus is not None:
+        found = tuple(str(i) for i in range(gpus))
     else:
-        found = tuple(str(i) for i in range(nvml.device_count() if gpus is None else gpus))
+        found = _host_devices(nvml.device_count())
     if cores is not None:
         ids = tuple(range(cores))
     elif hasattr(os, "sched_getaffinity"):
@@ -187,15 +276,12 @@ def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = 
     if devices:
         if gpus_per_seat is None:
             # a MIG instance is one device to CUDA and NCCL alike: one a seat
-            mig = any(d.startswith("MIG-") for d in devices)
+            mig = any(is_slice(d) for d in devices)
             gpus_per_seat = max(1, len(devices) // seats) if seats else 1 if mig else min(2, len(devices))
         if seats is None:
             seats = len(devices) // gpus_per_seat
         if seats > len(devices):
-            raise LabError(
-                f"{seats} seats on {len(devices)} GPUs: two seats would share a GPU (each GPU belongs to "
-                f"one seat); at most {len(devices)} seats of 1 GPU, or give more devices with --devices"
-            )
+            raise LabError(too_many_seats(seats, devices))
         if seats * gpus_per_seat > len(devices):
             raise LabError(
                 f"{seats} seats of {gpus_per_seat} GPUs need {seats * gpus_per_seat}; this host has "
@@ -203,8 +289,9 @@ def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = 
             )
         spare = devices[seats * gpus_per_seat :]
         if spare:
+            noun = "MIG slice" if any(is_slice(d) for d in devices) else "GPU"
             notes.append(
-                f"{_plural(len(spare), 'GPU')} ({','.join(spare)}) left to no seat: {len(devices)} do not "
+                f"{_plural(len(spare), noun)} ({','.join(spare)}) left to no seat: {len(devices)} do not "
                 f"split evenly into {_plural(seats, 'seat')} of {gpus_per_seat}"
             )
     else:
@@ -237,6 +324,65 @@ def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = 
             )
         )
     return RoomPlan(host, tuple(made), tuple(notes))
+
+
+def too_many_seats(seats: int, devices: tuple[str, ...]) -> str:
+    """Why `seats` cannot each have a device of their own, and the split that would seat them."""
+    if any(is_slice(d) for d in devices):
+        return (
+            f"{seats} seats on {len(devices)} MIG slices: two seats would share a slice (each belongs to one seat); "
+            f"at most {len(devices)} seats, or split the GPUs finer (--mig-per-gpu {', '.join(map(str, MIG_SPLITS))})"
+        )
+    gpus = len(devices)
+    split = next((k for k in MIG_SPLITS if k * gpus >= seats), None)
+    pairs = -(-seats // 2)  # two learners at one notebook, as the hands-on session is run
+    if 2 * pairs <= gpus:
+        pairs_say = f"seat them in pairs (--seats {pairs}, 2 GPUs a seat)"
+    elif pairs <= gpus:
+        pairs_say = f"seat them in pairs (--seats {pairs}, 1 GPU a seat)"
+    else:
+        pairs_say = "seat fewer"
+    if split is None:
+        return (
+            f"{seats} seats on {gpus} GPUs: at most {max(MIG_SPLITS) * gpus} seats of one MIG slice "
+            f"(--mig-per-gpu {max(MIG_SPLITS)}); {pairs_say}"
+        )
+    return (
+        f"{seats} seats on {gpus} GPUs: each GPU belongs to one seat; split each GPU into {split} MIG slices "
+        f"(--mig-per-gpu {split}: {split * gpus} slices of {MIG_SPLITS[split][1]} on an H100; "
+        f"docs/workshop.md#more-learners-than-gpus-mig-slices), or {pairs_say}"
+    )
+
+
+def mig_commands(plan: RoomPlan) -> list[str]:
+    """How to make the slices a plan names before they exist (run on the server as root, its GPUs idle)."""
+    planned = [d for s in plan.seats for d in s.devices if PLANNED_SLICE.match(d)]
+    if not planned:
+        return []
+    gpus = sorted({int(PLANNED_SLICE.match(d).group(1)) for d in plan.host.devices})  # type: ignore[union-attr]
+    per_gpu = len(plan.host.devices) // len(gpus)
+    profile, name = MIG_SPLITS[per_gpu]
+    ids = ",".join([str(profile)] * per_gpu)
+    gpu_list = ",".join(map(str, gpus))
+    return [
+        f"sudo nvidia-smi -i {gpu_list} -mig 1   # MIG mode on (with the GPUs idle)",
+        f"sudo nvidia-smi mig -i {gpu_list} -cgi {ids} -C   # {per_gpu} x {name} on each (an H100's names)",
+        "nvidia-smi -L   # the slices' MIG-... UUIDs",
+        f".venv/bin/lab room plan --seats {len(plan.seats)}   # the plan with those UUIDs",
+    ]
+
+
+def require_devices(plan: RoomPlan, source: str) -> RoomPlan:
+    """A plan a room can serve: no slice that is only planned (a seat cannot be given a slice that does not exist)."""
+    for seat in plan.seats:
+        planned = [d for d in seat.devices if PLANNED_SLICE.match(d)]
+        if planned:
+            raise LabError(
+                f"{source}: {seat.name}'s device {planned[0]} is a MIG slice planned, not made: make the slices "
+                f"(lab room plan prints the nvidia-smi commands) and plan on the server with lab room plan "
+                f"--seats {len(plan.seats)}, which hands out their MIG UUIDs"
+            )
+    return plan
 
 
 def seat_floor_bytes(gpus_per_seat: int) -> int:
@@ -329,7 +475,7 @@ def load(path: Path) -> RoomPlan:
         )
         plan = RoomPlan(host, seats, tuple(raw.get("notes", ())))
     except FileNotFoundError:
-        raise LabError(f"{path}: no room plan there; make one with lab room plan --seats N --out {path}") from None
+        raise LabError(f"{path}: no room plan there; make one with lab room plan --seats N --json {path}") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LabError(f"{path}: not a room plan ({type(exc).__name__}: {exc}); make one with lab room plan") from None
     return check(plan, str(path))
@@ -349,11 +495,22 @@ def table(plan: RoomPlan) -> str:
         )
     host = plan.host
     rows.append("")
+    planned = {m.group(1) for m in map(PLANNED_SLICE.match, host.devices) if m}
+    if planned:
+        devices = f"{len(planned)} GPUs as {len(host.devices)} MIG slices"
+    elif any(is_slice(d) for d in host.devices):
+        devices = f"{len(host.devices)} MIG slices"
+    else:
+        devices = f"{len(host.devices)} GPUs"
     rows.append(
-        f"host: {len(host.devices)} GPUs, {len(host.cores)} cores, {host.memory_bytes / GIB:.1f} GiB "
+        f"host: {devices}, {len(host.cores)} cores, {host.memory_bytes / GIB:.1f} GiB "
         f"({host.reserve_bytes / GIB:.1f} GiB kept for the hub and the system)"
     )
     rows += [f"note: {n}" for n in plan.notes]
+    commands = mig_commands(plan)
+    if commands:
+        rows += ["", "the MIG slices are planned, not made: on the server, as root, before the room arrives:"]
+        rows += [f"    {c}" for c in commands]
     return "\n".join(rows)
 
 
@@ -382,7 +539,7 @@ def from_args(args) -> RoomPlan:
     --gpus/--devices, --cores and --memory describe)."""
     if getattr(args, "plan", None):
         return load(Path(args.plan))
-    host = this_host(args.gpus, args.devices, args.cores, args.memory)
+    host = this_host(args.gpus, args.devices, args.cores, args.memory, getattr(args, "mig_per_gpu", None))
     return make_plan(host, args.seats, args.gpus_per_seat, args.prefix)
 
 

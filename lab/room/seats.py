@@ -172,7 +172,8 @@ def prepare_home(name: str, lessons: Path | None = None) -> Path:
 
 def copy_lessons(home: Path, lessons: Path | None = None) -> list[Path]:
     """The seat's own copy of the lessons in home/notebooks (each .py paired with its .ipynb by jupytext, as `make
-    notebook` does), lesson 6's monitoring/ and an empty runs/lessons/, each made when missing: a learner's edits and
+    notebook` does), lesson 6's monitoring/, the docs and examples/ lesson 1 links, and an empty runs/lessons/, each
+    made when missing: a learner's edits and
     outputs survive a restart of their server; `lab room reset SEAT` starts a seat afresh. Returns what it made."""
     import jupytext
 
@@ -186,10 +187,11 @@ def copy_lessons(home: Path, lessons: Path | None = None) -> list[Path]:
             shutil.copy2(path, notebooks / path.name)
             jupytext.write(jupytext.read(path), notebooks / f"{path.stem}.ipynb", fmt="ipynb")
             made += [notebooks / path.name, notebooks / f"{path.stem}.ipynb"]
-    monitoring = source.parent / "monitoring"
-    if monitoring.is_dir() and not (home / "monitoring").exists():  # lesson 6 starts a Prometheus with these
-        shutil.copytree(monitoring, home / "monitoring")
-        made += [home / "monitoring", *(home / "monitoring").rglob("*")]
+    # lesson 6 starts a Prometheus with monitoring/; lesson 1 links docs/glossary.md and runs examples/
+    for extra in ("monitoring", "docs", "examples"):
+        if (source.parent / extra).is_dir() and not (home / extra).exists():
+            shutil.copytree(source.parent / extra, home / extra)
+            made += [home / extra, *(home / extra).rglob("*")]
     runs = runs_dir(home)
     if not runs.exists():
         runs.mkdir(parents=True)
@@ -202,7 +204,7 @@ def reset_home(name: str) -> None:
     home = home_of(name)
     if home is None:
         raise LabError(f"no seat {name} on this host")
-    for folder in ("notebooks", "runs", "monitoring"):
+    for folder in ("notebooks", "runs", "monitoring", "docs", "examples"):
         shutil.rmtree(home / folder, ignore_errors=True)
 
 
@@ -240,7 +242,7 @@ def reset(args) -> int:
 
     name = room_plan.load(Path(args.room_dir) / "plan.json").seat(args.seat).name
     reset_home(name)
-    print(f"{name}: its notebooks, runs and monitoring/ deleted; its next start copies the lessons afresh")
+    print(f"{name}: its notebooks, runs, monitoring/, docs/ and examples/ deleted; its next start copies them afresh")
     return 0
 
 

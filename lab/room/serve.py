@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             "lab room serve --spawner slurm: the seats run on the cluster's nodes, not on this host: describe one "
             "node with --gpus N --cores N --memory GIB (scontrol show node NAME), or give --plan FILE"
         )
-    plan = room_plan.from_args(args)
+    plan = room_plan.require_devices(room_plan.from_args(args), args.plan or "the plan")
     state = Path(args.room_dir).resolve()
     settings = RoomSettings(
         spawner=args.spawner,

@@ -3,11 +3,11 @@
 A DIR is a run directory (it has manifest.json), a folder of them (a workshop), or
 a benchmark result JSON (any benchmark with a section in lab.teaching.sections: `lab bench allreduce --json`,
 `lab bench collective --json` (one file per op; all of them drawn in one plot), `lab bench scaling --json` in
-either mode, `lab memory --json`, `lab bench strategies --json`, `lab bench levers --json`); folders are searched
-one level down for both. Each benchmark's section is lab.teaching.sections'. Every figure says what was measured,
-its units, and on what: data source, device, world size. The Markdown is what GitHub and JupyterLab render: a blank
-line ends every table, and the
-report's title is its only top-level heading (tests/unit/test_report_markdown.py parses it).
+either mode, `lab predict --json`, `lab memory --json`, `lab bench strategies --json`, `lab bench levers --json`);
+folders are searched one level down for both. Each benchmark's section is lab.teaching.sections'. Every figure says
+what was measured, its units, and on what: data source, device, world size. The Markdown is what GitHub and
+JupyterLab render: a blank line ends every table, and the report's title is its only top-level heading
+(tests/unit/test_report_markdown.py parses it).
 """
 
 from __future__ import annotations

@@ -101,6 +101,78 @@ def _scaling(result: dict[str, Any], out: Path) -> str:
     return "\n".join(lines)
 
 
+def _predict(result: dict[str, Any], out: Path) -> str:
+    """`lab predict --json`: predicted beside measured per world size with the error, the assumptions each with its
+    source, the projection past this machine, and predicted against measured step time drawn."""
+    rows = result["rows"]
+    plots.prediction(rows, result["context"], out / "predict.png")
+    inputs = [r["world_size"] for r in rows if r["input"]]
+    checked = [r for r in rows if not r["input"]]
+    worst = max(checked, key=lambda r: r["error"], default=None)
+    lines = [
+        "## Scaling predicted, then measured",
+        "",
+        f"{result['context']}. The step was measured on {_ranks(inputs)}, predicted from those runs on more ranks "
+        "with lab.prediction's model, and then measured there too (docs/prediction.md); error = |predicted - "
+        "measured| / measured."
+        + (
+            f" Largest error where the model was not fed the answer: {worst['error']:.1%} at {worst['world_size']} "
+            "ranks."
+            if worst
+            else " No world size past the inputs was measured: nothing here checks the model."
+        ),
+        "",
+        "| ranks | predicted step (ms) | measured step (ms) | error | predicted images/s | measured images/s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['world_size']} | {r['predicted_step_seconds'] * 1e3:.1f} | {r['measured_step_seconds'] * 1e3:.1f} "
+            f"| {r['error']:.1%}{' (input)' if r['input'] else ''} | {r['predicted_samples_per_second']:.1f} "
+            f"| {r['measured_samples_per_second']:.1f} |"
+        )
+    lines += [
+        "",
+        "The assumptions, each with where its number came from:",
+        "",
+        "| assumption | value | source |",
+        "|---|---:|---|",
+        *(
+            f"| {a['name']} | {a['value']:.4g}{' ' + a['unit'] if a['unit'] else ''} | {a['source']} |"
+            for a in result.get("assumptions", [])
+        ),
+        "",
+        "![Step time predicted and measured against ranks](predict.png)",
+        "",
+    ]
+    projection = result.get("projection") or {}
+    if projection.get("rows"):
+        lines += [
+            f"The same step projected past this machine on {projection['platform']}'s links (weak scaling):",
+            "",
+            "| GPUs | nodes | strategy | step (ms) | exposed communication (ms) | efficiency |",
+            "|---:|---:|---|---:|---:|---:|",
+            *(
+                f"| {p['world_size']} | {p['nodes']} | {p['strategy']} | {p['step_seconds'] * 1e3:.1f} | "
+                f"{p['exposed_communication_seconds'] * 1e3:.2f} | {p['efficiency']:.1%} |"
+                for p in projection["rows"]
+            ),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _ranks(sizes: list[int]) -> str:
+    """>>> _ranks([1, 2]), _ranks([1]), _ranks([])
+    ('1 and 2 ranks', '1 rank', 'no ranks')
+    """
+    if not sizes:
+        return "no ranks"
+    if len(sizes) == 1:
+        return f"{sizes[0]} rank{'s' if sizes[0] > 1 else ''}"
+    return f"{', '.join(map(str, sizes[:-1]))} and {sizes[-1]} ranks"
+
+
 def _levers(result: dict[str, Any], out: Path) -> str:
     from lab.bench.train import levers
 
@@ -168,6 +240,7 @@ SECTIONS: dict[str, Section] = {
     "allreduce": Section(_each(_allreduce)),
     "collective": Section(collectives, part=lambda doc: str(doc.get("collective"))),
     "scaling": Section(_each(_scaling), part=lambda doc: str(doc.get("mode", "weak"))),
+    "predict": Section(_each(_predict)),
     "levers": Section(_each(_levers)),
     "memory": Section(_each(_memory)),
     "strategies": Section(_each(_strategies)),

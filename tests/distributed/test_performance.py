@@ -64,11 +64,22 @@ def test_profile_writes_a_trace_per_rank_and_a_summary(tmp_path):
 
 # The steps the bare run proves: the check's own path (its plan, deadline and table), the doctor, `lab train` alone
 # and on a 1-rank process group with DDP and accumulation, FSDP's sharded path, the exercise grader's observer on
-# the reference solution (gloo here: 3 ranks, no GPUs), and that a missing optional package
-# is a skip that names it. The others re-train what tests of their own own: bf16 training (test_levers' bf16 lever,
+# the reference solution (gloo here: 3 ranks, no GPUs), `lab predict` on 3 gloo ranks (2 measured, the third
+# predicted then measured: the step's JSON and line), and that a missing optional package is a skip that names it.
+# The others re-train what tests of their own own: bf16 training (test_levers' bf16 lever,
 # test_strategies_as_on_cuda), the data path (test_pipeline_benchmark_interleaves_both_paths above), the
 # deterministic pair and the resume (tests/distributed/test_rerun.py, test_faults.py).
-BARE_STEPS = ["doctor", "FSDP", "DDP, 1 rank", "training", "exercise", "metrics", "hang record", "Lightning peer"]
+BARE_STEPS = [
+    "doctor",
+    "FSDP",
+    "DDP, 1 rank",
+    "training",
+    "predict",
+    "exercise",
+    "metrics",
+    "hang record",
+    "Lightning peer",
+]
 
 
 def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_path):
@@ -96,9 +107,18 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     details = {s["step"]: s["detail"] for s in result["steps"]}
     # What a CPU can run of the steps asked for, ran and passed: FSDP, the 1-rank process group (gloo here, NCCL on
     # a GPU) with accumulation, plain training, the exercise's grading, the hang record (gloo here, NCCL on a GPU).
-    ran = ["doctor", "FSDP", "DDP, 1 rank", "training", "exercise", "hang record"]
+    ran = ["doctor", "FSDP", "DDP, 1 rank", "training", "predict", "exercise", "hang record"]
     for step in ran:
         assert status[step] == "passed", (step, result["steps"])
+    # predict: 1 and 2 ranks measured, 3 predicted from them and then measured; its line states that error, and
+    # gpu-check.json holds `lab predict`'s whole result.
+    [predicted] = [s for s in result["steps"] if s["step"] == "predict"]
+    rows = predicted["figures"]["rows"]
+    assert [(r["world_size"], r["input"]) for r in rows] == [(1, True), (2, True), (3, False)]
+    assert {m["device"] for m in predicted["figures"]["measured"]} == {"cpu"}
+    assert details["predict"].startswith(
+        f"3 CPU ranks: measured on 1 and 2, predicted then measured on 3: largest error {rows[2]['error']:.1%} at 3 "
+    )
     # The steps whose package the bare interpreter lacks are skipped naming it (each runs for real elsewhere:
     # tests/infra/test_prometheus.py, tests/distributed/test_lightning_peer.py).
     assert status["metrics"] == "skipped" and "prometheus_client" in details["metrics"], details["metrics"]

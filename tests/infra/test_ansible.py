@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from lab.health import acceptance
 from tests.conftest import PYTHON, ROOT, run
 
 BIN = Path(PYTHON).parent
@@ -105,7 +107,7 @@ def readme_run():
             shutil.rmtree(Path("/tmp/lab-local") / node / "runs" / job.name, ignore_errors=True)
 
 
-def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_results_home(readme_run):
+def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_results_home(readme_run, tmp_path):
     started = time.monotonic()
     runs = ROOT / "runs"
     before = set(runs.iterdir()) if runs.exists() else set()
@@ -131,6 +133,7 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
         # node-facts.sh ran on the node and its facts came home beside the all-reduce results lab validate judged
         assert (job / "validate" / f"facts-{node}" / "nvidia-smi-gpus.rc").read_text().strip() == "127"
         assert (job / "validate" / f"node-{node}.json").exists()
+    _accepted_as_a_cpu_cluster_and_refused_once_broken(job, proc.stdout, tmp_path)
 
     # A run that succeeded leaves launch logs without pages of C++ stack: the roll call no longer polls the
     # head's store once every node arrived, and lab launch folds the stack c10d prints under a warning when
@@ -186,6 +189,23 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
     print(f"two-node play: {seconds:.0f} s")
 
 
+def _accepted_as_a_cpu_cluster_and_refused_once_broken(job: Path, output: str, tmp_path: Path) -> None:
+    """docs/acceptance.md's pass rule (lab accept) on the play's real run: it passes, saying why no device check
+    applies (CPU nodes), and fails as soon as validate.json says not ok, a node's recap failed, or the nodes are
+    asked to be DGX H100s."""
+    verdict = acceptance.judge(job, recap_text=output)
+    assert verdict["ok"] and verdict["reasons"] == [], verdict
+    assert verdict["notes"] == [f"{node} has no GPU (platform cpu): no device check to run" for node in NODES]
+    assert acceptance.judge(job, platform="h100-sxm-8")["reasons"][0].startswith("127.0.0.1: platform cpu, not")
+    broken = tmp_path / "broken"
+    shutil.copytree(job, broken, ignore=shutil.ignore_patterns("nodes", "checkpoints"))
+    validate = json.loads((broken / "validate.json").read_text())
+    (broken / "validate.json").write_text(json.dumps({**validate, "ok": False}))
+    failed = re.sub(r"^(127\.0\.0\.2\s+: .*)failed=0", r"\1failed=1", output, flags=re.M)
+    verdict = acceptance.judge(broken, recap_text=failed)
+    assert verdict["reasons"] == ["validate.json: ok is false", "127.0.0.2: PLAY RECAP failed=1 unreachable=0"]
+
+
 def test_validate_alone_fails_naming_the_node_below_its_floor_and_the_slow_node_of_the_ring(tmp_path):
     """Three local nodes, `--tags validate`. 127.0.0.2 demands an impossible busbw of its own CPU pair; 127.0.0.3
     demands one of any check across nodes it takes part in. So: 127.0.0.2 fails naming its pair; all nodes
@@ -215,6 +235,12 @@ def test_validate_alone_fails_naming_the_node_below_its_floor_and_the_slow_node_
     }
     assert [p["ok"] for p in validate["nodes"]["127.0.0.1"]["pairs"]] == [True]
     assert not (tmp_path / "controller" / "job1" / "manifest.json").exists()  # validation only: nothing trained
+    # docs/acceptance.md's pass rule on this real failing run: each problem, and each failed node's recap
+    verdict = acceptance.judge(tmp_path / "controller" / "job1", recap_text=proc.stdout)
+    assert not verdict["ok"] and verdict["reasons"] == [f"validate.json: {p}" for p in validate["problems"]] + [
+        "127.0.0.2: PLAY RECAP failed=1 unreachable=0",
+        "127.0.0.3: PLAY RECAP failed=1 unreachable=0",
+    ]
 
 
 BAD_INVENTORY = {  # variable: (bad value, what the one-line refusal must say)

@@ -135,6 +135,9 @@ FREE_TEXT = {
     "--baseline-fraction": "2",
     "--config": "{missing}/config.yaml",
     "--set": "train.lr=fast",
+    "--device-checks": "{missing}/device-check",
+    "--recap": "{missing}/recap.log",
+    "--platform": "no-such-platform",
 }
 # Positional arguments that name something: a value that names nothing.
 POSITIONALS = {

@@ -131,3 +131,62 @@ def test_the_playbooks_validate_json_is_a_section_of_its_own(tmp_path):
     assert "| all nodes | a, b | 2 | 0.3 | 1e+09 | below |" in text and "| ring pair | a, b |" in text
     assert "- b: all-reduce of GPU pair 0,1: busbw 9 GB/s" in text
     assert problems(text) == []
+
+
+def _predict_result() -> dict[str, Any]:
+    """`lab predict --json`'s shape, by hand: 1 and 2 ranks measured, 3 and 4 predicted, then measured."""
+    measured = {1: 0.100, 2: 0.110, 3: 0.125, 4: 0.140}
+    predicted = {1: 0.100, 2: 0.110, 3: 0.120, 4: 0.126}
+    rows = [
+        {
+            "world_size": n,
+            "input": n <= 2,
+            "predicted_step_seconds": predicted[n],
+            "measured_step_seconds": measured[n],
+            "predicted_samples_per_second": 32 * n / predicted[n],
+            "measured_samples_per_second": 32 * n / measured[n],
+            "predicted_exposed_communication_seconds": 0.002,
+            "error": abs(predicted[n] - measured[n]) / measured[n],
+        }
+        for n in measured
+    ]
+    assumptions = [
+        {"name": "bus bandwidth", "value": 0.125, "unit": "GB/s", "source": "measured here, 2 ranks"},
+        {"name": "backward share of compute", "value": 2 / 3, "unit": "", "source": "assumed: backward ~ 2x forward"},
+    ]
+    projection = [
+        {
+            "world_size": 8,
+            "nodes": 1,
+            "strategy": "ddp",
+            "step_seconds": 0.1,
+            "exposed_communication_seconds": 1e-5,
+            "efficiency": 0.999,
+        }
+    ]
+    return {
+        "benchmark": "predict",
+        "context": "synthetic CIFAR-shaped data, cpu, batch 32 a rank",
+        "measure_up_to": 2,
+        "rows": rows,
+        "measured": [],
+        "assumptions": assumptions,
+        "projection": {"platform": "h100-sxm-8", "rows": projection},
+    }
+
+
+def test_a_prediction_is_a_table_of_predicted_against_measured_its_assumptions_and_a_plot(tmp_path):
+    (tmp_path / "predict.json").write_text(json.dumps(_predict_result()))
+    text = report.build([str(tmp_path)]).read_text()
+    assert problems(text) == []
+    assert "## Scaling predicted, then measured" in text
+    assert "measured on 1 and 2 ranks" in text and "not fed the answer: 10.0% at 4 ranks." in text
+    # one row per world size, the inputs marked, the error where the model predicted
+    assert "| 1 | 100.0 | 100.0 | 0.0% (input) | 320.0 | 320.0 |" in text
+    assert "| 3 | 120.0 | 125.0 | 4.0% | 800.0 | 768.0 |" in text
+    assert "| 4 | 126.0 | 140.0 | 10.0% | 1015.9 | 914.3 |" in text
+    # every assumption with its value, unit and source
+    assert "| bus bandwidth | 0.125 GB/s | measured here, 2 ranks |" in text
+    assert "| backward share of compute | 0.6667 | assumed: backward ~ 2x forward |" in text
+    assert "| 8 | 1 | ddp | 100.0 | 0.01 | 99.9% |" in text and "on h100-sxm-8's links" in text
+    assert (tmp_path / "predict.png").stat().st_size > 0 and "](predict.png)" in text

@@ -10,6 +10,7 @@ requests anyway: the GPU half of the options can only be exercised on a GPU serv
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,7 +59,20 @@ def test_cpu_seats_share_cores_when_there_are_fewer_cores_than_seats():
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["--gpus", "8", "--seats", "16", "--cores", "112", "--memory", "2048"], "two seats would share a GPU"),
+        (
+            ["--gpus", "8", "--seats", "16", "--cores", "112", "--memory", "2048"],
+            "split each GPU into 2 MIG slices (--mig-per-gpu 2",
+        ),
+        (
+            ["--gpus", "8", "--seats", "60", "--cores", "112", "--memory", "2048"],
+            "at most 56 seats of one MIG slice (--mig-per-gpu 7)",
+        ),
+        (
+            ["--gpus", "8", "--mig-per-gpu", "2", "--seats", "17", "--cores", "112", "--memory", "2048"],
+            "17 seats on 16 MIG slices: two seats would share a slice",
+        ),
+        (["--devices", "MIG-a,MIG-b", "--mig-per-gpu", "2", "--memory", "24"], "the devices are already named"),
+        (["--gpus", "8", "--mig-per-gpu", "5", "--memory", "24"], "--mig-per-gpu: invalid choice: 5"),
         (
             ["--gpus", "8", "--gpus-per-seat", "3", "--seats", "3", "--cores", "112", "--memory", "2048"],
             "3 seats of 3 GPUs need 9; this host has 8",
@@ -82,6 +96,51 @@ def test_the_plan_is_printed_and_written_for_serve(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "| seat1 | 0,1 | 0-27 | 460.8 GiB | 1-7 on its 2 GPUs (NCCL, GPU sizes) |" in done.stdout
     assert room_plan.load(out).names == ["seat1", "seat2", "seat3", "seat4"]
+
+
+@pytest.mark.parametrize(
+    "learners, args, seats, device",
+    [
+        (12, ["--mig-per-gpu", "2", "--seats", "12"], 12, "gpu0/mig1"),
+        (16, ["--mig-per-gpu", "2"], 16, "gpu7/mig2"),
+        (24, ["--mig-per-gpu", "3"], 24, "gpu7/mig3"),
+    ],
+)
+def test_more_learners_than_gpus_are_planned_on_mig_slices_with_the_commands_that_make_them(
+    learners, args, seats, device, tmp_path
+):
+    out = tmp_path / "plan.json"
+    done = lab("room", "plan", "--gpus", "8", *args, "--cores", "112", "--memory", "2048", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    plan = room_plan.load(out)
+    assert len(plan.seats) == seats == learners and device in [d for s in plan.seats for d in s.devices]
+    assert all(len(s.devices) == 1 and "NCCL cannot run DDP across MIG instances" in s.lessons() for s in plan.seats)
+    per_gpu = int(args[1])
+    ids = ",".join([str(room_plan.MIG_SPLITS[per_gpu][0])] * per_gpu)
+    assert f"sudo nvidia-smi mig -i 0,1,2,3,4,5,6,7 -cgi {ids} -C" in done.stdout
+    assert f"host: 8 GPUs as {8 * per_gpu} MIG slices" in done.stdout
+    # a slice that is only planned cannot be served: the seat would get a device that does not exist
+    refused = lab("room", "serve", "--plan", str(out), "--room-dir", str(tmp_path / "room"))
+    assert refused.returncode == 2 and "is a MIG slice planned, not made" in refused.stderr, refused.stderr
+    assert not (tmp_path / "room").exists()
+
+
+def test_a_host_whose_gpus_have_mig_slices_hands_out_their_uuids(tmp_path, monkeypatch):
+    # A stand-in nvidia-smi (no GPU here): the listing's shape is `nvidia-smi -L`'s on a DGX H100 with MIG on
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\ncat <<'EOF'\n" + room_plan.EXAMPLE_LISTING + "EOF\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    assert room_plan._host_devices(2) == ("MIG-11aa", "MIG-22bb", "1")
+    assert [
+        s.devices for s in room_plan.make_plan(room_plan.Host(("MIG-11aa", "MIG-22bb"), (0, 1), 64 * GIB)).seats
+    ] == [
+        ("MIG-11aa",),
+        ("MIG-22bb",),
+    ]
+    fake.write_text("#!/bin/sh\nexit 9\n")  # a driver that fails to list: the GPUs by index, as NVML counts them
+    assert room_plan._host_devices(2) == ("0", "1")
 
 
 def test_an_edited_plan_that_gives_two_seats_one_gpu_is_refused_before_anything_starts(tmp_path):
@@ -175,3 +234,26 @@ def test_lesson_checks_are_recorded_with_the_seat(tmp_path, monkeypatch):
     assert [c["held"] for c in record["checks"]] == [True, False]
     lesson.output_dir("01-demo", root=tmp_path)  # the lesson again: a fresh record
     assert json.loads((folder / "checks.json").read_text())["checks"] == []
+
+
+def test_the_guides_room_table_is_what_lab_room_plan_prints(tmp_path):
+    """docs/workshop.md's "How many seats" table: each row's plan made by the command it names, and compared."""
+    guide = (ROOT / "docs" / "workshop.md").read_text()
+    section = guide.split("### How many seats", 1)[1].split("\n#", 1)[0]
+    base = re.search(r"`\.venv/bin/lab room plan ([^`]+)` and:", section)
+    assert base, "the section no longer names the command its rows add to"
+    rows = [line for line in section.splitlines() if re.match(r"^\| \d+ \| `", line)]
+    assert {int(r.split("|")[1]) for r in rows} == {8, 12, 16, 24}, "the guide plans 8, 12, 16 and 24 learners"
+    for row in rows:
+        learners, more, seats, seat1, lessons = (cell.strip() for cell in row.strip("|").split("|")[:5])
+        out = tmp_path / f"{learners}-{seats}.json"
+        args = ["room", "plan", *base[1].split(), *more.strip("`").split(), "--json", str(out)]
+        done = lab(*args)
+        assert done.returncode == 0, done.stderr
+        plan = room_plan.load(out)
+        first = plan.seats[0]
+        devices = f"GPUs {first.cuda_visible_devices}" if len(first.devices) > 1 else first.cuda_visible_devices
+        devices = f"GPU {devices}" if devices.isdigit() else devices
+        printed = f"{devices}, cores {room_plan.core_list(first.cpus)}, {first.memory_bytes / GIB:.1f} GiB"
+        assert (len(plan.seats), printed) == (int(seats), seat1), row
+        assert first.lessons().startswith(f"1-7 {lessons}"), (row, first.lessons())

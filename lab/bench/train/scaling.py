@@ -298,6 +298,8 @@ def worker(argv: list[str]) -> None:
         # Every rank's clock counts: the slowest rank sets the pace.
         per_step = {kind: max(dist.all_gather_object(ctx, seconds[kind] / counted[kind])) for kind in seconds}
         step_seconds, no_sync_seconds = per_step["step"], per_step.get("no_sync")
+        gradient_bytes = sum(p.numel() * p.element_size() for p in trainer.model.parameters() if p.requires_grad)
+        links = _allreduce_seconds(ctx, gradient_bytes) if ctx.distributed else {}
         if ctx.is_primary:
             job.report(
                 ctx.global_rank,
@@ -314,8 +316,33 @@ def worker(argv: list[str]) -> None:
                     "data": dataset.description.split(" (")[0],
                     "threads": torch.get_num_threads(),
                     "timed_steps": counted["step"],
+                    "gradient_bytes": gradient_bytes,
+                    "bucket_cap_mb": job.config.dist.bucket_cap_mb,
+                    "other_step_seconds": (no_sync_seconds or step_seconds) - per_step["compute"],
+                    **links,
                 },
             )
+
+
+def _allreduce_seconds(ctx, gradient_bytes: int, calls: int = 5) -> dict[str, float]:
+    """This job's all-reduce alone (the slowest rank's mean): one the size of all the gradients and one of 4 bytes,
+    the bandwidth and latency a prediction reads (lab.prediction.measured)."""
+    import torch
+
+    from lab.bench.train import harness
+    from lab.cluster import dist
+
+    out = {}
+    for key, nbytes in (("allreduce_gradients_seconds", gradient_bytes), ("allreduce_4_bytes_seconds", 4)):
+        buffer = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
+        dist.all_reduce_sum(ctx, buffer)  # warm-up: the first call sets up the connections
+
+        def work(buffer=buffer) -> None:
+            for _ in range(calls):
+                dist.all_reduce_sum(ctx, buffer)
+
+        out[key] = max(dist.all_gather_object(ctx, harness.timed(ctx, work, barrier=True) / calls))
+    return out
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lab.exercises import grading
 from lab.exercises.grading import Check, Run, observed
 from lab.pitfalls.batchnorm import spread
 
@@ -54,7 +55,8 @@ def ends_cleanly(run: Run) -> Check:
     elif run.timed_out:
         hint = "a rank waited in a collective the others never called: every rank must call the same ones, in order"
     else:
-        hint = "read the first error above it in the output (lab exercise check --verbose shows it all)"
+        grading.show_output(run)
+        hint = grading.OUTPUT_HINT
     return Check(name, False, run.how_it_ended(), hint)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab.exercises import grading
 from lab.exercises.grading import Check, Run, ended, observed
 from lab.exercises.ring_allreduce.probe import ATOL, FUNCTION, SIZES
 from lab.exercises.trace import Rank
@@ -102,7 +103,11 @@ def equals_library(runs: dict[int, Run]) -> Check:
                 results.setdefault((n, e["numel"]), []).append(e)
     error = _first_error(runs)
     if error:
-        return Check(name, False, error, "read the traceback in the output (lab exercise check --verbose)")
+        for run in runs.values():
+            if not run.ok:
+                grading.show_output(run)
+                break
+        return Check(name, False, error, grading.OUTPUT_HINT)
     expected = {(n, numel) for n in runs for numel in SIZES}
     unmeasured = sorted(expected - set(results))
     if unmeasured:

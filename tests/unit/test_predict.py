@@ -1,0 +1,135 @@
+"""The step-time model's arithmetic on cases worked by hand, and the published tables reproduced within the bound
+docs/prediction.md states."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from lab import cli
+from lab.prediction import measured, model, validate
+from lab.prediction.model import MIB, Inputs, Link
+
+
+def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_buffer():
+    link = Link(0.0, 1e9)  # 1 GB/s, no latency
+    # 4 ranks, 1 GB: each rank sends 2 x 3/4 GB = 1.5 GB: 1.5 s
+    assert model.ring_allreduce_seconds(1e9, 4, link) == pytest.approx(1.5)
+    assert model.ring_allreduce_seconds(1e9, 2, link) == pytest.approx(1.0)  # 2 x 1/2
+    assert model.ring_allreduce_seconds(1e9, 1, link) == 0.0  # alone: nothing to send
+
+
+def test_latency_terms_ring_linear_tree_logarithmic():
+    link = Link(1e-3, 1e30)  # 1 ms a step, bandwidth free
+    assert model.ring_allreduce_seconds(8, 8, link) == pytest.approx(2 * 7 * 1e-3)
+    assert model.tree_allreduce_seconds(8, 8, link) == pytest.approx(2 * 3 * 1e-3)
+    assert model.ring_half_seconds(8, 8, link) == pytest.approx(7 * 1e-3)
+    # NCCL's tuner takes the faster: tree for small messages on many ranks, ring for large ones on few
+    assert model.allreduce_seconds(8, 512, link) == model.tree_allreduce_seconds(8, 512, link)
+    slow = Link(0.0, 1e9)
+    assert model.allreduce_seconds(1e9, 4, slow) == pytest.approx(1.5)  # ring 1.5 s < tree 2 s
+
+
+def test_across_nodes_the_slower_link_and_the_inter_node_latency_count():
+    inputs = Inputs(1.0, 0.0, 1e9, 1, intra=Link(1e-6, 100e9), inter=Link(5e-6, 10e9), gpus_per_node=8)
+    assert model.path(inputs, 8) == Link(1e-6, 100e9)
+    assert model.path(inputs, 16) == Link(5e-6, 10e9)
+
+
+def test_buckets_first_small_then_the_cap():
+    assert model.buckets(60 * MIB, 25 * MIB) == [1 * MIB, 25 * MIB, 25 * MIB, 9 * MIB]
+    assert model.buckets(0.5 * MIB, 25 * MIB) == [0.5 * MIB]
+
+
+def test_only_the_last_bucket_shows_when_communication_is_faster_than_backward():
+    # 4 buckets of 1 s each ready at 2, 4, 6, 8 s of an 8 s backward: each done before the next is ready
+    assert model.exposed_seconds([1.0] * 4, [1.0] * 4, window=8.0) == pytest.approx(1.0)
+
+
+def test_the_excess_shows_when_communication_outlasts_backward():
+    # ready at 0.5, 1, 1.5, 2 s; back to back from 0.5 s: done at 4.5 s, 2.5 s past the 2 s backward
+    assert model.exposed_seconds([1.0] * 4, [1.0] * 4, window=2.0) == pytest.approx(2.5)
+
+
+def test_a_step_adds_compute_the_rest_and_what_communication_shows():
+    # one 0.5 MiB bucket over 2 ranks at 1 MiB/s, no latency: 2 x 1/2 x 0.5 MiB = 0.5 s; backward 2/3 of 3 s
+    inputs = Inputs(3.0, 0.5, 0.5 * MIB, 10, intra=Link(0.0, MIB), gpus_per_node=8)
+    p = model.predict(inputs, 2)
+    assert p["communication_seconds"] == pytest.approx(0.5)
+    assert p["exposed_communication_seconds"] == pytest.approx(0.5)  # one bucket: ready at the end of backward
+    assert p["step_seconds"] == pytest.approx(4.0)
+    assert p["samples_per_second"] == pytest.approx(2 * 10 / 4.0)
+    assert p["efficiency"] == pytest.approx(3.5 / 4.0)
+    # four 1 MiB buckets (1 s each): with no overlap all four show; with DDP's the last one only
+    many = Inputs(3.0, 0.0, 4 * MIB, 10, bucket_bytes=1 * MIB, intra=Link(0.0, MIB), overlap=0.0)
+    assert model.predict(many, 2)["exposed_communication_seconds"] == pytest.approx(4.0)
+    # with overlap: ready at 0.5, 1, 1.5, 2 s of the 2 s backward, back to back from 0.5 s: done at 4.5 s
+    assert model.predict(model.replace(many, overlap=1.0), 2)["exposed_communication_seconds"] == pytest.approx(2.5)
+
+
+def test_sharded_strategies_move_more_than_ddp():
+    inputs = Inputs(1.0, 0.0, 100 * MIB, 1, intra=Link(0.0, 1e9), gpus_per_node=8)
+    volume = {s: model.predict(model.with_strategy(inputs, s), 8)["communication_seconds"] for s in model.STRATEGIES}
+    assert volume["zero2"] == pytest.approx(volume["ddp"])  # reduce-scatter + all-gather = all-reduce (ring)
+    assert volume["fsdp"] == pytest.approx(1.5 * volume["ddp"])  # ZeRO paper, section 7
+
+
+def test_ranks_beyond_the_cores_take_turns():
+    inputs = Inputs(1.0, 0.0, 0.0, 1, cores=2, threads_per_rank=1, gpus_per_node=64)
+    assert [model.compute_slowdown(inputs, n) for n in (1, 2, 3, 4)] == [1.0, 1.0, 1.5, 2.0]
+
+
+def test_inputs_from_a_measured_pair_read_latency_bandwidth_and_overlap():
+    one = {"world_size": 1, "step_seconds": 1.0, "compute_step_seconds": 0.8, "batch_size_per_rank": 4}
+    many = {
+        "world_size": 2,
+        "step_seconds": 1.2,
+        "compute_step_seconds": 0.8,
+        "other_step_seconds": 0.2,
+        "gradient_bytes": 1e6,
+        "bucket_cap_mb": 25,
+        "allreduce_4_bytes_seconds": 2e-4,  # 2(n-1) = 2 steps: 100 us each
+        "allreduce_gradients_seconds": 1.2e-3,  # 1 ms of bandwidth: 2 x 1/2 x 1 MB / 1 ms = 1 GB/s
+        "breakdown": {"exposed_communication_seconds": 0.0012},
+    }
+    inputs = measured.inputs_from(one, many, cores=None, threads=1)
+    assert inputs.intra.latency_seconds == pytest.approx(1e-4)
+    assert inputs.intra.bus_bytes_per_second == pytest.approx(1e9)
+    assert inputs.compute_seconds == pytest.approx(0.8) and inputs.other_seconds == pytest.approx(0.2)
+    assert inputs.overlap == pytest.approx(1.0)  # the one bucket is the last: all of it shows, as pipelined
+    assert {a.source.split(",")[0] for a in inputs.assumptions} >= {"measured here", "assumed: backward ~ 2x forward"}
+
+
+def test_every_reproduced_row_is_within_the_stated_bound():
+    rows = validate.reproduce()
+    errors = {(r["table"], r["row"]): r["error"] for r in rows if r["error"] is not None}
+    assert len(errors) >= 40  # the DDP benchmark's 40 rows and Horovod's 4
+    assert max(errors.values()) < validate.ERROR_BOUND, max(errors.items(), key=lambda item: item[1])
+    # every table's row is printed, reproduced or not, each with its source
+    tables = {r["table"] for r in rows}
+    assert any("Horovod" in t for t in tables) and any("DDP paper" in t for t in tables)
+    assert any("MLPerf" in t for t in tables) and all(r["source"] for r in rows)
+
+
+def test_the_mlperf_row_shows_a_throughput_model_over_predicting():
+    row = validate.mlperf_row()
+    assert row["error"] is None and "over-predicted" in row["note"]
+
+
+VALIDATE = ".venv/bin/lab predict --validate"  # as docs/prediction.md shows it
+
+
+def test_validate_command_prints_every_row_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    assert cli.main([*shlex.split(VALIDATE)[1:], "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert len(result["rows"]) == printed.count("\n| ") - 1  # one line a row, under the header
+    assert f"bound {validate.ERROR_BOUND:.0%}" in printed
+
+
+def test_check_up_to_must_pass_measure_up_to(capsys):
+    assert cli.main(["predict", "--measure-up-to", "3", "--check-up-to", "3"]) == 2
+    assert "must be above --measure-up-to 3" in capsys.readouterr().err
