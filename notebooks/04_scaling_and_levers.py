@@ -151,9 +151,9 @@ validation = lesson.results(folder / "predict-validate.json")
 #   slower than fp32 (no bf16 matrix units); on H100/H200 it is the fast path.
 # - The prediction: every input printed with its source (measured here on 1 and 2 ranks, a platform table, or
 #   assumed), then the step predicted and measured at 3 ranks and its error. On a 2-core CPU the 3 processes take
-#   turns on the cores, which the model counts (compute grows by 3/2) and the measurement shows noisily: errors
-#   of 5% to 40% were measured here. The validation's rows stay within their stated bound (every row's error in
-#   the output); its MLPerf row is the limit of any throughput model: larger global batches need more epochs.
+#   turns on the cores, which the model counts (compute grows by 3/2): about 9-10% off on an idle machine, tens of
+#   percent on a busy one. The validation's rows stay within their stated bound (every row's error in the output);
+#   its MLPerf row is the limit of any throughput model: larger global batches need more epochs.
 #
 # **Ask:** your strong-scaling fit says s = 0.25. How fast can this job ever get, and what does Gustafson say about
 # the same s at 8 processes?

@@ -10,6 +10,7 @@ an all-reduce of all the gradients' bytes and one of 4 bytes. From the 1- and K-
     latency alpha          the 4-byte all-reduce on K ranks / 2(K-1)
     bus bandwidth B        2(K-1)/K S / (the gradients' all-reduce - 2(K-1) alpha)
     overlap                1 - (measured exposed - pipelined exposed) / (all-reduce - pipelined exposed), on K ranks
+    DDP's own cost         the K-rank step less everything above (never hidden, the same at every larger N)
     processors             this machine's cores (CPU ranks beyond them take turns), or a device per rank
 
 then lab.prediction.model predicts every N, and the larger N are measured to compare. Projections past this
@@ -36,7 +37,12 @@ def inputs_from(one: dict[str, Any], many: dict[str, Any], cores: int | None, th
     here = f"measured here, {k} ranks"
     grads = float(many["gradient_bytes"])
     alpha = many["allreduce_4_bytes_seconds"] / (2 * (k - 1))
-    bandwidth_seconds = max(many["allreduce_gradients_seconds"] - 2 * (k - 1) * alpha, 1e-9)
+    whole = many["allreduce_gradients_seconds"]
+    bandwidth_seconds = whole - 2 * (k - 1) * alpha
+    if bandwidth_seconds < 0.1 * whole:
+        # the gradients' all-reduce barely outlasted (or undercut) 4 bytes': noise, or gradients so few that latency
+        # is all there is; read the bandwidth from the whole call rather than from a difference of two noises
+        bandwidth_seconds = whole
     bus = 2 * (k - 1) / k * grads / bandwidth_seconds
     # Compute from the K-rank job, whose ranks shared this machine as the larger jobs will (1 rank: the reference),
     # brought back to one rank's share of it; the larger N take their turns from there (model.compute_slowdown).
@@ -60,6 +66,9 @@ def inputs_from(one: dict[str, Any], many: dict[str, Any], cores: int | None, th
     measured_exposed = (many.get("breakdown") or {}).get("exposed_communication_seconds", 0.0)
     room = at_k["communication_seconds"] - pipelined
     overlap = 1.0 if room <= 1e-9 else min(1.0, max(0.0, 1 - (measured_exposed - pipelined) / room))
+    # What the K-rank step took beyond the model's parts: DDP's own cost (hooks, copies, launches) and this run's
+    # noise, carried to every larger N; so the model reproduces the step it was measured on.
+    wrapper = max(0.0, many["step_seconds"] - model.predict(replace(base, overlap=overlap), k)["step_seconds"])
     assumptions = (
         Assumption("compute (forward + backward) per rank", compute * 1e3, "ms", f"{here}, per core share"),
         Assumption("optimizer and the rest of a step", other * 1e3, "ms", f"{here}, per core share"),
@@ -68,6 +77,7 @@ def inputs_from(one: dict[str, Any], many: dict[str, Any], cores: int | None, th
         Assumption("latency per ring step", alpha * 1e6, "us", f"{here}: 4-byte all-reduce / 2(n-1)"),
         Assumption("bus bandwidth", bus / 1e9, "GB/s", f"{here}: all-reduce of the gradients' bytes"),
         Assumption("overlap of communication with backward", overlap, "", f"{here}: exposed vs pipelined"),
+        Assumption("DDP's own cost a step", wrapper * 1e3, "ms", f"{here}: the step less the model's parts"),
         Assumption("backward share of compute", model.BACKWARD_SHARE, "", "assumed: backward ~ 2x forward"),
         *(
             (Assumption("processors for the ranks", cores, "cores", "this machine"),)
@@ -75,7 +85,7 @@ def inputs_from(one: dict[str, Any], many: dict[str, Any], cores: int | None, th
             else (Assumption("processors for the ranks", 1, "device per rank", "this machine"),)
         ),
     )
-    return replace(base, overlap=overlap, assumptions=assumptions)
+    return replace(base, overlap=overlap, wrapper_seconds=wrapper, assumptions=assumptions)
 
 
 def compare(inputs: model.Inputs, measured: list[dict[str, Any]], from_ranks: int) -> list[dict[str, Any]]:

@@ -19,8 +19,10 @@ backward time W, bucket i ready at W x (bytes up to i) / S:
     end_0 = ready_0 + c_0,   end_i = max(ready_i, end_(i-1)) + c_i,   exposed = max(0, end_last - W)
 
 so when the communication is faster than the backward pass only the last bucket's all-reduce shows, and when it is
-slower the excess shows as well. `overlap` in [0, 1] says how much of what could hide does (1: DDP's design; a CPU
-whose all-reduce takes cores from the backward pass hides less: measured by `lab predict`).
+slower the excess shows as well. A step is then compute + the rest + what shows + the wrapper's own cost (DDP's
+hooks and copies: measured, never hidden, the same at every N). `overlap` in [0, 1] says how much of what could hide
+does (1: DDP's design; a CPU whose all-reduce takes cores from the backward pass hides less: measured by `lab
+predict`).
 
 Strategies, bytes a rank moves per step for P parameters (ZeRO paper, section 7; lab.sizing.choose):
     DDP          all-reduce of the gradients, bucketed, behind backward
@@ -86,6 +88,11 @@ class Inputs:
     inter: Link | None = None  # between nodes (None: one node only)
     gpus_per_node: int = 8
     overlap: float = 1.0  # of the communication that could hide behind backward, the part that does
+    # The data-parallel wrapper's own cost a step, beyond its collectives (DDP's hooks, the copies into buckets,
+    # each collective's launch): never hidden, the same at every N; measured where the wrapper runs (lab predict: the
+    # K-rank step less the model's parts; --validate: the published 1-GPU DDP step less the same GPU without DDP).
+    wrapper_seconds: float = 0.0
+    wrapped_from: int = 2  # the smallest world size run under the wrapper (1 where a 1-GPU DDP run was measured)
     backward_share: float = BACKWARD_SHARE
     cores: int | None = None  # CPU ranks: processors on the node (ranks beyond them share), None: a device each
     threads_per_rank: int = 1
@@ -204,7 +211,8 @@ def predict(inputs: Inputs, n: int) -> dict[str, Any]:
         backward_times = [g + s for g, s in zip(gathers, scatters, strict=True)]
         backward_exposed = _hidden(sum(backward_times), exposed_seconds(backward_times, sizes, window), inputs.overlap)
         exposed = forward_exposed + backward_exposed
-    step = compute + other + exposed
+    wrapper = inputs.wrapper_seconds if n >= inputs.wrapped_from else 0.0
+    step = compute + other + exposed + wrapper
     alone = inputs.compute_seconds + inputs.other_seconds
     return {
         "world_size": n,
@@ -214,6 +222,7 @@ def predict(inputs: Inputs, n: int) -> dict[str, Any]:
         "other_seconds": other,
         "communication_seconds": total,
         "exposed_communication_seconds": exposed,
+        "wrapper_seconds": wrapper,
         "step_seconds": step,
         "samples_per_second": n * inputs.samples_per_rank / step,
         "efficiency": alone / step,

@@ -324,9 +324,12 @@ def worker(argv: list[str]) -> None:
             )
 
 
-def _allreduce_seconds(ctx, gradient_bytes: int, calls: int = 5) -> dict[str, float]:
-    """This job's all-reduce alone (the slowest rank's mean): one the size of all the gradients and one of 4 bytes,
-    the bandwidth and latency a prediction reads (lab.prediction.measured)."""
+def _allreduce_seconds(ctx, gradient_bytes: int, calls: int = 9) -> dict[str, float]:
+    """This job's all-reduce alone: one the size of all the gradients and one of 4 bytes, the bandwidth and latency a
+    prediction reads (lab.prediction.measured). Each call timed on its own, every rank starting together; the median
+    of each rank's calls (one call descheduled on a shared machine would swell a mean), then the slowest rank's."""
+    import statistics
+
     import torch
 
     from lab.bench.train import harness
@@ -337,11 +340,11 @@ def _allreduce_seconds(ctx, gradient_bytes: int, calls: int = 5) -> dict[str, fl
         buffer = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
         dist.all_reduce_sum(ctx, buffer)  # warm-up: the first call sets up the connections
 
-        def work(buffer=buffer) -> None:
-            for _ in range(calls):
-                dist.all_reduce_sum(ctx, buffer)
+        def once(buffer: torch.Tensor = buffer) -> None:
+            dist.all_reduce_sum(ctx, buffer)
 
-        out[key] = max(dist.all_gather_object(ctx, harness.timed(ctx, work, barrier=True) / calls))
+        each = [harness.timed(ctx, once, barrier=True) for _ in range(calls)]
+        out[key] = max(dist.all_gather_object(ctx, statistics.median(each)))
     return out
 
 
