@@ -20,7 +20,6 @@ machine (8, 64, 512 GPUs) use a platform table's node and NIC bandwidth (lab.hea
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -170,7 +169,7 @@ def render(rows: list[dict[str, Any]], inputs: model.Inputs, projected: list[dic
 def run(args) -> int:
     from lab import config, plots
     from lab.bench.train import scaling
-    from lab.cluster import cores, jobs, runner
+    from lab.cluster import cores, runner
     from lab.training import runs
 
     if args.plot:
@@ -190,15 +189,9 @@ def run(args) -> int:
         config.check_layout(config.with_overrides(cfg, train={"global_batch_size": batch * n}), n)
     threads = cores.threads_per_process(largest)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    results = []
-    for n in sizes:
-        params = {"steps": args.steps, "warmup": args.warmup, "global_batch": batch * n}
-        try:
-            results += jobs.run(jobs.Job("lab.bench.train.scaling", n, params, cfg, env=env, reports=1))
-        except jobs.JobFailed as exc:
-            print(exc.tail(), file=sys.stderr)
-            print(f"predict: world size {n} failed: {exc}", file=sys.stderr)
-            return 1
+    results = scaling.measure(sizes, cfg, env, args.steps, args.warmup, lambda n: batch * n, "predict")
+    if results is None:
+        return 1
     measured = scaling.derive(results)
     on_cpu = results[0]["device"] == "cpu"
     inputs = inputs_from(measured[0], measured[args.measure_up_to - 1], cores.available() if on_cpu else None, threads)

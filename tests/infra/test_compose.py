@@ -212,6 +212,8 @@ def test_dockerignore_keeps_the_context_small():
         "third_party/horovod",  # the Dockerfile builds Horovod from it (WITH_HOROVOD=1)
         "notebooks",
         "monitoring",
+        "docs",  # lesson 1 links docs/glossary.md from a seat
+        "examples",  # and runs examples/ddp_torchrun.py
         "jupyter",
     }  # a room seat's lessons; JupyterLab's settings, the proxy
 

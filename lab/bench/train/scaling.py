@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,9 +155,28 @@ def describe_fit(fitted: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- the parent
 
 
+def measure(
+    sizes: list[int], cfg, env: dict[str, str], steps: int, warmup: int, global_batch: Callable[[int], int], who: str
+) -> list[dict[str, Any]] | None:
+    """Each world size its own torchrun job of this module's worker, one after another; None (its output's tail and
+    which size printed) when one fails. `lab predict` measures the same way."""
+    from lab.cluster import jobs
+
+    results: list[dict[str, Any]] = []
+    for n in sizes:
+        params = {"steps": steps, "warmup": warmup, "global_batch": global_batch(n)}
+        try:
+            results += jobs.run(jobs.Job("lab.bench.train.scaling", n, params, cfg, env=env, reports=1))
+        except jobs.JobFailed as exc:
+            print(exc.tail(), file=sys.stderr)
+            print(f"{who}: world size {n} failed: {exc}", file=sys.stderr)
+            return None
+    return results
+
+
 def run(args) -> int:
     from lab import config, plots
-    from lab.cluster import jobs, runner
+    from lab.cluster import runner
     from lab.training import runs
 
     if args.plot:
@@ -176,15 +196,9 @@ def run(args) -> int:
     # The same threads per process at every N: each rank has the compute of `threads` cores, as each GPU rank has
     # one GPU; more processes do not get more cores each.
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    results = []
-    for n in sizes:
-        params = {"steps": args.steps, "warmup": args.warmup, "global_batch": _global_batch(args, n)}
-        try:
-            results += jobs.run(jobs.Job("lab.bench.train.scaling", n, params, cfg, env=env, reports=1))
-        except jobs.JobFailed as exc:
-            print(exc.tail(), file=sys.stderr)
-            print(f"scaling: world size {n} failed: {exc}", file=sys.stderr)
-            return 1
+    results = measure(sizes, cfg, env, args.steps, args.warmup, lambda n: _global_batch(args, n), "scaling")
+    if results is None:
+        return 1
     available = cores.available()
     rows = [
         {**r, "oversubscribed": r["device"] == "cpu" and r["world_size"] * threads > available} for r in derive(results)
