@@ -18,7 +18,7 @@ Sources (read for this module; docs/prediction.md cites them again):
 - V100 NVLink: NVIDIA's Tesla V100 datasheet, NVLink 300 GB/s (both directions, 6 links): 150 GB/s a direction.
 - DDP_PAPER: Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel Training", VLDB 2020: overlap
   of communication with backward speeds ResNet-50 / BERT up by 38.0% / 35.2% on NCCL, 26.8% / 21.5% on Gloo; 25 MB
-  default buckets. As issue 41 quotes them: the paper itself was not readable here, nor its per-iteration inputs, so
+  default buckets. As issue 41 quoted them: the paper itself was not readable here, nor its per-iteration inputs, so
   these are printed as cited, not reproduced.
 - MLPERF: MLPerf Training ResNet-50 on H100, 8 to 3,584 GPUs: time-to-train efficiency 41% at 512 GPUs, as issue 41
   states it (the results table was not readable here). Not an error row: a throughput model over-predicts it, which is
@@ -36,8 +36,8 @@ HOROVOD_THEN = "horovod/horovod docs/benchmarks.md, earlier revision (32 servers
 TF_P100 = "tensorflow/tensorflow tensorflow/docs_src/performance/benchmarks.md (DGX-1 P100, synthetic, 1 GPU, batch 64)"
 TORCHVISION = "torchvision's model tables"
 V100_NVLINK = "NVIDIA Tesla V100 datasheet: NVLink 300 GB/s both directions"
-DDP_PAPER = "Li et al., PyTorch Distributed, VLDB 2020 (as issue 41 quotes it)"
-MLPERF = "MLPerf Training, ResNet-50 on H100 (as issue 41 states it)"
+DDP_PAPER = "Li et al., PyTorch Distributed, VLDB 2020, arXiv:2006.15704 (as the lab's issue quoted it, unchecked)"
+MLPERF = "MLPerf Training, ResNet-50 on H100 (as the lab's issue stated it; not checked here)"
 
 PARAMS = {  # torchvision's tables
     "resnet50": 25.6 * M,

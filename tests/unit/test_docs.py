@@ -139,7 +139,7 @@ NOT_RUN_HERE = {
     "--tags provision,preflight,validate -e lab_run_id=accept-1 -e validate_dcgm_level=3 | tee accept-1.log": DGX,
     ".venv/bin/ansible -i playbooks/inventory/dgx.yml gpu_nodes -B 1800 -P 30 -m ansible.builtin.command -a "
     "'docker run --rm --gpus all --ipc host --ulimit memlock=-1 --ulimit stack=67108864 -v /raid/lab:/raid/lab "
-    "-w /raid/lab lab:0.1.0 bench gpu-check --out /raid/lab/device-check'": DGX,
+    "-w /raid/lab {{ lab_image }} bench gpu-check --out /raid/lab/device-check'": DGX,
     ".venv/bin/ansible -i playbooks/inventory/dgx.yml gpu_nodes -m ansible.builtin.fetch -a "
     "'src=/raid/lab/device-check/gpu-check.json dest=runs/accept-1/device-check/{{ inventory_hostname }}.json "
     "flat=true'": DGX,
