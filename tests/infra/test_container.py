@@ -109,6 +109,8 @@ def engine():
         if proc.returncode == 77:
             pytest.skip(lines[-1] if lines else "container-base.sh: this machine cannot run a Docker engine")
         if proc.returncode != 0:
+            # an engine that started before the base image failed (a full disk) is stopped, not left running
+            subprocess.run([str(ROOT / "scripts" / "container-base.sh"), "stop"], capture_output=True, timeout=60)
             raise AssertionError(f"container-base.sh start exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         env = dict(line.split("=", 1) for line in lines[-2:])
         print(f"engine and base image ready in {time.monotonic() - started:.0f} s: {env}")
