@@ -98,7 +98,8 @@ test-fast: $(STAMP)
 # learning, the disk-space checks, and the process runner (process groups and signals are the kernel's, not
 # torch's), and of the exercises the grading of each planted mistake (the observer's patches of torch, which do
 # depend on its version, are proved by the convert solution, the hang and the comm exercises), and the hang record's
-# cost benchmark (its record there, the Python one, is proved by the planted hangs). The course scripts
+# cost benchmark (its record there, the Python one, is proved by the planted hangs), and `lab predict`'s run (its
+# jobs are the scaling benchmark's worker, left out above; its model is torch-free). The course scripts
 # stay: NGC 25.01's torch is this one. About 4 minutes of CI's time.
 # From PyPI, whose x86_64 torch wheels are CUDA builds (~3 GB with their nvidia-* libraries, about 2 minutes
 # here): PyTorch's CPU-only index is not reachable from CI machines, which reach package registries only.
@@ -117,7 +118,7 @@ LOWEST_SKIPS := --ignore=tests/distributed/test_rerun.py --ignore=tests/distribu
                 --deselect=tests/distributed/test_accumulation.py::test_accumulation_under_ddp_matches_one_process_at_the_full_batch_for_every_shipped_config \
                 --deselect=tests/distributed/test_ddp_training.py::test_two_process_batchnorm_run_learns \
                 --deselect=tests/distributed/test_hang.py::test_the_record_cost_benchmark_measures_both_sides_in_one_run \
-                --ignore=tests/distributed/test_exercise_pitfalls.py \
+                --ignore=tests/distributed/test_exercise_pitfalls.py --ignore=tests/distributed/test_predict.py \
                 $(addprefix --deselect=tests/distributed/test_exercise_convert.py::test_,the_unchanged_starter \
                   each_planted_mistake a_share_of_the_batch a_resume_that start_copies) \
                 $(addprefix --deselect=tests/distributed/test_exercise_comm.py::test_,each_ the_ring_starter \
