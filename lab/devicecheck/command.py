@@ -70,7 +70,6 @@ from pathlib import Path
 from typing import Any
 
 from lab.devicecheck.bench_steps import (  # the steps, named here by the table below (and the tests)
-    PREDICT_RANKS,
     all_reduce,
     data_path,
     hang_record,
@@ -80,7 +79,6 @@ from lab.devicecheck.bench_steps import (  # the steps, named here by the table 
     lightning_peer,
     memory,
     metrics_overhead,
-    predict,
     strategies,
 )
 from lab.devicecheck.harness import (
@@ -94,6 +92,7 @@ from lab.devicecheck.harness import (
     StepFailed,
     Terminated,
 )
+from lab.devicecheck.predict_step import PREDICT_RANKS, predict
 from lab.devicecheck.train_steps import (
     bf16_training,
     deterministic_and_resume,

@@ -194,3 +194,8 @@ def check_learned(run_id: str, losses: list[float]) -> None:
 
 def set_args(overrides: list[str]) -> list[str]:
     return [x for o in overrides for x in ("--set", o)]
+
+
+def mark(ok: bool) -> str:
+    """A target's verdict in a step's line."""
+    return "met" if ok else "missed"
