@@ -30,7 +30,7 @@ horovod: $(STAMP)
 # What the lab ships to JupyterLab (jupyter/): the settings a learner starts with (no "official Jupyter news" prompt),
 # installed into .venv's JupyterLab as a settings override; and the server's (jupyter/config/, named by
 # JUPYTER_CONFIG_PATH): its file browser lists each lesson once (the .ipynb; the paired .py stays, hidden). The image
-# and the room's seats get the same (images/Dockerfile's jupyter stage, lab/room/seats.py).
+# and the room's seats get the same (images/Dockerfile's jupyter stage, lab/course/room/seats.py).
 LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.d/lab.json
 $(LAB_SETTINGS): jupyter/lab-settings.json $(STAMP)
 	install -D -m 0644 $< $@

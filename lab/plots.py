@@ -1,5 +1,5 @@
 """The figures a command draws itself (`lab bench scaling|levers|strategies --plot`, `lab memory --plot`), and
-the matplotlib plumbing every figure shares (lab.teaching.figures holds the report's own). No display needed.
+the matplotlib plumbing every figure shares (lab.course.teaching.figures holds the report's own). No display needed.
 
 Every figure says what was measured, in which units, on what: the caller passes a
 `context` line (data source, device, world size) that goes under the title.

@@ -36,7 +36,7 @@
 # [glossary](../docs/glossary.md) (`docs/glossary.md` in the lab's checkout), each with the lesson that meets it.
 
 # %%
-from lab.teaching import lesson
+from lab.course.teaching import lesson
 
 folder = lesson.output_dir("01-baseline-and-ddp")
 plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: DDP needs one device per process
@@ -67,7 +67,7 @@ lesson.lab("train", "--config", config, "--nproc-per-node", str(n),
 # difference between them, accuracy and images per second. `lab report` draws the curves.
 
 # %%
-from lab.teaching import comparison
+from lab.course.teaching import comparison
 
 comparison.compare_and_save(folder, [n])
 lesson.show(folder / "comparison.md")

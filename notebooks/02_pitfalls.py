@@ -34,7 +34,7 @@
 # runs on gloo, where a timed-out collective can be reported instead of aborting the process).
 
 # %%
-from lab.teaching import lesson
+from lab.course.teaching import lesson
 
 folder = lesson.output_dir("02-pitfalls")
 plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: a pitfall needs 2 ranks or more
@@ -113,7 +113,7 @@ import shutil
 
 hang_folder = folder / "hang"
 shutil.rmtree(hang_folder, ignore_errors=True)  # this cell's own: a run before it left its diagnosis there
-lesson.lab("launch", "--nproc-per-node", "2", "--", "-m", "lab.pitfalls.planted_hang", "--plant", "other",
+lesson.lab("launch", "--nproc-per-node", "2", "--", "-m", "lab.course.pitfalls.planted_hang", "--plant", "other",
            "--timeout", "10", "--hang", "3", check=False, env={"LAB_HANG_DIR": str(hang_folder)})
 hung = lesson.results(hang_folder / "hang.json")
 lesson.table([{"rank": r["rank"], "state": r["state"], "collective": f"{r.get('op')} #{r.get('seq')}",
@@ -146,7 +146,7 @@ else:
 # - `uneven-batches`: rank 0 times out after 5 s in the all-reduce of step 5; Join, padding and `drop_last`
 #   all complete, with equal weights on every rank.
 # - the planted hang: within 3 s a block names rank 0 waiting in `all_reduce` #3 and rank 1 in `all_gather` #3,
-#   each with its line of `lab/pitfalls/planted_hang.py`; the run then fails at its 10 s timeout.
+#   each with its line of `lab/course/pitfalls/planted_hang.py`; the run then fails at its 10 s timeout.
 #
 # **Ask:** in the batchnorm run the weights are identical on both ranks (difference 0), yet the test accuracy
 # differs. Why, and why is `broadcast_buffers=True` only half a fix?

@@ -32,8 +32,8 @@
 # NCCL, 8 B to 256 MiB. The same command, typed in the terminal, prints nccl-tests' table for each collective.
 
 # %%
-from lab.bench.comm.collective import COLLECTIVES, NAMES
-from lab.teaching import lesson
+from lab.course.teaching import lesson
+from lab.measure.bench.comm.collective import COLLECTIVES, NAMES
 
 folder = lesson.output_dir("03-collectives")
 plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: a collective of one rank moves nothing

@@ -35,7 +35,7 @@
 
 # %%
 from lab import scaling_laws
-from lab.teaching import lesson
+from lab.course.teaching import lesson
 
 folder = lesson.output_dir("04-scaling-and-levers")
 plan = lesson.plan()  # with fewer than 2 GPUs, 1 and 2 CPU processes: scaling needs 2 devices or more

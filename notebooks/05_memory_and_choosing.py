@@ -36,7 +36,7 @@
 # `torch.cuda.max_memory_allocated`. Every command below is one you can type in the terminal beside this notebook.
 
 # %%
-from lab.teaching import lesson
+from lab.course.teaching import lesson
 
 folder = lesson.output_dir("05-memory-and-choosing")
 plan = lesson.plan()  # with fewer than 2 GPUs, on the CPU: --measure runs 2 ranks, one device each

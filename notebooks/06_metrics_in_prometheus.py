@@ -48,7 +48,7 @@ from pathlib import Path
 
 import yaml
 
-from lab.teaching import lesson
+from lab.course.teaching import lesson
 
 folder = lesson.output_dir("06-metrics-in-prometheus")
 plan = lesson.plan()  # with fewer than 2 GPUs, 2 CPU processes: one device per rank

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import yaml
 
-from lab.teaching import lesson
+from lab.course.teaching import lesson
 
 folder = lesson.output_dir("07-multi-node")
 plan = lesson.plan()  # with fewer than 2 GPUs, one CPU worker per "node": two nodes cannot share one GPU

@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
             [ $# -ge 2 ] || { echo "gpu-check: --deadline needs a number of seconds; $usage" >&2; exit 2; }
             deadline="$2"; shift ;;
         --deadline=*) deadline="${1#--deadline=}" ;;
-        --only)  # one step of the check (repeat the option for several); `lab bench gpu-check` checks the name
+        --only)  # one step of the check (repeat the option for several); `lab gpu-check` checks the name
             [ $# -ge 2 ] || { echo "gpu-check: --only needs a step's name; $usage" >&2; exit 2; }
             flags+=(--only "$2"); shift ;;
         -*) echo "gpu-check: unknown option $1; $usage" >&2; exit 2 ;;
@@ -72,11 +72,11 @@ if [ -n "$missing" ]; then
     exit 2
 fi
 mkdir -p "$out"
-# Wheels of what this Python lacks (chosen by lab.devicecheck.wheels, which names unmet requirements), installed
+# Wheels of what this Python lacks (chosen by lab.machine.devicecheck.wheels, which names unmet requirements), installed
 # beside the results: nothing on the host changes, and the next run chooses them again.
 wheels="${GPU_CHECK_WHEELS:-wheels}"
 if [ -d "$wheels" ]; then
-    mapfile -t chosen < <("$python" -m lab.devicecheck.wheels "$wheels")
+    mapfile -t chosen < <("$python" -m lab.machine.devicecheck.wheels "$wheels")
     if [ "${#chosen[@]}" -gt 0 ]; then
         names=$(printf '%s\n' "${chosen[@]##*/}" | sed 's/-.*//' | paste -sd' ' -)
         site="$out/site-packages"
@@ -95,5 +95,5 @@ if [ -d "$wheels" ]; then
     fi
 fi
 left=$((deadline - SECONDS))
-exec "$python" -m lab bench gpu-check --out "$out" --skip-without-gpu --deadline "$((left > 1 ? left : 1))" \
+exec "$python" -m lab gpu-check --out "$out" --skip-without-gpu --deadline "$((left > 1 ? left : 1))" \
     ${flags[@]+"${flags[@]}"}

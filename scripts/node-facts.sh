@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a node's own tools say about its GPUs, NVLink, InfiniBand and health, one file per fact, for `lab validate`
-# to judge (lab/health/node_facts.py parses them; docs/multi-node.md). Run on the node's HOST, not in a container:
+# to judge (lab/machine/health/node_facts.py parses them; docs/multi-node.md). Run on the node's HOST, not in a container:
 # the driver's tools, the kernel's journal and the fabric manager's state are the host's.
 #
 #   scripts/node-facts.sh OUTDIR [DCGM_LEVEL]      # DCGM_LEVEL: dcgmi diag -r LEVEL (2 before a job, 3 acceptance;

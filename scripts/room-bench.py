@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lab.room import seats as room_seats  # noqa: E402
-from lab.room.serve import stop_user_processes  # noqa: E402
-from lab.teaching.lesson import free_ports  # noqa: E402
+from lab.course.room import seats as room_seats  # noqa: E402
+from lab.course.room.serve import stop_user_processes  # noqa: E402
+from lab.course.teaching.lesson import free_ports  # noqa: E402
 from tests.infra import hub_client as hub  # noqa: E402
 
 LESSON = "notebooks/01_baseline_and_ddp.ipynb"

@@ -58,7 +58,7 @@ class ExecutedLesson:
 
     def exercises(self) -> dict[str, dict[str, Any]]:
         """{exercise: its recorded check} for every exercise the lesson's "your turn" cells checked."""
-        from lab.exercises import results
+        from lab.course.exercises import results
 
         return results.read_all(self.runs)
 
@@ -94,24 +94,25 @@ def executed(path: Path, shared: Path) -> ExecutedLesson:
 
 
 def exercises_of(path: Path) -> list[str]:
-    """The exercises whose "your turn" cells end the lesson at `path` (lab.exercises.EXERCISES' lesson column)."""
-    from lab.exercises import EXERCISES
+    """The exercises whose "your turn" cells end the lesson at `path` (lab.course.exercises.EXERCISES' lesson
+    column)."""
+    from lab.course.exercises import EXERCISES
 
     return [e.name for e in EXERCISES.values() if e.lesson == path.name[:2]]
 
 
 def solution_file(name: str) -> Path:
     """Where a lesson's cells look for the learner's work on `name`, relative to the checkout
-    (lab.teaching.lesson.exercise_file)."""
+    (lab.course.teaching.lesson.exercise_file)."""
     return Path("exercises") / f"{name.replace('-', '_')}.py"
 
 
 def checkout(folder: Path, exercises: list[str]) -> Path:
     """A checkout for one execution of a lesson: notebooks/ (where its kernel starts) and exercises/ folders of its
     own, every other entry of the repository linked (the lessons read monitoring/ and playbooks/ through
-    lab.teaching.lesson.checkout()), and the reference solution of each of `exercises` where the learner's work
+    lab.course.teaching.lesson.checkout()), and the reference solution of each of `exercises` where the learner's work
     goes: the "your turn" cells find it there, leave it be (lesson.exercise never overwrites work) and check it."""
-    from lab.exercises import folder as exercise_folder
+    from lab.course.exercises import folder as exercise_folder
 
     (folder / "notebooks").mkdir(parents=True, exist_ok=True)
     for entry in ROOT.iterdir():

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 tests/distributed/as_on_cuda_worker.py OUT_DIR CASE [CASE ...]
 
-No GPU here: lab.training.optim.build_optimizer is handed a CUDA device while the tensors stay on the CPU, so it
+No GPU here: lab.run.training.optim.build_optimizer is handed a CUDA device while the tensors stay on the CPU, so it
 picks CUDA's kernel (fused SGD where the parameters allow it) and torch runs that kernel on CPU tensors
 (fused SGD has a CPU kernel since torch 2.4). Everything else is the lab's own Trainer and strategies.
 Each rank writes OUT_DIR/CASE-RANK.json: the optimizer's kernel flags, and for every loss the dtype of
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from lab import config, data
-from lab.cluster import dist
-from lab.training import optim
-from lab.training.trainer import Trainer
+from lab.run import config, data
+from lab.run.cluster import dist
+from lab.run.training import optim
+from lab.run.training.trainer import Trainer
 
 COMMON = ["model.width=8", "data.synthetic_train_size=128", "data.synthetic_test_size=64", "train.warmup_steps=0"]
 CASES = {

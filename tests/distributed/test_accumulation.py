@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-from lab import config
+from lab.run import config
 from tests.conftest import run, torchrun
 from tests.distributed.test_equivalence import WORKER
 

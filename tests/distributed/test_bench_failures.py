@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import subprocess
 
-from lab.bench.train.strategies import failed_row
-from lab.cluster import launch
+from lab.measure.bench.train.strategies import failed_row
+from lab.run.cluster import launch
 
 
 def test_a_failed_strategy_row_names_the_workers_exception_not_torchruns_banner(tmp_path):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from lab.bench.comm.collective import COLLECTIVES, NAMES
+from lab.measure.bench.comm.collective import COLLECTIVES, NAMES
 from tests.conftest import lab
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab.data import SYNTHETIC_MARK, cifar
+from lab.run.data import SYNTHETIC_MARK, cifar
 from tests.conftest import PYTHON, ROOT, lab, metrics, run, torchrun
 
 SINGLE = str(ROOT / "examples" / "single_device.py")

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from lab.exercises import folder
-from lab.exercises.accumulate import check as accumulate
-from lab.exercises.grading import Check
-from lab.exercises.ring_allreduce import check as ring
-from lab.exercises.shard import check as shard
+from lab.course.exercises import folder
+from lab.course.exercises.accumulate import check as accumulate
+from lab.course.exercises.grading import Check
+from lab.course.exercises.ring_allreduce import check as ring
+from lab.course.exercises.shard import check as shard
 
 TIMEOUT = 90.0  # a run that should end takes seconds; this is only the backstop for a loaded CI machine
 

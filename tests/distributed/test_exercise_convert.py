@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.exercises import folder
-from lab.exercises.convert import check as convert
-from lab.exercises.grading import Check
+from lab.course.exercises import folder
+from lab.course.exercises.convert import check as convert
+from lab.course.exercises.grading import Check
 from tests.conftest import lab, run
 
 SOLUTION = folder("convert") / "solution.py"

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from lab.exercises import folder
-from lab.exercises.fix_batchnorm import check as batchnorm
-from lab.exercises.fix_checkpoint import check as checkpoint
-from lab.exercises.fix_set_epoch import check as set_epoch
-from lab.exercises.fix_uneven import check as uneven
-from lab.exercises.grading import Check
+from lab.course.exercises import folder
+from lab.course.exercises.fix_batchnorm import check as batchnorm
+from lab.course.exercises.fix_checkpoint import check as checkpoint
+from lab.course.exercises.fix_set_epoch import check as set_epoch
+from lab.course.exercises.fix_uneven import check as uneven
+from lab.course.exercises.grading import Check
 
 TIMEOUT = 90.0  # a run that should end takes seconds; this is only the backstop for a loaded CI machine
 HANG_TIMEOUT = 20.0  # the starter of fix-uneven hangs for good: long enough to start and reach the hang

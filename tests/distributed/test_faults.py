@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab.cluster import flight
-from lab.training import checkpoint
+from lab.run.cluster import flight
+from lab.run.training import checkpoint
 from tests.conftest import TINY, lab
 
 LAB = [sys.executable, "-m", "lab"]
@@ -191,7 +191,7 @@ def test_a_stuck_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
     )
     assert summary["status"] == "failed" and summary["error"] == f"CollectiveTimeout: {expected}"
     assert expected in output
-    # rank 0's watchdog named the wait before the timeout (lab.cluster.hang), in the run directory and the report
+    # rank 0's watchdog named the wait before the timeout (lab.run.cluster.hang), in the run directory and the report
     # The watchdogs' diagnosis, in the run directory and the report. Which collective the others wait in depends on
     # where SIGSTOP caught rank 1 (tests/distributed/test_hang.py plants each case exactly): a collective is named.
     hung = json.loads((tmp_path / "stuck" / "hang.json").read_text())

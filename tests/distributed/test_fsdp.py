@@ -84,7 +84,7 @@ def test_an_fsdp_checkpoint_resumes_at_another_world_size(runs_dir):
 
 
 def test_fsdp_with_accumulation_equals_ddp(runs_dir):
-    # Between micro-batches FSDP neither reduce-scatters nor re-shards (lab/training/strategies/fsdp.py), like DDP's
+    # Between micro-batches FSDP neither reduce-scatters nor re-shards (lab/run/training/strategies/fsdp.py), like DDP's
     # no_sync: the gradient of the whole step is reduced once, so in float64 the two curves are the same.
     exact = (
         "--set",

@@ -1,4 +1,4 @@
-"""Hangs planted in real torchrun jobs (gloo, 2 and 4 ranks, lab/pitfalls/planted_hang.py): a rank that skips
+"""Hangs planted in real torchrun jobs (gloo, 2 and 4 ranks, lab/course/pitfalls/planted_hang.py): a rank that skips
 one all-reduce, one that calls another collective, one that sleeps past the timeout, one killed by SIGKILL. Each
 run ends within the timeout's reach with the diagnosis naming the rank, the collective (number and operation) and
 the line, in the terminal and in hang.json; `lab hang` reads it again; nothing is left running."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.cluster import hang
+from lab.run.cluster import hang
 
 SCRIPT = Path(__file__).parents[2] / "lab" / "pitfalls" / "planted_hang.py"
 TIMEOUT = 8.0  # dist.timeout_seconds of the planted runs
@@ -29,7 +29,17 @@ def line_of(marker: str) -> int:
 def planted(tmp_path: Path, plant: str, nproc: int, rank: int) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "lab", "launch", "--nproc-per-node", str(nproc), "--", "-m", "lab.pitfalls.planted_hang"]
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "launch",
+            "--nproc-per-node",
+            str(nproc),
+            "--",
+            "-m",
+            "lab.course.pitfalls.planted_hang",
+        ]
         + ["--plant", plant, "--rank", str(rank), "--timeout", str(TIMEOUT), "--hang", str(HANG)],
         env={**os.environ, "OMP_NUM_THREADS": "1", hang.FOLDER_ENV: str(tmp_path), "LAB_PLANT_MARK": str(tmp_path)},
         capture_output=True,

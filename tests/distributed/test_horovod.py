@@ -8,7 +8,7 @@ Measured here (CPU, run.deterministic=true): every train and test loss equals DD
 with BatchNorm. Why it can: at 2 ranks Horovod's average (sum, then x 0.5) and DDP's (x 0.5, then sum) are
 exact and a sum of two is the same in any order. The same held only after the strategy stopped calling
 hvd.broadcast_optimizer_state on a fresh optimizer (its zero-gradient step moves weights under weight decay;
-lab/training/strategies/horovod.py says more).
+lab/run/training/strategies/horovod.py says more).
 
 Horovod is built into .venv only (make horovod): the lowest-torch venv skips this module, saying so, unless
 LAB_REQUIRE_HOROVOD=1 (make test's main run), where a missing Horovod fails.

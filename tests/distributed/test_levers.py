@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from lab import plots
-from lab.bench.comm import nccl_sweep
-from lab.bench.train import levers
+from lab.measure.bench.comm import nccl_sweep
+from lab.measure.bench.train import levers
 from tests.conftest import TINY, lab
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lab.devicecheck import command as gpu_check
+from lab.machine.devicecheck import command as gpu_check
 from tests.conftest import ROOT, TINY, lab, run
 
 
@@ -182,5 +182,5 @@ def test_gpu_check_script_refuses_bad_arguments_in_one_line():
 
 
 def test_gpu_check_refuses_without_a_gpu():
-    proc = lab("bench", "gpu-check", check=False)
+    proc = lab("gpu-check", check=False)
     assert proc.returncode == 2 and "no CUDA device is visible" in proc.stderr

@@ -63,7 +63,7 @@ def test_set_epoch_without_it_every_epoch_repeats_epoch_0(lessons, tmp_path):
         assert side["test_loss_by_epoch"][-1] < side["test_loss_by_epoch"][0]
     assert result["demonstrated"] is True and "100%" in stdout
     # the report files a pitfall's record in its own section (the workshop's report is made the same way)
-    from lab.teaching import report
+    from lab.course.teaching import report
     from tests.markdown import problems
 
     recorded = lessons("02_pitfalls").folder("02-pitfalls") / "set-epoch.json"

@@ -14,8 +14,8 @@ from tests.conftest import TINY, lab
 
 SPY = """
 import os
-from lab import config
-from lab.config import rules
+from lab.run import config
+from lab.run.config import rules
 
 def _spy(name, function):
     def counted(*args, **kwargs):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.cluster import runner
 from lab.errors import LabError
+from lab.run.cluster import runner
 from tests.conftest import PYTHON, ROOT, TINY
 
 LEFT_WITHIN = 10  # seconds after SIGTERM by which no process of the command may be left

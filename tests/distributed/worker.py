@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from lab import config, data
-from lab.cluster import dist
-from lab.training.trainer import Trainer, set_determinism
+from lab.run import config, data
+from lab.run.cluster import dist
+from lab.run.training.trainer import Trainer, set_determinism
 
 
 def shipped(out: Path, overrides: list[str]) -> None:

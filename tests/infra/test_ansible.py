@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.health import acceptance
+from lab.machine.health import acceptance
 from tests.conftest import PYTHON, ROOT, run
 
 BIN = Path(PYTHON).parent
@@ -175,7 +175,7 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
     for png in re.findall(r"\]\(([^)]+\.png)\)", report):
         assert (job / png).stat().st_size > 0
 
-    # the torchrun line on every node is the one lab.cluster.launch builds (`lab launch`), not a copy in Jinja
+    # the torchrun line on every node is the one lab.run.cluster.launch builds (`lab launch`), not a copy in Jinja
     head = nodes["launch"]["127.0.0.1"]["command"]
     assert shlex.split(head)[:2] == [str(BIN / "lab"), "launch"]
     dry = run([*shlex.split(head)[:2], "--dry-run", *shlex.split(head)[2:]]).stdout.strip()

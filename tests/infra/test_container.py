@@ -266,7 +266,7 @@ def docker_room(project, client, tmp_path_factory):
     """The jupyter image built by compose (`compose build jupyter`), a bridge network for the hub and the seat
     (the hub's API on its gateway, the host's side of it), and the room serving one seat planned on 2 cores and
     8 GiB."""
-    from lab.teaching.lesson import free_ports
+    from lab.course.teaching.lesson import free_ports
 
     if not PROXY.exists():
         reason = f"configurable-http-proxy is not installed ({PROXY}): `make room-proxy` (npm) installs it"
@@ -351,7 +351,7 @@ def test_a_seat_is_a_container_of_the_jupyter_image_with_its_cores_memory_and_vo
     of the lab's jupyter image with the plan's cores, memory and volume; through the proxy the seat lists each
     lesson once, and its kernel runs as the image's user with the seat's name and no GPU. Stopping the room
     removes the container and keeps the volume (the learner's work)."""
-    from lab.room import plan as room_plan
+    from lab.course.room import plan as room_plan
 
     base = docker_room["base"]
     seat_plan = room_plan.load(docker_room["state"] / "plan.json").seat(SEAT)

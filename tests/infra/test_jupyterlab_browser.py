@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.teaching.lesson import free_ports
+from lab.course.teaching.lesson import free_ports
 from tests.conftest import PYTHON, ROOT
 
 BIN = Path(PYTHON).parent

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.teaching.lesson import free_ports
+from lab.course.teaching.lesson import free_ports
 from tests.conftest import PYTHON, ROOT, TINY, lab
 
 MONITORING = ROOT / "monitoring"
@@ -217,8 +217,8 @@ def _groups(pushgateway: str, *run_ids: str) -> list[dict[str, str]]:
 def test_a_run_that_ends_again_replaces_its_group(stack):
     """A restarted run (same run id) pushes again: its group is replaced, not added to, whatever the world size
     of the earlier start; another run keeps its own group."""
-    from lab import config
-    from lab.observability import metrics
+    from lab.run import config
+    from lab.run.observability import metrics
 
     cfg = config.load("smoke", [f"metrics.pushgateway={stack['pushgateway']}"]).metrics
     summary = {"status": "completed", "samples_per_second": 100.0, "wall_time_seconds": 10.0}
@@ -284,8 +284,8 @@ def test_two_seats_runs_stay_apart_by_seat_and_the_room_dashboard_reads_their_le
     ]
 
     # the lessons' checks (pushed as they are recorded) and each lesson's count (pushed by lab room serve)
-    from lab.observability import room_metrics
-    from lab.teaching import lesson_checks
+    from lab.course.teaching import lesson_checks
+    from lab.run.observability import room_metrics
 
     assert room_metrics.push_room_lessons(stack["pushgateway"], [("01", 2), ("02", 1)])
     assert room_metrics.push_room_seats(stack["pushgateway"], [("seat1", ["0", "1"]), ("seat2", ["2", "3"])])
@@ -304,7 +304,7 @@ def test_two_seats_runs_stay_apart_by_seat_and_the_room_dashboard_reads_their_le
     assert shown == {"seat1": 1.0, "seat2": 0.5, "seat3": -1.0}  # passed, running (1 of 2), failed
 
     # the exercises' gradings, pushed as lab exercise check records them: passed, failed (naming the check), not tried
-    from lab.exercises import results as exercise_results
+    from lab.course.exercises import results as exercise_results
 
     for name, held in (("seat1", True), ("seat2", False)):
         with pytest.MonkeyPatch.context() as env:
@@ -331,13 +331,13 @@ def test_two_seats_runs_stay_apart_by_seat_and_the_room_dashboard_reads_their_le
 
 
 def test_the_room_dashboard_uses_the_lab_metrics():
-    from lab.observability import metrics
+    from lab.run.observability import metrics
 
     dashboard = json.loads((MONITORING / "grafana" / "dashboards" / "room.json").read_text())
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     source = "".join(p.read_text() for p in Path(metrics.__file__).parent.glob("*.py"))
     for name in set(re.findall(r"\blab_[a-z_]+\b", exprs)):
-        assert f'"{name.removesuffix("_total")}"' in source, f"{name} is not defined in lab/observability/"
+        assert f'"{name.removesuffix("_total")}"' in source, f"{name} is not defined in lab/run/observability/"
     assert "DCGM_FI_DEV_FB_USED" in exprs and "lab_room_seat_gpu_info" in exprs
 
 
@@ -417,7 +417,7 @@ def test_metrics_overhead_benchmark_prints_an_interleaved_ratio(tmp_path):
 
 
 def test_dashboard_uses_the_lab_metrics_and_a_run_variable():
-    from lab.observability import metrics
+    from lab.run.observability import metrics
 
     dashboard = json.loads((MONITORING / "grafana" / "dashboards" / "lab.json").read_text())
     assert [v["name"] for v in dashboard["templating"]["list"]] == ["run_id", "node"]
@@ -430,7 +430,7 @@ def test_dashboard_uses_the_lab_metrics_and_a_run_variable():
     source = "".join(p.read_text() for p in Path(metrics.__file__).parent.glob("*.py"))
     for name in set(re.findall(r"\blab_[a-z_]+\b", exprs)):
         base = name.removesuffix("_total")
-        assert f'"{base}"' in source, f"{name} in the dashboard is not defined in lab/observability/"
+        assert f'"{base}"' in source, f"{name} in the dashboard is not defined in lab/run/observability/"
     for name in (
         "DCGM_FI_DEV_FB_USED",
         "DCGM_FI_DEV_GPU_UTIL",

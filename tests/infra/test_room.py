@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from lab.teaching.lesson import free_ports
+from lab.course.teaching.lesson import free_ports
 from tests.conftest import ROOT
 from tests.infra import hub_client as hub
 
@@ -69,8 +69,8 @@ def _open_for_search(paths: list[Path]) -> list[tuple[Path, int]]:
 
 
 def _remove_seats() -> None:
-    from lab.room import seats
-    from lab.room.serve import stop_user_processes
+    from lab.course.room import seats
+    from lab.course.room.serve import stop_user_processes
 
     for name in SEATS:
         if seats.made_by_a_room(name):

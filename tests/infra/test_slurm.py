@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.teaching.lesson import free_ports
+from lab.course.teaching.lesson import free_ports
 from tests.conftest import PYTHON, ROOT
 from tests.infra.slurm_cluster import SlurmCluster, missing_tools
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from lab.config import MetricsConfig
-from lab.observability import metrics
+from lab.run.config import MetricsConfig
+from lab.run.observability import metrics
 from tests.conftest import ROOT
 from tests.infra.test_ansible import LOCAL, NODES, _playbook
 

@@ -51,7 +51,8 @@ def test_lesson_runs_clean_with_its_checks(path, lessons):
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
 def test_a_lesson_ends_with_its_exercises_after_its_own_checks(path):
-    """Each exercise of the lesson (lab.exercises.EXERCISES) is opened and then checked by cells of their own after
+    """Each exercise of the lesson (lab.course.exercises.EXERCISES) is opened and then checked by cells of their own
+    after
     the lesson's last "what you should see" check, so a learner's failing exercise never stands before one."""
     import jupytext
 
@@ -93,7 +94,7 @@ def test_lesson_plans_for_a_one_gpu_host(path, tmp_path, monkeypatch, capsys):
     about devices by itself (so every command gets the plan's environment through lesson.run/lab/start)."""
     import jupytext
 
-    from lab.teaching import lesson
+    from lab.course.teaching import lesson
 
     monkeypatch.setenv(lesson.FAKE_GPUS_ENV, "1")
     monkeypatch.setenv("LAB_LESSON_RUNS", str(tmp_path / "lessons"))
@@ -116,7 +117,7 @@ def test_every_command_a_lesson_starts_gets_the_plans_environment(monkeypatch):
     """A real child process: on a (faked) 1-GPU host the GPU is hidden from it; a cell's own env still wins."""
     import sys
 
-    from lab.teaching import lesson
+    from lab.course.teaching import lesson
 
     monkeypatch.setenv(lesson.FAKE_GPUS_ENV, "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")

@@ -1,5 +1,6 @@
-"""Accepting a cluster: docs/acceptance.md's floors are lab/health/platforms.py's own, no other page restates one
-apart from the table, and `lab accept`'s rule (lab.health.acceptance) passes and fails what it should. The rule on
+"""Accepting a cluster: docs/acceptance.md's floors are lab/measure/platforms.py's own, no other page restates one
+apart from the table, and `lab accept`'s rule (lab.machine.health.acceptance) passes and fails what it should. The rule
+on
 real runs of the validate play: tests/infra/test_ansible.py (a passing two-node run, a failing three-node one)."""
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from lab.errors import LabError
-from lab.health import acceptance, platforms
-from lab.health.arguments import accept_args
+from lab.machine.health import acceptance
+from lab.machine.health.arguments import accept_args
+from lab.measure import platforms
 from tests.conftest import ROOT
 
 PAGE = ROOT / "docs" / "acceptance.md"
@@ -29,8 +31,8 @@ def _page_table() -> str:
 
 def test_the_floors_table_of_the_acceptance_page_is_the_one_platforms_py_makes():
     assert _page_table() == acceptance.floors_table(), (
-        "docs/acceptance.md's floors differ from lab/health/platforms.py: paste "
-        "`python -c 'from lab.health import acceptance; print(acceptance.floors_table(), end=\"\")'` "
+        "docs/acceptance.md's floors differ from lab/measure/platforms.py: paste "
+        "`python -c 'from lab.machine.health import acceptance; print(acceptance.floors_table(), end=\"\")'` "
         "between the markers"
     )
     assert "470 -> **376**" in _page_table() and "376 -> **300.8**" in _page_table()  # 8 x H100, 8 x NDR

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lab.data import augment
+from lab.run.data import augment
 
 
 def test_crop_flip_matches_per_sample_reference():

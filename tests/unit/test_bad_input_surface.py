@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import cli, config
+from lab import cli
+from lab.run import config
 
 MAX_STDERR_LINES = 3
 
@@ -52,7 +53,7 @@ def required_words(parser: argparse.ArgumentParser, folder: Path) -> list[str]:
 
 def option_cases(words: tuple[str, ...], parser: argparse.ArgumentParser, folder: Path):
     """(case id, argv) for each bad value of each option of one subcommand."""
-    from lab.config.arguments import address, executable, host_port, output_dir, output_file, plain_name, url
+    from lab.run.config.arguments import address, executable, host_port, output_dir, output_file, plain_name, url
 
     base = required_words(parser, folder)
     positionals = [
@@ -237,8 +238,8 @@ class Refusal:
 
 def refuse(argv: list[str], folder: Path, capsys, monkeypatch) -> Refusal:
     """`lab ARGV` in this process from `folder`, every effect a tripwire: its exit, stderr and what it changed."""
-    from lab.cluster import launch, runner
-    from lab.training import lifecycle
+    from lab.run.cluster import launch, runner
+    from lab.run.training import lifecycle
 
     def tripwire(what: str):
         def reached(*args, **kwargs):
@@ -387,8 +388,8 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path, comm
 
 def test_the_surface_test_catches_a_command_that_makes_its_folder_before_a_check(folder, capsys, monkeypatch):
     """A planted regression: `lab data synth` making its folder, then refusing. The harness names what it left."""
-    from lab import commands
     from lab.errors import LabError
+    from lab.run import commands
 
     def makes_then_refuses(args):
         Path(args.root).mkdir(parents=True)

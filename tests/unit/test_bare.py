@@ -19,7 +19,7 @@ BARE = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "bare"), os.environ.
 PROBE = """
 import importlib.util, subprocess, sys
 # lab's modules import without the extras
-import torch, torchvision, yaml, numpy, lab, lab.plots, lab.observability.metrics
+import torch, torchvision, yaml, numpy, lab, lab.plots, lab.run.observability.metrics
 hidden = []
 for name in ("matplotlib", "prometheus_client", "tqdm", "deepspeed", "pytest"):
     try:
@@ -85,7 +85,7 @@ def test_a_command_that_needs_a_missing_package_names_it_and_the_pip_command_in_
 
 
 def test_on_a_terminal_without_tqdm_the_console_prints_lines_instead_of_a_bar(monkeypatch, capsys):
-    from lab.training.console import Console
+    from lab.run.training.console import Console
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # `import tqdm` now raises ModuleNotFoundError
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from lab.errors import CheckpointError
-from lab.training import checkpoint
+from lab.run.training import checkpoint
 
 # Runs in a child process: save A, then die by SIGKILL inside save(B) after the data is
 # written and fsynced but before the rename - a crash at the worst moment.
 CRASH_DURING_SAVE = textwrap.dedent("""
     import os, signal, sys, torch
-    from lab.training import checkpoint
+    from lab.run.training import checkpoint
     path = sys.argv[1]
     checkpoint.save(path, {"value": torch.tensor([1.0])})
     os.replace = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)

@@ -1,5 +1,5 @@
 """Checkpoints stay loadable across versions of the lab: a checkpoint written before a module moved (issue 24 moved
-every one) must still resume. lab/training/checkpoint.py loads with torch.load(weights_only=True), which builds
+every one) must still resume. lab/run/training/checkpoint.py loads with torch.load(weights_only=True), which builds
 tensors and plain containers only, so a checkpoint can hold no class of the lab: its pickle names no `lab.` module.
 
 Asserted on the files a real one-step run writes (the baseline's last.pt; FSDP's trainer.pt, .metadata and every
@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 import torch
 
-from lab import compat, config
+from lab import compat
 from lab.errors import CheckpointError, LabError
-from lab.training import checkpoint, lifecycle
+from lab.run import config
+from lab.run.training import checkpoint, lifecycle
 
 # The opcodes that push a string; GLOBAL names "module qualname" itself, STACK_GLOBAL takes the last two strings
 # pushed (protocol 4 and later, where the pickler memoizes them: a repeat is a GET of the memo).
@@ -85,7 +86,8 @@ def dcp_items(folder: Path) -> list[bytes]:
 
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):
-    """One intra-op thread (lab.cluster.dist reads OMP_NUM_THREADS), restored after: a width-8 step is faster alone."""
+    """One intra-op thread (lab.run.cluster.dist reads OMP_NUM_THREADS), restored after: a width-8 step is faster
+    alone."""
     before = torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     yield

@@ -11,15 +11,15 @@ import json
 import pytest
 import torch
 
-from lab import config
 from lab.errors import LabError
-from lab.training import checkpoint
-from lab.training import lifecycle as train
+from lab.run import config
+from lab.run.training import checkpoint
+from lab.run.training import lifecycle as train
 
 
 @pytest.fixture(autouse=True)
 def one_thread(monkeypatch):
-    """One intra-op thread (lab.cluster.dist reads OMP_NUM_THREADS): a 16-image step of a width-8 ResNet is faster
+    """One intra-op thread (lab.run.cluster.dist reads OMP_NUM_THREADS): a 16-image step of a width-8 ResNet is faster
     alone than contended on 2 cores; the process's thread count is restored after."""
     before = torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -9,9 +9,9 @@ import pytest
 
 from lab.cli import build_parser
 from lab.errors import LabError
-from lab.sizing import choose
-from lab.sizing.choose import Request, decide, parse_params, render
-from lab.sizing.memory import activation_bytes
+from lab.measure.sizing import choose
+from lab.measure.sizing.choose import Request, decide, parse_params, render
+from lab.measure.sizing.memory import activation_bytes
 from tests.conftest import PYTHON, lab, run
 
 
@@ -195,5 +195,7 @@ def test_the_command_writes_json_and_never_imports_torch(tmp_path):
     assert result["decisions"][2]["numbers"]["total_bytes"] == 70e9
     assert result["choice"]["strategy"] == "fsdp-full"
     assert result["choice"]["lab_train"] == proc.stdout.strip().splitlines()[-1]
-    no_torch = "import sys, lab.cli, lab.sizing.choose; lab.cli.build_parser(); assert 'torch' not in sys.modules"
-    run([PYTHON, "-c", no_torch])  # the CLI stays fast: the parser and lab.sizing.choose leave torch unimported
+    no_torch = (
+        "import sys, lab.cli, lab.measure.sizing.choose; lab.cli.build_parser(); assert 'torch' not in sys.modules"
+    )
+    run([PYTHON, "-c", no_torch])  # the CLI stays fast: the parser and lab.measure.sizing.choose leave torch unimported

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab.cluster import dist
 from lab.errors import LaunchError
+from lab.run.cluster import dist
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_a_step_that_was_meant_to_have_gpus_never_falls_back_to_the_cpu(gpus, mo
 def test_the_drivers_gpus_count_unless_they_are_hidden_on_purpose(tmp_path, monkeypatch):
     """/proc/driver/nvidia/gpus lists the GPUs the driver bound, even where the device files are hidden (a cgroup,
     a container without --gpus); an empty CUDA_VISIBLE_DEVICES hides them on purpose (a CPU seat of a room)."""
-    from lab.cluster import expected_gpus
+    from lab.run.cluster import expected_gpus
 
     driver = tmp_path / "gpus"
     for bus in ("0000:18:00.0", "0000:2a:00.0"):

@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from lab.bench.comm import collective_perf
-from lab.bench.comm.collective import COLLECTIVES, NAMES, parse_names
-from lab.bench.comm.collective_perf import Row, algbw, average_busbw, format_row, json_paths
 from lab.errors import LabError
+from lab.measure.bench.comm import collective_perf
+from lab.measure.bench.comm.collective import COLLECTIVES, NAMES, parse_names
+from lab.measure.bench.comm.collective_perf import Row, algbw, average_busbw, format_row, json_paths
 
 # nccl-tests' src/*.cu GetBw: busbw / algbw for n ranks
 FACTORS = {

@@ -14,8 +14,8 @@ import torch.distributed as tdist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from lab.bench.comm import collective, collective_data, collective_perf
-from lab.cluster.dist import DistContext
+from lab.measure.bench.comm import collective, collective_data, collective_perf
+from lab.run.cluster.dist import DistContext
 
 COUNT = 1 << 20  # elements of float32: 4 MiB a buffer
 CHUNK = 1 << 14  # the checks' chunk here: 64 KiB of int64 temporaries, far below a buffer

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from lab import config
 from lab.errors import ConfigError
+from lab.run import config
 from tests.conftest import lab
 
 

@@ -12,8 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lab import config
 from lab.errors import ConfigError
+from lab.run import config
 
 SECTIONS = {
     f.name: [k.name for k in dataclasses.fields(f.type if isinstance(f.type, type) else getattr(config, f.type))]

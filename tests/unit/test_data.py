@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from lab import data
-from lab.config import DataConfig
-from lab.data import cifar, synthetic
 from lab.errors import DataError
+from lab.run import data
+from lab.run.config import DataConfig
+from lab.run.data import cifar, synthetic
 
 
 @pytest.fixture

@@ -139,14 +139,14 @@ NOT_RUN_HERE = {
     "--tags provision,preflight,validate -e lab_run_id=accept-1 -e validate_dcgm_level=3 | tee accept-1.log": DGX,
     ".venv/bin/ansible -i playbooks/inventory/dgx.yml gpu_nodes -B 1800 -P 30 -m ansible.builtin.command -a "
     "'docker run --rm --gpus all --ipc host --ulimit memlock=-1 --ulimit stack=67108864 -v /raid/lab:/raid/lab "
-    "-w /raid/lab {{ lab_image }} bench gpu-check --out /raid/lab/device-check'": DGX,
+    "-w /raid/lab {{ lab_image }} gpu-check --out /raid/lab/device-check'": DGX,
     ".venv/bin/ansible -i playbooks/inventory/dgx.yml gpu_nodes -m ansible.builtin.fetch -a "
     "'src=/raid/lab/device-check/gpu-check.json dest=runs/accept-1/device-check/{{ inventory_hostname }}.json "
     "flat=true'": DGX,
     ".venv/bin/lab accept runs/accept-1 --recap accept-1.log --platform h100-sxm-8": DGX,
     "LAB_DCGM_LEVEL=3 sbatch -N 4 --gpus-per-node=8 slurm/validate.sbatch": SLURM_DGX,
     "srun -N 4 --ntasks-per-node=1 --gpus-per-node=8 --exclusive bash -c "
-    "'lab bench gpu-check --out runs/accept-1/device-check/$SLURMD_NODENAME'": SLURM_DGX,
+    "'lab gpu-check --out runs/accept-1/device-check/$SLURMD_NODENAME'": SLURM_DGX,
     ".venv/bin/lab accept runs/validate-slurm-<job id>-<time>-<pid> --device-checks runs/accept-1/device-check "
     "--platform h100-sxm-8": SLURM_DGX,
     ".venv/bin/lab accept runs/multinode-<date>-<time>": "holds a placeholder for the local play's run folder; "
@@ -170,8 +170,9 @@ NOT_RUN_HERE = {
     ".venv/bin/lab bench metrics-overhead": MINUTES,
     ".venv/bin/lab bench hang-record --config smoke --nproc-per-node 2": MINUTES,
     ".venv/bin/lab predict --check-up-to 8 --json predict.json --plot predict.png": GPUS,
-    "python -m lab launch --nproc-per-node 4 -- -m lab.pitfalls.planted_hang --plant other --rank 2 --timeout 20 "
-    "--hang 4": "a planted hang of 20 s; tests/distributed/test_hang.py runs it (rank 2 of 4) with a shorter timeout",
+    "python -m lab launch --nproc-per-node 4 -- -m lab.course.pitfalls.planted_hang --plant other --rank 2 "
+    "--timeout 20 --hang 4": "a planted hang of 20 s; tests/distributed/test_hang.py runs it (rank 2 of 4) with a "
+    "shorter timeout",
     ".venv/bin/lab bench lightning --config workshop-cpu --steps 60": MINUTES,
     ".venv/bin/lab report runs/<workshop id>": PLACEHOLDER,
     ".venv/bin/lab rerun runs/<run_id>": PLACEHOLDER,

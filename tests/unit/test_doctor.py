@@ -7,7 +7,7 @@ import socket
 
 import torch
 
-from lab.health import doctor
+from lab.machine.health import doctor
 from tests.conftest import lab
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.cluster import nvml
-from lab.health import doctor, fabric_manager
+from lab.machine.health import doctor, fabric_manager
+from lab.run.cluster import nvml
 
 ERROR_802 = "CUDA error 802: system not yet initialized"
 NOT_INSTALLED = (127, "systemctl: command not found")

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from lab.health import doctor
+from lab.machine.health import doctor
 from tests.conftest import ROOT
 
 MULTI_NODE = {"LAB_NNODES": "2", "LAB_RDZV_ENDPOINT": "10.0.0.11:29400"}  # what the preflight role sets

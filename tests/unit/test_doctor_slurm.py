@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from lab.cluster import slurm
-from lab.health import doctor, doctor_slurm
-from lab.health.check import Check
+from lab.machine.health import doctor, doctor_slurm
+from lab.machine.health.check import Check
+from lab.run.cluster import slurm
 from tests.conftest import ROOT
 
 EIGHT = ",".join(map(str, range(8)))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from lab import cli
+from lab.course.teaching import report
 from lab.errors import LabError
-from lab.health import platforms
-from lab.health import validate as fabric
-from lab.teaching import report
+from lab.machine.health import validate as fabric
+from lab.measure import platforms
 from tests.markdown import problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +75,7 @@ def _allreduce(
 
 
 def _hostdevice(h2d: float = 53.0, gpus: int = 8) -> dict:
-    """`lab bench hostdevice --json` as lab/bench/comm/hostdevice.py's docstring lays it out."""
+    """`lab bench hostdevice --json` as lab/measure/bench/comm/hostdevice.py's docstring lays it out."""
     return {
         "benchmark": "hostdevice",
         "method": "torch",

@@ -1,5 +1,6 @@
 """scripts/node-facts.sh run for real on this machine (no GPU, no InfiniBand, most tools absent), and the parsers of
-lab.health.node_facts on the canned DGX H100 facts (tests/fixtures/fabric/README.md says where their formats come
+lab.machine.health.node_facts on the canned DGX H100 facts (tests/fixtures/fabric/README.md says where their formats
+come
 from)."""
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from lab import cli
-from lab.health import fabric_checks
-from lab.health import node_facts as nf
+from lab.machine.health import fabric_checks
+from lab.machine.health import node_facts as nf
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts/node-facts.sh"

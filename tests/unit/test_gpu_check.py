@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from lab.cluster import nvml
-from lab.devicecheck import command as gpu_check
-from lab.devicecheck import harness
+from lab.machine.devicecheck import command as gpu_check
+from lab.machine.devicecheck import harness
+from lab.run.cluster import nvml
 
 
 def test_a_gpu_that_torch_cannot_use_is_named_not_skipped(monkeypatch):
@@ -147,7 +147,7 @@ def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(
         ),
     )
     monkeypatch.setattr(gpu_check, "STEPS", steps)
-    from lab.cluster import provenance
+    from lab.run.cluster import provenance
 
     provenance.versions()  # torch imported and versions read before the clock starts: a loaded CI machine's seconds
     args = argparse.Namespace(
@@ -174,7 +174,7 @@ def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(
 
 
 def test_host_syncs_fail_on_bf16_and_show_syncbatchnorms_own(tmp_path, monkeypatch):
-    # No GPU here: the child that measures on CUDA (lab.devicecheck.measure host-syncs) is replaced by its JSON
+    # No GPU here: the child that measures on CUDA (lab.machine.devicecheck.measure host-syncs) is replaced by its JSON
     # (say so); what is checked is how the step reads it.
     check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=1)
     commands = []
@@ -208,7 +208,7 @@ def test_syncbatchnorm_takes_its_sync_path_at_one_rank():
     import torch
     from torch import nn
 
-    from lab.devicecheck import measure as gpu_measure
+    from lab.machine.devicecheck import measure as gpu_measure
 
     calls = []
 
@@ -250,7 +250,7 @@ def _wheel(folder, name, version, requires=()):
 
 
 def test_the_wheels_chosen_are_those_this_python_lacks(tmp_path):
-    from lab.devicecheck import wheels as gpu_wheels
+    from lab.machine.devicecheck import wheels as gpu_wheels
 
     _wheel(tmp_path, "numpy", "1.0")  # installed here: never shadowed
     fake = _wheel(tmp_path, "labfakewheel", "0.1", ["numpy", "labfakedep>=1", "sphinx; extra == 'docs'"])

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from lab import config
-from lab.bench.train import strategies as bench
-from lab.cluster import horovodrun, torchrun_env
 from lab.errors import ConfigError, LabError
-from lab.observability import horovod_timeline
+from lab.measure.bench.train import strategies as bench
+from lab.run import config
+from lab.run.cluster import horovodrun, torchrun_env
+from lab.run.observability import horovod_timeline
 from tests.conftest import lab
 
 HOROVODRUN_ENV = {

@@ -17,10 +17,10 @@ import shlex
 
 import pytest
 
-from lab.bench.comm import hostdevice
-from lab.devicecheck import bench_steps as gpu_steps
-from lab.devicecheck import command as gpu_check
-from lab.devicecheck import harness
+from lab.machine.devicecheck import bench_steps as gpu_steps
+from lab.machine.devicecheck import command as gpu_check
+from lab.machine.devicecheck import harness
+from lab.measure.bench.comm import hostdevice
 from tests.conftest import PYTHON, lab, run
 
 DOCUMENTED = ".venv/bin/lab bench hostdevice --size 64M --iters 5 --json hostdevice.json"  # docs/benchmarks.md

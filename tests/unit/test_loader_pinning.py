@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab.data import loader as loading
+from lab.run.data import loader as loading
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from lab.sizing import choose, memory
+from lab.measure.sizing import choose, memory
 from tests.conftest import lab
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from lab.sizing import deepspeed_estimate
+from lab.measure.sizing import deepspeed_estimate
 from tests.conftest import lab, require_deepspeed
 
 require_deepspeed()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from lab.cluster.dist import DistContext
-from lab.training.meter import IntervalMeter, Throughput
+from lab.run.cluster.dist import DistContext
+from lab.run.training.meter import IntervalMeter, Throughput
 
 ALONE = DistContext(0, 0, 1, 1, 0, torch.device("cpu"), None)  # world size 1: the reduction is the identity
 

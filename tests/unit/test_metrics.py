@@ -6,8 +6,8 @@ import urllib.request
 
 import torch
 
-from lab.config import MetricsConfig
-from lab.observability import metrics
+from lab.run.config import MetricsConfig
+from lab.run.observability import metrics
 
 
 def _row(step: int) -> dict:
@@ -85,7 +85,7 @@ def test_nvml_picks_the_gpu_by_uuid_when_cuda_visible_devices_lists_uuids(monkey
     # host's GPU 2. A digit index read from CUDA_VISIBLE_DEVICES would pick GPU 0: another GPU's numbers.
     import sys
 
-    from lab.cluster import nvml
+    from lab.run.cluster import nvml
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-cccc")

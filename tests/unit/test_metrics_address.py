@@ -8,8 +8,8 @@ import urllib.request
 import pytest
 import torch
 
-from lab.config import MetricsConfig
-from lab.observability import metrics
+from lab.run.config import MetricsConfig
+from lab.run.observability import metrics
 
 
 def _route(address: str | None):

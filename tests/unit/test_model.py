@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lab.config import ModelConfig
-from lab.training.model import build
+from lab.run.config import ModelConfig
+from lab.run.training.model import build
 
 
 def test_cifar_stem_and_output():
@@ -50,7 +50,7 @@ def _modules_that_raise_when_deterministic() -> tuple[type, ...]:
 def test_no_module_lacks_a_deterministic_cuda_backward():
     # With run.deterministic=true a model holding one of these may not train on a GPU, and a CPU cannot see
     # it (CPU kernels are deterministic). Conservative: AdaptiveAvgPool2d(1) happens to lower to a mean in
-    # ATen, which lab.training.model.GlobalAvgPool now says explicitly.
+    # ATen, which lab.run.training.model.GlobalAvgPool now says explicitly.
     raising = _modules_that_raise_when_deterministic()
     assert nn.AdaptiveAvgPool2d in raising  # the list was read
     for cfg in (ModelConfig(width=8), ModelConfig(width=8, norm="group")):
@@ -59,7 +59,7 @@ def test_no_module_lacks_a_deterministic_cuda_backward():
 
 
 def test_global_average_pool_is_adaptive_average_pool_forward_and_backward():
-    from lab.training.model import GlobalAvgPool
+    from lab.run.training.model import GlobalAvgPool
 
     x = torch.randn(4, 16, 4, 4, dtype=torch.float64, requires_grad=True)
     y = x.detach().clone().requires_grad_()

@@ -2,7 +2,8 @@
 recording rule, a rule test or a dashboard panel on a name nothing serves (Prometheus would show no data, and an
 alert on a dead name never fires).
 
-The names defined are read from the exporter itself: the families a rank's registry holds (lab.observability.metrics,
+The names defined are read from the exporter itself: the families a rank's registry holds
+(lab.run.observability.metrics,
 with Prometheus' suffixes by type) and the gauges the Pushgateway receives from the lab's pushes, caught by a local
 HTTP server in the gateway's place. Recording rules define their own names (`record:`)."""
 
@@ -18,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab import config
-from lab.observability import metrics, room_metrics
+from lab.run import config
+from lab.run.observability import metrics, room_metrics
 from tests.conftest import ROOT
 
 MONITORING = ROOT / "monitoring"
@@ -170,7 +171,7 @@ def test_every_series_monitoring_names_is_defined(path, defined):
     assert names, f"{path}: no lab_* series found; has the file moved or its format changed?"
     undefined = sorted(names - defined)
     assert not undefined, (
-        f"{path.relative_to(ROOT)} names {undefined}, which lab/observability/metrics.py does not "
+        f"{path.relative_to(ROOT)} names {undefined}, which lab/run/observability/metrics.py does not "
         f"export and no recording rule defines"
     )
 

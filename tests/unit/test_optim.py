@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab import compat, config
+from lab import compat
 from lab.errors import ConfigError
-from lab.training import optim
+from lab.run import config
+from lab.run.training import optim
 
 
 def _model() -> torch.nn.Module:
@@ -113,7 +114,7 @@ def test_a_resume_keeps_this_runs_sgd_kernel_so_fp16_steps_after_it():
     GradScaler): torch's load_state_dict would restore foreach, and GradScaler's first step then fails ("Expected
     grad_scale and found_inf to be None"). GradScaler("cpu") and a fused CPU SGD stand in for the GPU's."""
     from lab import compat
-    from lab.training import optim
+    from lab.run.training import optim
 
     if "cpu" not in compat.fused_optimizer_devices():
         pytest.skip("this torch has no fused SGD on the CPU to stand in for the GPU's")

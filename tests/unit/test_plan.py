@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lab import config, data
 from lab.errors import ConfigError
-from lab.training.plan import plan_steps
+from lab.run import config, data
+from lab.run.training.plan import plan_steps
 
 LAYOUTS = [
     (uneven, *layout)

@@ -9,8 +9,8 @@ import shlex
 import pytest
 
 from lab import cli
-from lab.prediction import measured, model, validate
-from lab.prediction.model import MIB, Inputs, Link
+from lab.measure.prediction import measured, model, validate
+from lab.measure.prediction.model import MIB, Inputs, Link
 
 
 def test_ring_allreduce_moves_2_n_minus_1_over_n_of_the_buffer():

@@ -11,17 +11,18 @@ import json
 import pytest
 import torch
 
-from lab import cli, config
-from lab.bench import registry
-from lab.bench.train import strategies as strategies_bench
-from lab.cluster.dist import DistContext
-from lab.config import strategies as table
+from lab import cli
+from lab.course.teaching import parts, report, sections, workshop
 from lab.errors import ConfigError, LabError
-from lab.sizing import choose
-from lab.teaching import parts, report, sections, workshop
-from lab.training import model as models
-from lab.training import strategies
-from lab.training.strategies.ddp import DDPStrategy
+from lab.measure.bench import registry
+from lab.measure.bench.train import strategies as strategies_bench
+from lab.measure.sizing import choose
+from lab.run import config
+from lab.run.cluster.dist import DistContext
+from lab.run.config import strategies as table
+from lab.run.training import model as models
+from lab.run.training import strategies
+from lab.run.training.strategies.ddp import DDPStrategy
 from tests.markdown import problems
 
 HERE = __name__  # this module holds the registered code: the tables name it as any module
@@ -120,7 +121,7 @@ def fake_benchmark(monkeypatch):
     monkeypatch.setitem(
         registry.BENCHMARKS,
         "fake",
-        registry.Benchmark("fake", "a benchmark registered by a test", fake_arguments, f"{HERE}.fake_run"),
+        registry.Benchmark("fake", "a benchmark registered by a test", fake_arguments, fake_run),
     )
     monkeypatch.setitem(sections.SECTIONS, "fake", sections.Section(fake_section))
     monkeypatch.setitem(parts.PARTS, "fake", fake_workshop_steps)
@@ -130,7 +131,7 @@ def test_a_benchmark_without_a_section_or_part_runs_and_the_report_and_workshop_
     monkeypatch.setitem(
         registry.BENCHMARKS,
         "fake",
-        registry.Benchmark("fake", "a benchmark registered by a test", fake_arguments, f"{HERE}.fake_run"),
+        registry.Benchmark("fake", "a benchmark registered by a test", fake_arguments, fake_run),
     )
     result = tmp_path / "fake.json"
     assert cli.main(["bench", "fake", "--value", "3", "--json", str(result)]) == 0
@@ -166,4 +167,5 @@ def test_the_parser_is_the_command_table():
     group = next(a for a in parser._actions if a.dest == "command")  # argparse keeps subparsers there
     assert list(group.choices) == [c.name for c in cli.COMMANDS]
     bench = next(a for a in group.choices["bench"]._actions if a.dest == "bench_command")
-    assert list(bench.choices) == [b.name for b in registry.BENCHMARKS.values() if b.arguments]
+    # the registry's rows, then the device check under its old name (`lab gpu-check` now), an alias that says so
+    assert list(bench.choices) == [*registry.BENCHMARKS, "gpu-check"]

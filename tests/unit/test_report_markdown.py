@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lab.bench.train import scaling
-from lab.teaching import report
+from lab.course.teaching import report
+from lab.measure.bench.train import scaling
 from tests.conftest import lab
 from tests.markdown import problems
 

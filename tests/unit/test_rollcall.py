@@ -16,8 +16,8 @@ from datetime import timedelta
 
 import pytest
 
-from lab.cluster.rollcall import RollCall
-from lab.teaching.lesson import free_ports
+from lab.course.teaching.lesson import free_ports
+from lab.run.cluster.rollcall import RollCall
 
 
 @pytest.mark.slow  # two observer processes polling a real store: about 7 s
@@ -40,7 +40,7 @@ def test_a_launcher_exits_cleanly_while_its_roll_call_is_still_connecting():
     # Nothing listens at the port: the observer's connect retries, warns after its 2 s timeout and gives up
     # a few seconds later; the launcher stops it in the middle of that.
     script = (
-        "import time; from lab.cluster.rollcall import RollCall; "
+        "import time; from lab.run.cluster.rollcall import RollCall; "
         f"call = RollCall('127.0.0.1', {free_ports()}, 'r1', 2, expected=2).start(); "
         "time.sleep(4); call.stop(); print('arrived', call.arrived)"
     )

@@ -17,9 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from lab.course.room import plan as room_plan
+from lab.course.room.settings import RoomSettings
 from lab.errors import LabError
-from lab.room import plan as room_plan
-from lab.room.settings import RoomSettings
 from tests.conftest import PYTHON, ROOT
 
 GIB = 2**30
@@ -160,7 +160,7 @@ def test_an_edited_plan_that_gives_two_seats_one_gpu_is_refused_before_anything_
 def _configure(tmp_path: Path, **settings) -> object:
     from traitlets.config import Config
 
-    from lab.room import hub
+    from lab.course.room import hub
 
     room_plan.save(room_plan.make_plan(DGX, seats=4), tmp_path / "plan.json")
     RoomSettings(**settings).save(tmp_path)
@@ -185,7 +185,7 @@ def test_seat_containers_get_their_gpus_cores_memory_and_volume_as_dockerspawner
     docker = pytest.importorskip("docker")
     from dockerspawner import DockerSpawner
 
-    from lab.room import hub
+    from lab.course.room import hub
 
     c = _configure(tmp_path, spawner="docker", image="lab-hub:0.1.0")
     assert c.JupyterHub.spawner_class == "dockerspawner.DockerSpawner" and c.DockerSpawner.network_name == "lab-room"
@@ -221,7 +221,7 @@ def test_a_slurm_room_asks_slurm_for_each_seats_gpus(tmp_path):
 
 
 def test_lesson_checks_are_recorded_with_the_seat(tmp_path, monkeypatch):
-    from lab.teaching import lesson
+    from lab.course.teaching import lesson
 
     monkeypatch.setenv("LAB_SEAT", "seat7")
     monkeypatch.delenv("LAB_PUSHGATEWAY", raising=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from lab.training.runs import RunDir, read_metrics, write_json
+from lab.run.training.runs import RunDir, read_metrics, write_json
 
 
 def _row(step: int, time: float, attempt: int = 0) -> str:

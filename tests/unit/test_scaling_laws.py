@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lab import scaling_laws
-from lab.bench.train import scaling
+from lab.measure.bench.train import scaling
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.02, 0.25, 0.9, 1.0])

@@ -13,9 +13,9 @@ import urllib.request
 import torch
 import yaml
 
-from lab.cluster.dist import DistContext
-from lab.config import MetricsConfig
-from lab.observability import metrics
+from lab.run.cluster.dist import DistContext
+from lab.run.config import MetricsConfig
+from lab.run.observability import metrics
 from tests.conftest import ROOT
 
 SHIPPED = [

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from lab.data import DeviceLoader
-from lab.data.sharding import order, shard
+from lab.run.data import DeviceLoader
+from lab.run.data.sharding import order, shard
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from lab.cluster import slurm
+from lab.run.cluster import slurm
 from tests.conftest import PYTHON, ROOT
 
 # What srun -N2 --ntasks-per-node=1 sets on its second node (trimmed to what the lab reads)
@@ -115,7 +115,7 @@ def test_the_allocation_is_read_as_srun_sets_it():
 def test_enroots_hook_variables_alone_are_one_process_not_a_rank(monkeypatch):
     """RANK/LOCAL_RANK/WORLD_SIZE from enroot's PyTorch hook, without torchrun's agent: one process alone, which
     prints its own refusals (the second node's `lab launch --slurm` took itself for rank 1 and kept them quiet)."""
-    from lab.cluster import torchrun_env
+    from lab.run.cluster import torchrun_env
 
     for name in ("TORCHELASTIC_RUN_ID", "HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from lab import config
-from lab.cluster.dist import DistContext
 from lab.errors import CheckpointError, LaunchError
-from lab.training import checkpoint, strategies
-from lab.training import model as models
+from lab.run import config
+from lab.run.cluster.dist import DistContext
+from lab.run.training import checkpoint, strategies
+from lab.run.training import model as models
 
 CPU = torch.device("cpu")
 

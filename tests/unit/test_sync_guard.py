@@ -6,7 +6,7 @@ attributed to where it happened. So is every tensor built from host data by the 
 code (torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy): on CUDA each is a
 blocking host-to-device copy when it lands on the device, which no CPU sync counter sees.
 On a GPU the same rule is enforced by torch.cuda.set_sync_debug_mode("error") in
-`lab bench gpu-check`.
+`lab gpu-check`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import lab
-from lab import config, data
-from lab.cluster import dist
-from lab.training.trainer import Trainer
+from lab.run import config, data
+from lab.run.cluster import dist
+from lab.run.training.trainer import Trainer
 
 SYNCING = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 FROM_HOST = ("tensor", "as_tensor", "asarray", "from_numpy")
@@ -103,7 +103,7 @@ def test_training_steps_do_not_sync_between_log_intervals(trainer, monkeypatch):
 
 def test_the_guard_notices_a_tensor_built_from_host_data_per_step(trainer, monkeypatch):
     # What normalize() once did: its mean and std built from Python tuples on every batch (uncached).
-    from lab.data import augment
+    from lab.run.data import augment
 
     monkeypatch.setattr(augment, "_affine", augment._affine.__wrapped__)
     with SyncCounter().installed(monkeypatch) as counter:

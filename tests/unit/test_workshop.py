@@ -23,8 +23,8 @@ RUN_PARTS = "training,strategies"
 def test_the_parts_run_elsewhere_are_planned_as_the_commands_those_tests_run(tmp_path):
     from pathlib import Path
 
-    from lab import config
-    from lab.teaching import workshop
+    from lab.course.teaching import workshop
+    from lab.run import config
 
     steps = workshop.plan(config.load("smoke"), "smoke", [], [2, 4], 0, Path(tmp_path))
     commands = {
@@ -91,7 +91,8 @@ def test_workshop_trains_compares_runs_the_strategies_and_reports(tmp_path):
         "2",
     )  # DDP on 2 ranks only: lesson 1 and the workshop plan test cover the rest
     [folder] = list(tmp_path.iterdir())
-    # --only: the parts asked for and the report, numbered among themselves (lab.teaching.workshop.parts: its doctest)
+    # --only: the parts asked for and the report, numbered among themselves (lab.course.teaching.workshop.parts: its
+    # doctest)
     headers = [line for line in proc.stdout.splitlines() if line.startswith("== ")]
     assert headers[0].startswith("== 1/") and headers[-1] == f"== {len(headers)}/{len(headers)} report"
     assert not [h for h in headers if "pitfall" in h or "scaling" in h or "levers" in h or "all-reduce" in h]

@@ -1,0 +1,43 @@
+"""The command-line arguments of `lab exercise`'s actions (their rows are lab.course.commands'). No torch here."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lab.course.exercises import EXERCISES
+from lab.run.config.arguments import at_least, output_file
+
+
+def _name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", choices=list(EXERCISES), metavar="NAME", help="one of: " + ", ".join(EXERCISES))
+
+
+def _directory(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dir", type=Path, metavar="DIR", help="the folder of your exercise files (default: exercises/ here)"
+    )
+
+
+def list_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the table as JSON")
+
+
+def start_args(p: argparse.ArgumentParser) -> None:
+    _name(p)
+    _directory(p)
+
+
+def check_args(p: argparse.ArgumentParser) -> None:
+    _name(p)
+    p.add_argument("file", nargs="?", type=Path, metavar="FILE", help="your file (default: DIR/NAME.py)")
+    _directory(p)
+    p.add_argument(
+        "--timeout",
+        type=at_least(5, "{} s"),
+        default=120,
+        metavar="S",
+        help="seconds each run may take before it is called hung and stopped (default: 120: alone a run takes "
+        "seconds, but a room's seats share the cores)",
+    )
+    p.add_argument("--json", type=output_file, metavar="PATH", help="write the checklist as JSON")

@@ -1,0 +1,97 @@
+"""`lab exercise list | start NAME | check NAME [FILE]`: the hands-on exercises.
+
+    lab exercise list                       name, lesson, what the learner writes, minutes
+    lab exercise start convert              copies the starter to exercises/convert.py (never over existing work)
+    lab exercise check convert              runs exercises/convert.py under torchrun, watched, and prints the checklist
+
+`check` exits 0 when every check holds, 1 when one fails, 2 on bad input (no such exercise, no such file, a file
+that is not Python). Each check's outcome is kept for the room (lab.course.exercises.results).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from lab import atomic
+from lab.course.exercises import EXERCISES, folder, module_name
+from lab.errors import EXIT_FAILED, EXIT_OK, LabError
+
+DEFAULT_DIR = Path("exercises")
+
+
+def listing(args) -> int:
+    if args.json:
+        rows = [
+            {"name": e.name, "lesson": e.lesson, "writes": e.writes, "minutes": e.minutes} for e in EXERCISES.values()
+        ]
+        atomic.write_text(Path(args.json), json.dumps(rows, indent=1) + "\n")
+    width = max(map(len, EXERCISES))
+    print("Exercises (lab exercise start NAME, then lab exercise check NAME):")
+    print(f"  {'name':<{width}}  lesson  minutes  you write")
+    for e in EXERCISES.values():
+        print(f"  {e.name:<{width}}  {e.lesson:<6}  {e.minutes:>7}  {e.writes}")
+    return EXIT_OK
+
+
+def default_file(name: str, directory: Path | None = None) -> Path:
+    return (directory or DEFAULT_DIR) / f"{name.replace('-', '_')}.py"
+
+
+def start_command(args) -> int:
+    return start(args.name, args.dir)
+
+
+def start(name: str, directory: Path | None) -> int:
+    target = default_file(name, directory)
+    if target.exists():
+        print(f"your work on {name} is already at {target}: open it there (lab exercise check {name} {target})")
+        return EXIT_OK
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(folder(name) / "starter.py", target)
+    print(f"{name}: {EXERCISES[name].writes}")
+    print(f"the starter is at {target}: do its TODOs, then lab exercise check {name} {target}")
+    return EXIT_OK
+
+
+def learner_file(name: str, given: Path | None, directory: Path | None) -> Path:
+    """The file to grade, refused in one line when it is missing or not Python."""
+    path = given or default_file(name, directory)
+    if not path.is_file():
+        hint = "" if given else f" (lab exercise start {name} puts the starter there)"
+        raise LabError(f"{path}: no such file{hint}")
+    try:
+        ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as exc:
+        where = f"{path}:{exc.lineno}" if exc.lineno else str(path)
+        raise LabError(f"{where}: not Python: {exc.msg}") from None
+    except ValueError as exc:  # null bytes: a binary file
+        raise LabError(f"{path}: not Python: {exc}") from None
+    return path.resolve()
+
+
+def check(args) -> int:
+    from lab.course.exercises import grading, results
+
+    path = learner_file(args.name, args.file, args.dir)
+    grade = importlib.import_module(module_name(args.name)).check
+    print(f"lab exercise check {args.name}: running {path} under torchrun, watched ...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    try:
+        checks = grade(path, args.timeout)
+    except Exception as exc:  # the grader's own run (a reference) failed: said, recorded, never a traceback
+        checks = [grading.Check("the grader's own runs", False, f"could not grade: {exc}".splitlines()[0][:300])]
+    seconds = time.monotonic() - started
+    rows = [{"check": c.name, **{k: v for k, v in c.to_dict().items() if k != "name"}} for c in checks]
+    results.record(args.name, rows)
+    held = all(c.held for c in checks)
+    print(grading.render(args.name, checks) + f" ({seconds:.0f} s)")
+    if args.json:
+        doc = {"exercise": args.name, "file": str(path), "passed": held, "seconds": round(seconds, 1), "checks": rows}
+        atomic.write_text(Path(args.json), json.dumps(doc, indent=1) + "\n")
+    return EXIT_OK if held else EXIT_FAILED

@@ -1,0 +1,128 @@
+"""What an observed rank keeps: its trace file (a JSON line an event, flushed at once, one lock for autograd's
+threads) and the measurements the observer takes of the learner's objects (model state bytes, a tensor's values,
+each wrapped model at exit). lab.course.exercises.observe patches torch and writes through a Recorder.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+HERE = os.path.dirname(__file__)  # the observer's own frames (its wrappers) are never "where" a call came from
+MAX_VALUES = 4096  # a tensor recorded element by element up to this many; beyond, its sum and norm only
+
+
+class Recorder:
+    """This rank's trace file, written a line at a time (one lock: DDP's hooks run on autograd's threads)."""
+
+    def __init__(self, folder: str, rank: int, learner_file: str | None) -> None:
+        os.makedirs(folder, exist_ok=True)
+        self._file = open(os.path.join(folder, f"rank-{rank}.jsonl"), "a", buffering=1)
+        self._lock = threading.Lock()
+        self.rank = rank
+        self.learner_file = os.path.realpath(learner_file) if learner_file else None
+        self.sequence = 0
+        self.models: list[Any] = []  # modules wrapped in DDP / DataParallel / fully_shard, for "end"
+        self.inside = threading.local()  # depth of recorded collectives on this thread
+        self.buckets: dict[int, Any] = {}  # each DDP bucket's latest tensor, held to the end (see _counting_allreduce)
+
+    def write(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"e": event, "t": round(time.time(), 6), **fields}, default=str)
+        with self._lock:
+            self._file.write(line + "\n")
+
+    def next_sequence(self) -> int:
+        with self._lock:
+            self.sequence += 1
+            return self.sequence
+
+    def where(self) -> str:
+        """The learner's line that led here: the innermost frame in their file, else the innermost outside torch."""
+        frame: Any = sys._getframe(2)
+        fallback = None
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if self.learner_file and os.path.realpath(filename) == self.learner_file:
+                return f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+            if fallback is None and "/torch/" not in filename and os.path.dirname(filename) != HERE:
+                fallback = f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+            frame = frame.f_back
+        return fallback or "?"
+
+
+def local(tensor: Any) -> Any:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor  # a DTensor's shard on this rank
+
+
+def state_bytes(optimizer: Any) -> int:
+    import torch
+
+    total = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            total += local(p).numel() * p.element_size()
+            if p.grad is not None:
+                total += local(p.grad).numel() * p.grad.element_size()
+            for value in optimizer.state.get(p, {}).values():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    total += local(value).numel() * value.element_size()
+    return total
+
+
+def peak_bytes() -> int | None:
+    import torch
+
+    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
+def values(tensor: Any) -> dict[str, Any]:
+    flat = local(tensor).detach().float().cpu().flatten()
+    found: dict[str, Any] = {"sum": float(flat.sum()), "norm": float(flat.norm()), "numel": flat.numel()}
+    if flat.numel() <= MAX_VALUES:
+        found["values"] = flat.tolist()
+    return found
+
+
+def end(rec: Recorder) -> None:
+    models: list[dict[str, Any]] = []
+    for model in rec.models:
+        try:
+            models.append(
+                {
+                    "parameters": {n: values(p) for n, p in model.named_parameters()},
+                    "buffers": {n: values(b) for n, b in model.named_buffers()},
+                }
+            )
+        except Exception as exc:  # a model torch already tore down: say so rather than fail the learner's exit
+            models.append({"error": str(exc)[:200]})
+    rec.write("end", models=models)
+
+
+class Tee(io.TextIOBase):
+    """The rank's stdout, each complete line also recorded."""
+
+    def __init__(self, stream: Any, rec: Recorder) -> None:
+        self._stream, self._rec, self._partial = stream, rec, ""
+
+    def write(self, text: str) -> int:
+        self._stream.write(text)
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._rec.write("print", text=line[:500])
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._stream.encoding

@@ -1,0 +1,112 @@
+"""What one observed rank did, read back from its trace (lab.course.exercises.observe wrote it, a line an event).
+
+>>> t = Rank(0, [{"e": "epoch"}, {"e": "batch", "idx": [3, 1]}, {"e": "batch", "idx": [2]}, {"e": "epoch"},
+...              {"e": "batch", "idx": [1, 3, 2]}, {"e": "loss", "v": 2.5}, {"e": "step", "state_bytes": 8}])
+>>> t.epochs, t.losses, t.steps
+([[3, 1, 2], [1, 3, 2]], [2.5], 1)
+>>> Rank(1, [{"e": "coll", "phase": "enter", "seq": 1, "op": "all_reduce", "where": "f.py:9 in main"}]).waiting()
+{'seq': 1, 'op': 'all_reduce', 'where': 'f.py:9 in main'}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STEP_LOSS = re.compile(r"step\s+(\d+)\D.*?loss\s+([-+0-9.eE]+|nan|inf)")
+
+
+@dataclass
+class Rank:
+    rank: int
+    events: list[dict[str, Any]]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["e"] == kind]
+
+    def has(self, kind: str) -> bool:
+        return any(e["e"] == kind for e in self.events)
+
+    @property
+    def epochs(self) -> list[list[int]]:
+        """The dataset indices this rank read, per DataLoader iteration (an epoch each)."""
+        found: list[list[int]] = []
+        for e in self.events:
+            if e["e"] == "epoch":
+                found.append([])
+            elif e["e"] == "batch":
+                if not found:
+                    found.append([])
+                found[-1].extend(e["idx"])
+        return [epoch for epoch in found if epoch]
+
+    @property
+    def losses(self) -> list[float]:
+        return [e["v"] for e in self.events if e["e"] == "loss"]
+
+    @property
+    def steps(self) -> int:
+        return sum(e["e"] == "step" for e in self.events)
+
+    def printed_losses(self) -> dict[int, float]:
+        """{step: loss} from the lines this rank printed ("... step 3 ... loss 2.17")."""
+        found = {}
+        for e in self.of("print"):
+            m = STEP_LOSS.search(e["text"])
+            if m:
+                found[int(m.group(1))] = float(m.group(2))
+        return found
+
+    def collectives(self, op: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["e"] == "coll" and e["phase"] == "enter" and (op is None or e["op"] == op)]
+
+    def waiting(self) -> dict[str, Any] | None:
+        """The collective this rank entered and never left (where it was when stopped), or None."""
+        left = {e["seq"] for e in self.events if e["e"] == "coll" and e["phase"] == "exit"}
+        open_ = [e for e in self.collectives() if e["seq"] not in left]
+        if not open_:
+            return None
+        first = open_[0]
+        return {"seq": first["seq"], "op": first["op"], "where": first.get("where", "?")}
+
+    @property
+    def ended(self) -> bool:
+        return self.has("end")
+
+    def models(self) -> list[dict[str, Any]]:
+        ends = self.of("end")
+        return ends[-1]["models"] if ends else []
+
+    def allreduces_per_step(self) -> list[int]:
+        """DDP's bucket all-reduces between one optimizer step and the next."""
+        counts, current = [], 0
+        for e in self.events:
+            if e["e"] == "coll" and e["phase"] == "enter" and e["op"] == "ddp_allreduce":
+                current += 1
+            elif e["e"] == "step":
+                counts.append(current)
+                current = 0
+        return counts
+
+    def buckets(self) -> int:
+        """How many buckets one backward all-reduces (the distinct bucket indices seen)."""
+        return len({e.get("bucket") for e in self.collectives("ddp_allreduce")})
+
+
+def read(folder: Path, world_size: int) -> list[Rank]:
+    """Every rank's trace in rank order (a rank that never started has an empty one)."""
+    ranks = []
+    for rank in range(world_size):
+        path = Path(folder) / f"rank-{rank}.jsonl"
+        events = []
+        if path.exists():
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    events.append(json.loads(line))
+                except ValueError:  # the last line of a rank killed mid-write
+                    continue
+        ranks.append(Rank(rank, events))
+    return ranks

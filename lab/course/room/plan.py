@@ -1,0 +1,448 @@
+"""The room's plan: which GPUs, cores and memory each seat gets, checked before the learners arrive.
+
+    lab room plan --gpus 8 --seats 4          # 4 seats of 2 GPUs: the table below, and runs/room/plan.json
+    lab room plan --devices MIG-a,MIG-b,...   # one MIG instance (or GPU) per seat, from the host's list
+    lab room plan --gpus 8 --mig-per-gpu 3    # 24 seats of one MIG slice each, planned before the slices exist
+
+Every GPU belongs to one seat (a learner who starts DDP "on every GPU" then takes only their own); cores are
+pinned, a disjoint set per seat, where there are at least as many cores as seats, else shared; memory is the
+host's less the hub's share, split evenly, and refused when a seat's share cannot hold lesson 1.
+
+How a seat runs the lessons follows lab.course.teaching.lesson.plan(): with 2 or more GPUs every lesson runs on them at
+GPU sizes (NCCL, one rank per GPU); with one GPU or a MIG instance a multi-rank part cannot have a device per
+rank (and NCCL does not run DDP across MIG instances of one job), so the lessons run the CPU way (2 gloo
+processes, the device hidden), which the table says.
+
+More learners than GPUs take MIG slices (a GPU split into 2, 3, 4 or 7 isolated instances): planned from anywhere
+with --mig-per-gpu (the table names each slice by its GPU, gpu0/mig1, and says how to make them), served on the
+host once the slices exist (this host's plan then hands out their MIG UUIDs, read from `nvidia-smi -L`).
+
+>>> host = Host(devices=tuple("01234567"), cores=tuple(range(32)), memory_bytes=256 * GIB)
+>>> room = make_plan(host, seats=4)
+>>> [(s.name, s.cuda_visible_devices, len(s.cpus), s.memory_bytes // GIB) for s in room.seats]
+[('seat1', '0,1', 8, 57), ('seat2', '2,3', 8, 57), ('seat3', '4,5', 8, 57), ('seat4', '6,7', 8, 57)]
+>>> make_plan(host, seats=12)
+Traceback (most recent call last):
+lab.errors.LabError: 12 seats on 8 GPUs: each GPU belongs to one seat; split each GPU into 2 MIG slices
+(--mig-per-gpu 2: 16 slices of 3g.40gb on an H100; docs/workshop.md#more-learners-than-gpus-mig-slices), or seat them
+in pairs (--seats 6, 1 GPU a seat)
+>>> [s.devices for s in make_plan(Host(planned_slices(2, 3), tuple(range(32)), 256 * GIB)).seats][:4]
+[('gpu0/mig1',), ('gpu0/mig2',), ('gpu0/mig3',), ('gpu1/mig1',)]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lab import atomic
+from lab.course.room.mig import (  # noqa: F401  (EXAMPLE_LISTING, MIG_SPLITS: the tests' and docs' names here too)
+    EXAMPLE_LISTING,
+    MIG_SPLITS,
+    PLANNED_SLICE,
+    _host_devices,
+    is_slice,
+    mig_commands,
+    planned_slices,
+    too_many_seats,
+)
+from lab.errors import LabError
+
+GIB = 2**30
+# Host memory one seat needs for lesson 1 the CPU way: its JupyterLab server and kernel, the baseline (one
+# process), then DDP (torchrun and 2 gloo workers). Measured as the peak of the seat's processes' summed PSS
+# (scripts/room-bench.py, 2-core x86_64, torch 2.14.1): 2.19 GiB for a seat alone, 1.83-1.99 GiB each with 3, 5
+# or 7 seats at once (shared pages split between them). 3 GiB keeps room for a second notebook left open.
+SEAT_MEMORY_FLOOR_BYTES = 3 * GIB
+# Per GPU of a seat, the host memory of a rank that drives it (its CUDA context, pinned buffers, the data set on
+# the host before it is copied over). Not measured here (no GPU): a rank of the lab on an H100 is expected to hold
+# 2-4 GiB of host memory; the floor takes the top of that.
+GPU_HOST_BYTES = 4 * GIB
+# What the hub, its proxy, the OS and the page cache keep: a tenth of the host, at least 2 GiB.
+HUB_RESERVE_FRACTION, HUB_RESERVE_MIN_BYTES = 0.10, 2 * GIB
+# A seat is a hub user and a system user (useradd's portable names), so only lower-case letters and digits.
+SEAT_NAME = re.compile(r"^[a-z][a-z0-9]{0,30}$")
+DEFAULT_PLAN = Path("runs") / "room" / "plan.json"
+
+
+@dataclass(frozen=True)
+class Host:
+    """What the room has to hand out."""
+
+    devices: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries: GPU indices ("0".."7") or MIG UUIDs ("MIG-...")
+    cores: tuple[int, ...]  # CPU core ids (this process's affinity)
+    memory_bytes: int
+
+    @property
+    def reserve_bytes(self) -> int:
+        return max(HUB_RESERVE_MIN_BYTES, int(self.memory_bytes * HUB_RESERVE_FRACTION))
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One learner's share of the host."""
+
+    name: str
+    devices: tuple[str, ...] = ()  # the seat's CUDA_VISIBLE_DEVICES
+    cpus: tuple[int, ...] = ()  # cores pinned to the seat; () where seats share every core
+    cpu_share: float = 1.0  # cores' worth the seat may use (a container's cpu_limit)
+    memory_bytes: int = 0  # its memory limit
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(self.devices)
+
+    @property
+    def threads(self) -> int:
+        """OMP_NUM_THREADS for the seat's processes where its cores are shared (pinned seats split their own)."""
+        return max(1, int(self.cpu_share))
+
+    @property
+    def mig(self) -> bool:
+        return any(is_slice(d) for d in self.devices)
+
+    def lessons(self) -> str:
+        """How the seven lessons run on this seat (lab.course.teaching.lesson.plan's rule, said for the table).
+
+        >>> Seat("a", ("0", "1")).lessons()
+        '1-7 on its 2 GPUs (NCCL, GPU sizes)'
+        >>> Seat("a", ("MIG-x",)).lessons()
+        '1-7 the CPU way (2 gloo processes): NCCL cannot run DDP across MIG instances'
+        """
+        if self.mig:
+            return "1-7 the CPU way (2 gloo processes): NCCL cannot run DDP across MIG instances"
+        if len(self.devices) >= 2:
+            return f"1-7 on its {len(self.devices)} GPUs (NCCL, GPU sizes)"
+        if self.devices:
+            return "1-7 the CPU way (2 gloo processes): DDP needs a GPU per rank, and this seat has one"
+        return "1-7 the CPU way (2 gloo processes)"
+
+
+@dataclass(frozen=True)
+class RoomPlan:
+    host: Host
+    seats: tuple[Seat, ...]
+    notes: tuple[str, ...] = field(default=())  # what the instructor should know: unused GPUs, shared cores
+
+    def seat(self, name: str) -> Seat:
+        for seat in self.seats:
+            if seat.name == name:
+                return seat
+        raise LabError(f"no seat named {name!r} in the room's plan; its seats: {', '.join(self.names)}")
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.seats]
+
+
+# ----------------------------------------------------------------------------- the host
+
+
+def this_host(
+    gpus: int | None = None,
+    devices: str | None = None,
+    cores: int | None = None,
+    memory_gib: float | None = None,
+    mig_per_gpu: int | None = None,
+) -> Host:
+    """This machine: its GPUs (NVML's count; their MIG instances where they have some), cores and memory; each can
+    be given instead (`gpus`, a `devices` list, `cores`, `memory_gib`), to plan another host from here, and the GPUs
+    planned as `mig_per_gpu` slices each."""
+    from lab.run.cluster import nvml
+
+    if mig_per_gpu is not None:
+        if devices is not None:
+            raise LabError(
+                f"--mig-per-gpu {mig_per_gpu} with --devices: the devices are already named; give --gpus N "
+                f"--mig-per-gpu K to plan slices that do not exist yet, or --devices MIG-... for ones that do"
+            )
+        found = planned_slices(nvml.device_count() if gpus is None else gpus, mig_per_gpu)
+    elif devices is not None:
+        found = tuple(d.strip() for d in devices.split(",") if d.strip())
+        if not found or len(found) != len(devices.split(",")):
+            raise LabError(
+                f"--devices {devices!r}: an empty entry; give the seats' devices comma-separated, GPU indices or MIG "
+                f"UUIDs (--devices 0,1,2,3 or --devices MIG-a,MIG-b), or leave --devices out for this host's GPUs"
+            )
+    elif gpus is not None:
+        found = tuple(str(i) for i in range(gpus))
+    else:
+        found = _host_devices(nvml.device_count())
+    if cores is not None:
+        ids = tuple(range(cores))
+    elif hasattr(os, "sched_getaffinity"):
+        ids = tuple(sorted(os.sched_getaffinity(0)))
+    else:
+        ids = tuple(range(os.cpu_count() or 1))
+    return Host(found, ids, int(memory_gib * GIB) if memory_gib is not None else _memory_bytes())
+
+
+def _memory_bytes(meminfo: str = "/proc/meminfo") -> int:
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+# ----------------------------------------------------------------------------- making and checking a plan
+
+
+def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = None, prefix: str = "seat") -> RoomPlan:
+    """Seats with disjoint GPUs and cores and an even share of memory; LabError when the host cannot hold them.
+
+    Defaults: on a GPU host, 2 GPUs a seat (NCCL's smallest DDP), as many seats as that gives; on a CPU host,
+    a seat per 2 cores (a lesson's 2 gloo processes, a core each).
+
+    >>> cpu = Host((), (0, 1), 24 * GIB)
+    >>> room = make_plan(cpu, seats=3)
+    >>> [(s.name, s.cpus, round(s.cpu_share, 2), s.memory_bytes // 2**20) for s in room.seats]
+    [('seat1', (), 0.67, 7372), ('seat2', (), 0.67, 7372), ('seat3', (), 0.67, 7372)]
+    >>> make_plan(cpu, seats=8)
+    Traceback (most recent call last):
+    lab.errors.LabError: 8 seats do not fit in 24.0 GiB of memory: 21.6 GiB after the hub's share holds at most 7
+    seats of 3.0 GiB (lesson 1 the CPU way); use --seats 7 or fewer
+    """
+    if not SEAT_NAME.match(prefix + "1"):
+        raise LabError(
+            f"--prefix {prefix!r}: a seat's name is a system user name: lower-case letters and digits, "
+            f"starting with a letter (e.g. seat)"
+        )
+    devices, notes = host.devices, []
+    if seats is not None and seats < 1:
+        raise LabError(f"--seats {seats}: a room needs at least one seat")
+    if devices:
+        if gpus_per_seat is None:
+            # a MIG instance is one device to CUDA and NCCL alike: one a seat
+            mig = any(is_slice(d) for d in devices)
+            gpus_per_seat = max(1, len(devices) // seats) if seats else 1 if mig else min(2, len(devices))
+        if seats is None:
+            seats = len(devices) // gpus_per_seat
+        if seats > len(devices):
+            raise LabError(too_many_seats(seats, devices))
+        if seats * gpus_per_seat > len(devices):
+            raise LabError(
+                f"{seats} seats of {gpus_per_seat} GPUs need {seats * gpus_per_seat}; this host has "
+                f"{len(devices)}: at most {len(devices) // gpus_per_seat} seats of {gpus_per_seat}"
+            )
+        spare = devices[seats * gpus_per_seat :]
+        if spare:
+            noun = "MIG slice" if any(is_slice(d) for d in devices) else "GPU"
+            notes.append(
+                f"{_plural(len(spare), noun)} ({','.join(spare)}) left to no seat: {len(devices)} do not "
+                f"split evenly into {_plural(seats, 'seat')} of {gpus_per_seat}"
+            )
+    else:
+        if gpus_per_seat:
+            raise LabError(
+                f"--gpus-per-seat {gpus_per_seat}: this host has no GPU (give --gpus N to plan for a "
+                f"GPU server from here)"
+            )
+        gpus_per_seat = 0
+        seats = seats or max(1, len(host.cores) // 2)
+    _check_memory(host, seats, gpus_per_seat)
+    memory = (host.memory_bytes - host.reserve_bytes) // seats
+    cores = host.cores
+    pinned = len(cores) // seats if len(cores) >= seats else 0
+    if not pinned:
+        notes.append(
+            f"{seats} seats share {len(cores)} cores ({len(cores) / seats:.2f} each): lessons run slower "
+            f"while seats run at once"
+        )
+    made = []
+    for i in range(seats):
+        mine = cores[i * pinned : (i + 1) * pinned] if pinned else ()
+        made.append(
+            Seat(
+                f"{prefix}{i + 1}",
+                tuple(devices[i * gpus_per_seat : (i + 1) * gpus_per_seat]),
+                mine,
+                float(pinned) if pinned else len(cores) / seats,
+                memory,
+            )
+        )
+    return RoomPlan(host, tuple(made), tuple(notes))
+
+
+def require_devices(plan: RoomPlan, source: str) -> RoomPlan:
+    """A plan a room can serve: no slice that is only planned (a seat cannot be given a slice that does not exist)."""
+    for seat in plan.seats:
+        planned = [d for d in seat.devices if PLANNED_SLICE.match(d)]
+        if planned:
+            raise LabError(
+                f"{source}: {seat.name}'s device {planned[0]} is a MIG slice planned, not made: make the slices "
+                f"(lab room plan prints the nvidia-smi commands) and plan on the server with lab room plan "
+                f"--seats {len(plan.seats)}, which hands out their MIG UUIDs"
+            )
+    return plan
+
+
+def seat_floor_bytes(gpus_per_seat: int) -> int:
+    return SEAT_MEMORY_FLOOR_BYTES + gpus_per_seat * GPU_HOST_BYTES
+
+
+def _check_memory(host: Host, seats: int, gpus_per_seat: int) -> None:
+    usable = host.memory_bytes - host.reserve_bytes
+    floor = seat_floor_bytes(gpus_per_seat)
+    if usable // seats >= floor:
+        return
+    fits = max(0, usable // floor)
+    what = (
+        f"{gpus_per_seat} GPU{'s' if gpus_per_seat > 1 else ''} and lesson 1"
+        if gpus_per_seat
+        else "lesson 1 the CPU way"
+    )
+    if not fits:
+        raise LabError(
+            f"this host's {host.memory_bytes / GIB:.1f} GiB cannot hold one seat of {floor / GIB:.1f} GiB ({what})"
+        )
+    raise LabError(
+        f"{seats} seats do not fit in {host.memory_bytes / GIB:.1f} GiB of memory: {usable / GIB:.1f} "
+        f"GiB after the hub's share holds at most {_plural(fits, 'seat')} of {floor / GIB:.1f} GiB "
+        f"({what}); use --seats {fits} or fewer"
+    )
+
+
+def check(plan: RoomPlan, source: str) -> RoomPlan:
+    """A plan read from a file (perhaps edited): names valid and distinct, no GPU or core in two seats, the memory
+    limits within the host's. LabError naming the file, the seats and what is wrong."""
+    seen_names: set[str] = set()
+    owner: dict[tuple[str, str], str] = {}
+    for seat in plan.seats:
+        if not SEAT_NAME.match(seat.name):
+            raise LabError(
+                f"{source}: seat {seat.name!r}: a seat's name is a system user name: lower-case letters "
+                f"and digits, starting with a letter"
+            )
+        if seat.name in seen_names:
+            raise LabError(f"{source}: two seats are named {seat.name!r}; give each seat its own name")
+        seen_names.add(seat.name)
+        for kind, things in (("GPU", seat.devices), ("core", tuple(map(str, seat.cpus)))):
+            for thing in things:
+                other = owner.setdefault((kind, thing), seat.name)
+                if other != seat.name:
+                    raise LabError(
+                        f"{source}: seats {other} and {seat.name} both have {kind} {thing}; each {kind} "
+                        f"belongs to one seat"
+                    )
+    if not plan.seats:
+        raise LabError(f"{source}: the plan has no seats; make one with lab room plan --seats N")
+    total = sum(s.memory_bytes for s in plan.seats)
+    usable = plan.host.memory_bytes - plan.host.reserve_bytes
+    if total > usable:
+        raise LabError(
+            f"{source}: the seats' memory limits add up to {total / GIB:.1f} GiB, over the "
+            f"{usable / GIB:.1f} GiB the host has after the hub's share; lower them or seat fewer"
+        )
+    return plan
+
+
+# ----------------------------------------------------------------------------- the file
+
+
+def save(plan: RoomPlan, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(path, json.dumps(asdict(plan), indent=2) + "\n")
+    return path
+
+
+def load(path: Path) -> RoomPlan:
+    """A plan file written by save() (and perhaps edited): checked as check() does."""
+    try:
+        raw = json.loads(Path(path).read_text())
+        host = Host(
+            tuple(map(str, raw["host"]["devices"])),
+            tuple(map(int, raw["host"]["cores"])),
+            int(raw["host"]["memory_bytes"]),
+        )
+        seats = tuple(
+            Seat(
+                str(s["name"]),
+                tuple(map(str, s.get("devices", ()))),
+                tuple(map(int, s.get("cpus", ()))),
+                float(s.get("cpu_share", 1.0)),
+                int(s["memory_bytes"]),
+            )
+            for s in raw["seats"]
+        )
+        plan = RoomPlan(host, seats, tuple(raw.get("notes", ())))
+    except FileNotFoundError:
+        raise LabError(f"{path}: no room plan there; make one with lab room plan --seats N --json {path}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LabError(f"{path}: not a room plan ({type(exc).__name__}: {exc}); make one with lab room plan") from None
+    return check(plan, str(path))
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def table(plan: RoomPlan) -> str:
+    """The table an instructor checks before the learners arrive (Markdown, readable as text)."""
+    rows = ["| seat | GPUs (CUDA_VISIBLE_DEVICES) | CPU cores | memory limit | the lessons |", "|---|---|---|---:|---|"]
+    for s in plan.seats:
+        cores = core_list(s.cpus) if s.cpus else f"shared ({s.cpu_share:.2f})"
+        rows.append(
+            f"| {s.name} | {s.cuda_visible_devices or 'none'} | {cores} | "
+            f"{s.memory_bytes / GIB:.1f} GiB | {s.lessons()} |"
+        )
+    host = plan.host
+    rows.append("")
+    planned = {m.group(1) for m in map(PLANNED_SLICE.match, host.devices) if m}
+    if planned:
+        devices = f"{len(planned)} GPUs as {len(host.devices)} MIG slices"
+    elif any(is_slice(d) for d in host.devices):
+        devices = f"{len(host.devices)} MIG slices"
+    else:
+        devices = f"{len(host.devices)} GPUs"
+    rows.append(
+        f"host: {devices}, {len(host.cores)} cores, {host.memory_bytes / GIB:.1f} GiB "
+        f"({host.reserve_bytes / GIB:.1f} GiB kept for the hub and the system)"
+    )
+    rows += [f"note: {n}" for n in plan.notes]
+    commands = mig_commands(plan.host.devices, len(plan.seats))
+    if commands:
+        rows += ["", "the MIG slices are planned, not made: on the server, as root, before the room arrives:"]
+        rows += [f"    {c}" for c in commands]
+    return "\n".join(rows)
+
+
+def _plural(count: int, thing: str) -> str:
+    return f"{count} {thing}{'' if count == 1 else 's'}"
+
+
+def core_list(cores: tuple[int, ...]) -> str:
+    """Core ids as ranges.
+
+    >>> core_list((0, 1, 2, 3, 8, 10, 11))
+    '0-3,8,10-11'
+    """
+    parts, start = [], None
+    for i, core in enumerate(cores):
+        if start is None:
+            start = core
+        if i + 1 == len(cores) or cores[i + 1] != core + 1:
+            parts.append(str(start) if start == core else f"{start}-{core}")
+            start = None
+    return ",".join(parts)
+
+
+def from_args(args) -> RoomPlan:
+    """The plan `lab room plan` and `lab room serve` share: --plan FILE, else one made for this host (or the host
+    --gpus/--devices, --cores and --memory describe)."""
+    if getattr(args, "plan", None):
+        return load(Path(args.plan))
+    host = this_host(args.gpus, args.devices, args.cores, args.memory, getattr(args, "mig_per_gpu", None))
+    return make_plan(host, args.seats, args.gpus_per_seat, args.prefix)
+
+
+def run(args) -> int:
+    """`lab room plan`: the table, and the plan written for `lab room serve --plan`."""
+    plan = from_args(args)
+    print(table(plan))
+    print(f"\nplan: {save(plan, Path(args.json))} (lab room serve --plan {args.json})")
+    return 0

@@ -1,0 +1,166 @@
+"""`lab room serve` (what `make room` runs): the plan, the seats' system users and homes, then JupyterHub with its
+proxy, in the foreground until Ctrl-C. Everything it started stops with it: the hub stops the seats' servers
+and its proxy as it exits, and whatever a seat left running (a kernel's torchrun, a lesson's Prometheus) is
+stopped after it, by the seat's user id.
+
+    lab room serve --seats 3                                   # this host, three seats; the hub at 127.0.0.1:8000
+    lab room serve --plan runs/room/plan.json --bind 0.0.0.0   # a checked plan, reachable from the room's network
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from lab import optional
+from lab.course.room import plan as room_plan
+from lab.course.room import seats
+from lab.course.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
+from lab.course.room.status import lessons
+from lab.errors import LabError
+from lab.run.cluster import runner
+from lab.run.observability import room_metrics
+
+CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
+# `make room-proxy` installs configurable-http-proxy (npm, pinned by jupyter/proxy/package-lock.json) here
+PROXY_IN_VENV = Path(sys.prefix) / "room-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
+STOP_GRACE_SECONDS = 30  # the hub stops every seat's server before it exits: give it the time
+
+
+def find_proxy(given: str | None) -> str:
+    for candidate in (
+        given,
+        str(PROXY_IN_VENV) if PROXY_IN_VENV.exists() else None,
+        shutil.which("configurable-http-proxy"),
+    ):
+        if candidate and (Path(candidate).exists() or shutil.which(candidate)):
+            return candidate
+    raise LabError(
+        f"configurable-http-proxy (JupyterHub's proxy, from npm) is not installed: `make room-proxy` "
+        f"installs it into {PROXY_IN_VENV.parent.parent.parent}, or give its path with --proxy"
+    )
+
+
+# What the hub needs, by spawner (the [room] extra has them all): refused in one line before anything starts
+NEEDS = {
+    "local": ("jupyterhub", "nativeauthenticator", "jupyterhub_idle_culler"),
+    "docker": ("jupyterhub", "nativeauthenticator", "jupyterhub_idle_culler", "dockerspawner"),
+    "slurm": ("jupyterhub", "nativeauthenticator", "jupyterhub_idle_culler", "batchspawner"),
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    for module in NEEDS[args.spawner]:
+        optional.require(module, "lab room serve (pip install -e '.[room]', as make room does)")
+    if args.spawner == "slurm" and not args.plan and args.gpus is None and not args.devices:
+        # the seats run on the cluster's nodes, and the hub on a login node that seldom has a GPU: a plan of this
+        # host would ask Slurm for no GPU at all
+        raise LabError(
+            "lab room serve --spawner slurm: the seats run on the cluster's nodes, not on this host: describe one "
+            "node with --gpus N --cores N --memory GIB (scontrol show node NAME), or give --plan FILE"
+        )
+    plan = room_plan.require_devices(room_plan.from_args(args), args.plan or "the plan")
+    state = Path(args.room_dir).resolve()
+    settings = RoomSettings(
+        spawner=args.spawner,
+        bind=args.bind,
+        port=args.port,
+        hub_port=args.hub_port,
+        proxy_api_port=args.proxy_api_port,
+        proxy=find_proxy(args.proxy),
+        idle_timeout_seconds=args.idle_timeout,
+        cull_every_seconds=min(300, max(5, args.idle_timeout // 2)),
+        home_root=args.home_root,
+        pushgateway=args.pushgateway or "",
+        prometheus_url=args.prometheus_url or "",
+        image=args.image,
+        network=args.network,
+        hub_bind=args.hub_bind,
+        hub_connect_url=args.hub_connect_url,
+        memlock=args.memlock,
+        slurm_partition=args.slurm_partition or "",
+        slurm_account=args.slurm_account or "",
+        slurm_qos=args.slurm_qos or "",
+    )
+    if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
+        _make_seats(plan, Path(settings.home_root))
+    state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o700)  # the hub's database, cookie secret and the instructor's password
+    room_plan.save(plan, state / "plan.json")
+    settings.save(state)
+    if settings.pushgateway:
+        room_metrics.push_room_seats(settings.pushgateway, [(s.name, list(s.devices)) for s in plan.seats])
+        room_metrics.push_room_lessons(settings.pushgateway, lessons())
+    print(room_plan.table(plan), flush=True)
+    print(
+        f"\nthe room: http://{settings.bind}:{settings.port}/hub/ (learners sign up as "
+        f"{', '.join(plan.names)}; authorize them at /hub/authorize as {settings.admin}, whose password "
+        f"is in {state / PASSWORD_FILE}); Ctrl-C stops the room",
+        flush=True,
+    )
+    env = {**os.environ, STATE_ENV: str(state), "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(32)}
+    try:
+        done = runner.run(
+            [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG_FILE)],
+            env=env,
+            echo=False,
+            stop_grace_seconds=STOP_GRACE_SECONDS,
+        )
+    finally:
+        if settings.spawner in ("local", "slurm"):
+            for name in plan.names:
+                if seats.made_by_a_room(name):  # never someone's own account's processes
+                    stop_user_processes(name)
+    return 0 if done.returncode == 0 else 1
+
+
+def _make_seats(plan: room_plan.RoomPlan, home_root: Path) -> None:
+    if os.geteuid() != 0:
+        raise LabError(
+            "lab room serve: each seat runs as a system user of its own, which only root can start "
+            "(sudo make room), or use Docker (docker compose --profile room up hub)"
+        )
+    for seat in plan.seats:
+        seats.ensure_user(seat.name, home_root)
+    why = seats.unreachable(plan.seats[0].name, [Path(sys.executable), seats.CHECKOUT])
+    if why:
+        raise LabError(why)
+
+
+def stop_user_processes(name: str, grace_seconds: float = 5.0) -> int:
+    """SIGTERM, then SIGKILL after `grace_seconds`, to every process of system user `name`; how many there were."""
+    import pwd
+
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return 0
+
+    def theirs() -> list[int]:
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                line = next(x for x in status.read_text().splitlines() if x.startswith("Uid:"))
+            except (OSError, StopIteration):
+                continue
+            if int(line.split()[1]) == uid:
+                found.append(int(status.parent.name))
+        return found
+
+    first = theirs()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in theirs():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_seconds
+        while theirs() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return len(first)

@@ -1,0 +1,206 @@
+"""`lab room status`: every seat by lesson (passed, failed, running, not run), each seat's newest run and the
+memory its GPUs hold, then every seat by exercise (passed, failed with the check that failed, not tried), read from
+the seats' homes (their lessons' checks.json, run directories and exercises' records) and NVML.
+
+    | seat | 01 | 02 | ... | newest run | memory |
+    | seat1 | passed 1/1 | not run | ... | ddp-2 (completed) | no GPU; rank 0 held 0.7 GiB |
+
+    | seat | convert | fix-set-epoch | ... |
+    | seat1 | failed: each rank its own share of every epoch | not tried | ... |
+
+Run it as root (or the user who owns the seats' homes): each home is closed to everyone else. The Grafana
+dashboard "lab room" shows the same from the Pushgateway, where the room has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from lab import atomic
+from lab.course.exercises import EXERCISES
+from lab.course.exercises import results as exercise_results
+from lab.course.room import plan as room_plan
+from lab.course.room import seats
+from lab.course.teaching import lesson_checks
+from lab.errors import LabError
+
+GIB = 2**30
+NOT_RUN = "not run"
+
+
+def lessons(folder: Path | None = None) -> list[tuple[str, int]]:
+    """(number, checks it makes) for each shipped lesson: a lesson has passed when all of them held.
+
+    >>> [n for n, _ in lessons()]
+    ['01', '02', '03', '04', '05', '06', '07']
+    """
+    return [(path.name[:2], path.read_text().count("lesson.expect(")) for path in seats.lesson_files(folder)]
+
+
+def lesson_state(record: dict[str, Any] | None, expected: int) -> str:
+    """One cell of the table.
+
+    >>> lesson_state(None, 2), lesson_state({"passed": 2, "failed": 0}, 2), lesson_state({"passed": 1, "failed": 1}, 2)
+    ('not run', 'passed 2/2', 'failed 1 of 2')
+    >>> lesson_state({"passed": 1, "failed": 0}, 2)
+    'running 1/2'
+    """
+    if record is None:
+        return NOT_RUN
+    if record["failed"]:
+        return f"failed {record['failed']} of {expected}"
+    if record["passed"] >= expected:
+        return f"passed {record['passed']}/{expected}"
+    return f"running {record['passed']}/{expected}"
+
+
+def seat_status(seat: room_plan.Seat, home: Path | None, expected: list[tuple[str, int]]) -> dict[str, Any]:
+    runs = seats.runs_dir(home) if home else None
+    found: dict[str, Any] = {}
+    if runs is not None and runs.is_dir():
+        try:
+            for folder in runs.iterdir():
+                record = lesson_checks.read(folder)
+                if record is not None:
+                    found[folder.name[:2]] = record
+        except PermissionError:
+            raise LabError(
+                f"{runs}: not readable by this user; run lab room status as root (each seat's home is "
+                f"closed to everyone else)"
+            ) from None
+    run = newest_run(runs) if runs is not None and runs.is_dir() else None
+    tried = exercise_results.read_all(runs) if runs is not None and runs.is_dir() else {}
+    return {
+        "seat": seat.name,
+        "devices": list(seat.devices),
+        "lessons": {n: lesson_state(found.get(n), count) for n, count in expected},
+        "checks": {n: found[n]["checks"] for n in found},
+        "exercises": {name: exercise_results.state(tried.get(name)) for name in EXERCISES},
+        "run": run,
+        "memory": memory_text(seat, run),
+    }
+
+
+def newest_run(runs: Path) -> dict[str, Any] | None:
+    """The seat's most recently started run: its id, status (running until its summary is written) and rank 0's
+    memory (device memory on a GPU, resident memory on a CPU): its peak once finished, else its last logged."""
+    manifests = sorted(runs.rglob("manifest.json"), key=lambda p: p.stat().st_mtime)
+    if not manifests:
+        return None
+    folder = manifests[-1].parent
+    summary = _json(folder / "summary.json") or {}
+    held = summary.get("device_memory_peak_bytes")  # a finished run's peak; a running one's last logged figure
+    metrics = folder / "metrics.jsonl"
+    if held is None and metrics.exists():
+        for line in reversed(metrics.read_text().splitlines()):
+            row = json.loads(line) if line.strip() else {}
+            if "device_memory_allocated_bytes" in row:
+                held = row["device_memory_allocated_bytes"]
+                break
+    return {
+        "run_id": folder.name,
+        "path": str(folder),
+        "status": summary.get("status", "running"),
+        "memory_bytes": held,
+    }
+
+
+def memory_text(seat: room_plan.Seat, run: dict[str, Any] | None) -> str:
+    """What the seat's GPUs hold now (NVML), or on a seat without GPUs what its newest run's rank 0 held."""
+    used = gpu_memory_used(seat.devices)
+    if used is not None:
+        return f"{used / GIB:.1f} GiB on GPU {seat.cuda_visible_devices}"
+    held = (run or {}).get("memory_bytes")
+    where = "no GPU" if not seat.devices else f"GPU {seat.cuda_visible_devices} (no NVML here)"
+    return f"{where}; its newest run's rank 0: {held / GIB:.2f} GiB" if held else where
+
+
+def gpu_memory_used(devices: tuple[str, ...]) -> int | None:
+    """Bytes in use on these GPUs (host indices or UUIDs) by every process, or None without NVML or GPUs."""
+    if not devices:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        total = 0
+        for device in devices:
+            handle = (
+                pynvml.nvmlDeviceGetHandleByUUID(device)
+                if not device.isdigit()
+                else pynvml.nvmlDeviceGetHandleByIndex(int(device))
+            )
+            total += int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        return total
+    except Exception:
+        return None
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def table(rows: list[dict[str, Any]], numbers: list[str]) -> str:
+    head = "| seat | " + " | ".join(numbers) + " | newest run | memory |"
+    lines = [head, "|---|" + "---|" * len(numbers) + "---|---|"]
+    for row in rows:
+        run = row["run"]
+        newest = f"{run['run_id']} ({run['status']})" if run else "none"
+        lines.append(
+            f"| {row['seat']} | " + " | ".join(row["lessons"][n] for n in numbers) + f" | {newest} | {row['memory']} |"
+        )
+    return "\n".join(lines)
+
+
+def exercise_table(rows: list[dict[str, Any]]) -> str:
+    """Each seat's exercises: passed, failed (with the first check that failed), or not tried.
+
+    >>> print(exercise_table([{"seat": "s1", "exercises": {"convert": "passed", "shard": "not tried"}}]))
+    | seat | convert | shard |
+    |---|---|---|
+    | s1 | passed | not tried |
+    """
+    names = list(rows[0]["exercises"]) if rows else []
+    lines = ["| seat | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [f"| {row['seat']} | " + " | ".join(row["exercises"][n] for n in names) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def seat_home(name: str, spawner: str) -> Path | None:
+    """Where seat `name` keeps its files, as seen from here: its system user's home, or under Docker its volume's
+    folder on this host (the Docker engine says where)."""
+    if spawner != "docker":
+        return seats.home_of(name)
+    import docker
+
+    try:
+        return Path(docker.from_env().volumes.get(f"lab-room-{name}").attrs["Mountpoint"])
+    except docker.errors.NotFound:
+        return None  # the seat never started
+    except docker.errors.DockerException as exc:
+        raise LabError(
+            f"lab room status: the seats are Docker volumes and the Docker engine cannot be asked where "
+            f"({exc}); run it on the room's host, as root"
+        ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab.course.room.settings import RoomSettings
+
+    state = Path(args.room_dir)
+    plan = room_plan.load(state / "plan.json")
+    spawner = RoomSettings.load(state).spawner
+    expected = lessons()
+    rows = [seat_status(seat, seat_home(seat.name, spawner), expected) for seat in plan.seats]
+    print(table(rows, [n for n, _ in expected]))
+    print()
+    print(exercise_table(rows))
+    if args.json:
+        atomic.write_text(Path(args.json), json.dumps({"seats": rows}, indent=2) + "\n")
+    return 0

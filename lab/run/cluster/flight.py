@@ -1,0 +1,237 @@
+"""What this rank's collectives were: PyTorch's Flight Recorder where the installed torch has it, else a record of
+the lab's own; read as one snapshot (the analysis of a hang, lab.run.cluster.hang, reads the ranks' snapshots).
+
+The Flight Recorder (torch >= 2.8 on gloo, NCCL since 2.4) keeps a ring of every collective a process group
+enqueued: its sequence number, operation, sizes and the Python frames that called it, and per group the last
+sequence number enqueued and completed. It must be on before the first process group is made
+(TORCH_FR_BUFFER_SIZE); on gloo it dumps nothing by itself, so the lab reads it (`_dump_fr_trace`) when a rank
+stalls or a collective raises. torch 2.6 and 2.7 have it for NCCL only (`_dump_nccl_trace`): there the lab wraps
+torch.distributed's collectives in Python instead, which sees the calls made from Python (a DDP bucket's
+all-reduce, made in C++, is not among them).
+
+    flight.enable()                 # before init_process_group
+    flight.snapshot(reason="...")   # this rank's record: {"source", "groups", "entries", "stack"}
+
+LAB_FLIGHT_RECORDER=0 turns recording off (the benchmark's "without" side); its cost is in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import socket
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+SWITCH_ENV = "LAB_FLIGHT_RECORDER"  # 0: no record at all
+BUFFER_ENTRIES = 512  # collectives kept per process: many steps of DDP buckets; a dump reads them all (~0.1 s)
+ENTRIES_KEPT = 6  # per group in a snapshot: the one in flight and the few before it
+# Frames that are not the line a reader wants: torch's own, and the lab's thin wrappers of a collective.
+NOT_THE_CALLER = (
+    str(Path(torch.__file__).parent),
+    str(Path(__file__).parent / "dist.py"),
+    str(Path(__file__)),
+    sysconfig.get_paths()["stdlib"] + os.sep,  # contextlib's __exit__ around a with-block's closing barrier
+)
+
+# torch.distributed's functions the Python record wraps (where the Flight Recorder is missing)
+WRAPPED = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all_single",
+    "barrier",
+    "send",
+    "recv",
+)
+
+
+def on() -> bool:
+    return os.environ.get(SWITCH_ENV, "1").strip() != "0"
+
+
+def recording() -> str | None:
+    """What records this process's collectives now: 'flight recorder', 'lab record' or None."""
+    if not on():
+        return None
+    if has_flight_recorder() and int(os.environ.get(BUFFER_ENV) or 0) > 0:
+        return "flight recorder"
+    return "lab record" if _PythonRecord.installed else None
+
+
+def has_flight_recorder() -> bool:
+    return hasattr(torch._C._distributed_c10d, "_dump_fr_trace")
+
+
+def enable() -> str | None:
+    """Turn recording on for the groups this process will make: 'flight recorder', 'lab record' or None (off)."""
+    if not on():
+        return None
+    if has_flight_recorder():
+        os.environ.setdefault(BUFFER_ENV, str(BUFFER_ENTRIES))
+        return "flight recorder" if int(os.environ[BUFFER_ENV] or 0) > 0 else None
+    _PythonRecord.install()
+    return "lab record"
+
+
+def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The innermost frame outside torch (frames innermost first): the line that called the collective."""
+    for f in frames:
+        name = str(f.get("filename", ""))
+        if name and not name.startswith(NOT_THE_CALLER) and not name.startswith("<"):
+            return {"file": _short(name), "line": int(f.get("line", 0)), "function": str(f.get("name", ""))}
+    return None
+
+
+def _short(path: str) -> str:
+    """A path under the working directory as the user typed it (tests/x.py), others whole."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
+def main_stack(limit: int = 40) -> list[dict[str, Any]]:
+    """The main thread's Python frames now, innermost first (a watchdog thread reads another thread's stack)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    stack = traceback.extract_stack(frame, limit=limit) if frame is not None else []
+    return [{"filename": f.filename, "line": f.lineno or 0, "name": f.name} for f in reversed(stack)]
+
+
+def snapshot(reason: str, failed: bool = False) -> dict[str, Any]:
+    """This rank's record now: each group's last enqueued and completed collective, the last few entries, and
+    where the main thread is (user frames first). `failed`: the last collective raised (the Flight Recorder
+    counts it completed; for a hang it is the one this rank was in)."""
+    if has_flight_recorder() and int(os.environ.get(BUFFER_ENV) or 0) > 0:
+        groups, entries, source = _from_flight_recorder()
+    elif _PythonRecord.installed:
+        groups, entries, source = _PythonRecord.read()
+    else:
+        groups, entries, source = {}, [], None
+    if failed and entries:
+        last = max(entries, key=lambda e: e.get("created", 0))
+        status = groups.get(last["group"])
+        if status and status["completed"] >= last["seq"] and not last["p2p"]:
+            status["completed"] = last["seq"] - 1
+    stack = main_stack()
+    return {
+        "rank": int(os.environ.get("RANK", "0")),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "time": time.time(),
+        "reason": reason,
+        "source": source,
+        "groups": groups,
+        "entries": entries,
+        "where": user_frame(stack),
+        "stack": [f"{f['filename']}:{f['line']} {f['name']}" for f in stack[:12]],
+    }
+
+
+def _from_flight_recorder() -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, True, False))  # type: ignore[attr-defined]
+    groups = {
+        str(pg): {
+            "enqueued": int(st.get("last_enqueued_collective", -1)),
+            "completed": int(st.get("last_completed_collective", -1)),
+        }
+        for pg, st in (dump.get("pg_status") or {}).items()
+    }
+    kept: dict[str, deque] = {}
+    for e in dump.get("entries") or []:
+        pg = str(e.get("pg_id", e.get("process_group", ("?",))[0]))
+        kept.setdefault(pg, deque(maxlen=ENTRIES_KEPT)).append(e)
+    entries = []
+    for pg, few in kept.items():
+        for e in few:
+            op = str(e.get("profiling_name", "?")).split(":")[-1]
+            entries.append(
+                {
+                    "group": pg,
+                    "group_name": (e.get("process_group") or ("", ""))[1],
+                    "seq": int(e.get("collective_seq_id") or e.get("p2p_seq_id") or 0),
+                    "p2p": bool(e.get("is_p2p")),
+                    "op": op,
+                    "sizes": e.get("input_sizes"),
+                    "dtypes": e.get("input_dtypes"),
+                    "where": user_frame(e.get("frames") or []),
+                    "created": int(e.get("time_created_ns") or 0),
+                }
+            )
+    return groups, entries, "flight recorder"
+
+
+class _PythonRecord:
+    """torch.distributed's collectives wrapped in Python (torch < 2.8 on gloo): each call numbered per group, its
+    sizes and the caller's frame kept, completed when the call returns (async calls: when enqueued)."""
+
+    installed = False
+    lock = threading.Lock()
+    groups: dict[str, dict[str, int]] = {}
+    entries: deque = deque(maxlen=ENTRIES_KEPT * 4)
+
+    @classmethod
+    def install(cls) -> None:
+        if cls.installed:
+            return
+        import torch.distributed as tdist
+
+        for name in WRAPPED:
+            original = getattr(tdist, name, None)
+            if original is not None:
+                setattr(tdist, name, cls._wrap(name, original))
+        cls.installed = True
+
+    @classmethod
+    def _wrap(cls, op: str, original):
+        @functools.wraps(original)
+        def recorded(*args, **kwargs):
+            group = kwargs.get("group")
+            pg = "0" if group is None else str(getattr(group, "group_name", id(group)))
+            tensors = [a for a in args if hasattr(a, "shape")]
+            callers = traceback.extract_stack(sys._getframe(1), limit=8)
+            with cls.lock:
+                status = cls.groups.setdefault(pg, {"enqueued": 0, "completed": 0})
+                status["enqueued"] += 1
+                seq = status["enqueued"]
+                cls.entries.append(
+                    {
+                        "group": pg,
+                        "group_name": "default_pg" if group is None else pg,
+                        "seq": seq,
+                        "p2p": op in ("send", "recv"),
+                        "op": op,
+                        "sizes": [list(t.shape) for t in tensors],
+                        "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors],
+                        "where": user_frame(
+                            [{"filename": f.filename, "line": f.lineno, "name": f.name} for f in reversed(callers)]
+                        ),
+                        "created": time.monotonic_ns(),
+                    }
+                )
+            result = original(*args, **kwargs)
+            with cls.lock:
+                status["completed"] = max(status["completed"], seq)
+            return result
+
+        return recorded
+
+    @classmethod
+    def read(cls) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+        with cls.lock:
+            return {k: dict(v) for k, v in cls.groups.items()}, list(cls.entries), "lab record"
