@@ -112,6 +112,7 @@ LOWEST_TESTS := $(addprefix tests/unit/test_,augment.py checkpoint.py checkpoint
 LOWEST_SKIPS := --ignore=tests/distributed/test_rerun.py --ignore=tests/distributed/test_pitfalls.py \
                 --ignore=tests/distributed/test_levers.py --ignore=tests/distributed/test_benchmarks.py \
                 --ignore=tests/distributed/test_lightning_peer.py --ignore=tests/distributed/test_runner.py \
+                --ignore=tests/distributed/test_orphans.py \
                 --deselect=tests/distributed/test_faults.py::test_eight_ranks_on_two_cores_train_and_every_exporter_answers_throughout \
                 --deselect=tests/distributed/test_faults.py::test_a_disk_too_small_is_refused_before_training_and_a_fitting_one_is_not \
                 --deselect=tests/distributed/test_performance.py::test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter \
@@ -137,12 +138,13 @@ test-torch-lowest: $(LOWEST_STAMP)
 	$(LOWEST_VENV)/bin/python -m pytest -p no:cacheprovider $(PYTEST_PARALLEL) $(LOWEST_TESTS) $(LOWEST_SKIPS)
 
 # The one-command device check (no venv needed: an NGC container's python3 will do). Without a GPU: a dry
-# check that says what it skipped and exits 0. GPU_CHECK_OUT: where its logs and gpu-check.json go;
-# GPU_CHECK_DEADLINE: the seconds the whole check may take (the steps it leaves are reported skipped).
+# check that says no step applies and exits 0. GPU_CHECK_OUT: where its logs and gpu-check.json go;
+# GPU_CHECK_DEADLINE: the seconds the whole check may take (default: every step this host can run, with a quarter
+# to spare; a deadline that leaves a step out makes the check incomplete, exit 4).
 GPU_CHECK_OUT ?= runs/gpu-check
-GPU_CHECK_DEADLINE ?= 360
+GPU_CHECK_DEADLINE ?=
 gpu-check:
-	scripts/gpu-check.sh --deadline $(GPU_CHECK_DEADLINE) $(GPU_CHECK_OUT)
+	scripts/gpu-check.sh $(if $(GPU_CHECK_DEADLINE),--deadline $(GPU_CHECK_DEADLINE)) $(GPU_CHECK_OUT)
 
 # The device check at toy sizes on a bare interpreter: .venv's Python with every package hidden but torch,
 # torchvision, PyYAML, numpy and what they require (tests/bare/sitecustomize.py, first on PYTHONPATH, which

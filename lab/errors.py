@@ -5,8 +5,9 @@ because then the traceback is what a developer needs.
 """
 
 # The lab's exit codes (README and docs/reliability.md, Exit codes): a gate is a benchmark floor (--min-busbw) or a
-# rerun's promise of bit-identical curves.
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_GATE_MISSED = 0, 1, 2, 3
+# rerun's promise of bit-identical curves; incomplete is a check that failed nothing but did not run every step it
+# should have (the device check: a step left out for time, not asked for, or lacking a package), so it cannot pass.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_GATE_MISSED, EXIT_INCOMPLETE = 0, 1, 2, 3, 4
 
 
 class LabError(Exception):

@@ -10,13 +10,18 @@ from __future__ import annotations
 import functools
 import textwrap
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from lab import optional
 
+if TYPE_CHECKING:  # types only: matplotlib is optional, imported by the first figure
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 
 @functools.cache
-def _pyplot():
+def _pyplot() -> ModuleType:
     """matplotlib.pyplot, imported by the first figure: training and the device check run without matplotlib."""
     matplotlib = optional.require("matplotlib", "figures (lab report, lab memory, a benchmark's --plot)")
     matplotlib.use("Agg")  # files only; no display on servers and in CI
@@ -34,7 +39,7 @@ def require() -> None:
 class _Pyplot:
     """`plt.subplots(...)` as usual, but matplotlib is imported at the first call, inside the figure's function."""
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(_pyplot(), name)
 
 
@@ -45,7 +50,7 @@ def wrap(context: str) -> str:
     return "\n".join(textwrap.wrap(context, 90))
 
 
-def finish(fig, ax, title: str, context: str, path: Path) -> Path:
+def finish(fig: Figure, ax: Axes, title: str, context: str, path: Path) -> Path:
     ax.set_title(f"{title}\n{wrap(context)}", fontsize=10)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()

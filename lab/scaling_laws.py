@@ -24,6 +24,7 @@ not hidden behind the backward pass, the data pipeline's fixed costs, the launch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,9 @@ def _squares(law: str, s: float, speedups: dict[int, float]) -> float:
     return sum((sp - LAWS[law](s, n)) ** 2 for n, sp in speedups.items())
 
 
-def _golden_section(f, low: float = 0.0, high: float = 1.0, tolerance: float = 1e-12) -> float:
+def _golden_section(
+    f: Callable[[float], float], low: float = 0.0, high: float = 1.0, tolerance: float = 1e-12
+) -> float:
     ratio = (5**0.5 - 1) / 2
     a, b = low, high
     c, d = b - ratio * (b - a), a + ratio * (b - a)

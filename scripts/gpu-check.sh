@@ -4,18 +4,19 @@
 #
 #   scripts/gpu-check.sh [--quick] [--allow-cpu] [--deadline SECONDS] [--only STEP ...] [OUT_DIR]
 #
-# OUT_DIR (default runs/gpu-check): step logs, runs, gpu-check.json. --deadline (default 360) bounds the whole
-# script, this wrapper's own seconds included. --quick --allow-cpu: every step a CPU can run, at toy sizes.
+# OUT_DIR (default runs/gpu-check): step logs, runs, gpu-check.json. --deadline bounds the whole script, this
+# wrapper's own seconds included (default: what every step this host can run is expected to take, over 0.75). --quick --allow-cpu: every step a CPU can run, at toy sizes.
 # Needs a Python with torch, torchvision, PyYAML and numpy (an NGC PyTorch container has them; .venv when
-# `make setup` made one); steps that need more (prometheus_client, lightning, deepspeed) say so and are skipped.
+# `make setup` made one); steps that need more (prometheus_client, lightning, deepspeed) say so and are not run.
 # No venv, no network: the lab is pure Python and runs from this checkout. Wheels in ./wheels (or
 # $GPU_CHECK_WHEELS) of packages this Python lacks, DeepSpeed's for instance, are installed into
-# OUT_DIR/site-packages first (docs/benchmarks.md: make gpu-check). Without a GPU it says so, lists what it skipped, exit 0.
+# OUT_DIR/site-packages first (docs/benchmarks.md: make gpu-check). Without a GPU it says so, no step applies, exit 0.
+# Exit 1: a step failed; 4: incomplete (a step not run: the deadline, --only, a missing package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: scripts/gpu-check.sh [--quick] [--allow-cpu] [--deadline SECONDS] [--only STEP ...] [OUT_DIR]"
 flags=()
-deadline=360
+deadline=""
 out=""
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -36,7 +37,8 @@ while [ $# -gt 0 ]; do
 done
 out="${out:-runs/gpu-check}"
 case "$deadline" in
-    ''|*[!0-9]*) echo "gpu-check: --deadline: $deadline is not a whole number of seconds; use e.g. 360" >&2; exit 2 ;;
+    '') ;;
+    *[!0-9]*) echo "gpu-check: --deadline: $deadline is not a whole number of seconds; use e.g. 360" >&2; exit 2 ;;
 esac
 # PYTHON when given; else the first of .venv's and python3 whose torch sees a GPU (a venv's PyPI torch may
 # need a newer driver than the host's, an NGC container's python3 matches its driver); else the first
@@ -83,17 +85,21 @@ if [ -d "$wheels" ]; then
         [[ "$site" = /* ]] || site="$PWD/$site"
         if ! "$python" -m pip --version >/dev/null 2>&1; then
             echo "gpu-check: not installing $names from $wheels: $python has no pip (python -m pip); the steps" \
-                 "that need them are skipped" >&2
+                 "that need them are not run" >&2
         elif "$python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --upgrade \
                 --target "$site" "${chosen[@]}" >"$out/wheels.log" 2>&1; then
             echo "gpu-check: installed $names from $wheels into $site"
             export PYTHONPATH="$PYTHONPATH:$site"
         else
             echo "gpu-check: could not install $names from $wheels (see $out/wheels.log); the steps that need" \
-                 "them are skipped" >&2
+                 "them are not run" >&2
         fi
     fi
 fi
-left=$((deadline - SECONDS))
-exec "$python" -m lab gpu-check --out "$out" --skip-without-gpu --deadline "$((left > 1 ? left : 1))" \
+deadline_args=()
+if [ -n "$deadline" ]; then
+    left=$((deadline - SECONDS))
+    deadline_args=(--deadline "$((left > 1 ? left : 1))")
+fi
+exec "$python" -m lab gpu-check --out "$out" --skip-without-gpu ${deadline_args[@]+"${deadline_args[@]}"} \
     ${flags[@]+"${flags[@]}"}

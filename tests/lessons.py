@@ -58,9 +58,9 @@ class ExecutedLesson:
 
     def exercises(self) -> dict[str, dict[str, Any]]:
         """{exercise: its recorded check} for every exercise the lesson's "your turn" cells checked."""
-        from lab.course.exercises import results
+        from lab.course import records
 
-        return results.read_all(self.runs)
+        return records.read_exercises(self.runs)
 
     def check(self) -> None:
         """Fail a test that reads this lesson's results when the lesson itself did not run through."""

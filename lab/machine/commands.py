@@ -65,12 +65,14 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "accept",
-        "is this cluster accepted? validate.json, each node's device check and the play's recap: PASS or FAIL",
+        "is this cluster accepted? validate.json, each node's device check and the play's recap: held (accepted) "
+        "or failed",
         health_arguments.accept_args,
         accept,
         description="Read RUN_DIR/validate.json (the validate play's or slurm/validate.sbatch's), each GPU node's "
         "device check (RUN_DIR/device-check/NODE.json or NODE/gpu-check.json: make gpu-check's gpu-check.json) "
-        "and, with --recap, the play's PLAY RECAP; print PASS or FAIL with each reason (docs/acceptance.md). "
+        "and, with --recap, the play's PLAY RECAP; print the verdict (held: accepted, or failed) with each reason "
+        "(docs/acceptance.md). "
         "Exit 1 when the cluster is not accepted.",
     ),
     GPU_CHECK,

@@ -10,8 +10,12 @@ import shlex
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
+
+if TYPE_CHECKING:  # types only: each command imports the config where it loads one
+    from lab.run.config import Config
 
 
 def train(args: argparse.Namespace) -> int:
@@ -42,7 +46,7 @@ def train(args: argparse.Namespace) -> int:
     return _train_here(cfg, world_size)
 
 
-def _train_here(cfg, checked_world_size: int | None) -> int:
+def _train_here(cfg: Config, checked_world_size: int | None) -> int:
     """This process's rank of the run (the whole baseline when alone)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -53,7 +57,7 @@ def _train_here(cfg, checked_world_size: int | None) -> int:
     return EXIT_OK
 
 
-def _launch_train(args: argparse.Namespace, cfg) -> int:
+def _launch_train(args: argparse.Namespace, cfg: Config) -> int:
     """torchrun (or horovodrun) with N workers of this run: the config checked here, once, for N ranks, the run
     id decided here (so a restarted worker group finds its checkpoint), both handed to the workers in the run's
     config.json (lab.run.training.runs.write_resolved): no worker parses or checks the command line again."""
@@ -78,7 +82,7 @@ def _launch_train(args: argparse.Namespace, cfg) -> int:
     return EXIT_OK if status == 0 else EXIT_FAILED
 
 
-def check_training(cfg, world_size: int | None) -> None:
+def check_training(cfg: Config, world_size: int | None) -> None:
     """Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report."""
     from lab.run import config, data
     from lab.run.training import checkpoint, plan
@@ -184,7 +188,9 @@ def _refuse_foreign_launch() -> None:
         raise LabError(reason)
 
 
-def _check_lab_train_target(target: list[str], world_size: int | None, parser: argparse.ArgumentParser):
+def _check_lab_train_target(
+    target: list[str], world_size: int | None, parser: argparse.ArgumentParser
+) -> Config | None:
     """When the workers will run `-m lab train ...`, load its config now (a bad --set is exit 2 here) and return
     it, checked for `world_size` ranks; None for any other target. `parser` is the command line's own (lab.cli
     passes it in the Namespace: this module never imports lab.cli)."""

@@ -35,7 +35,7 @@ def planted(tmp_path: Path, exercise: str, replacements: list[tuple[str, str]]) 
 
 
 def failed(checks: list[Check]) -> dict[str, Check]:
-    return {c.name: c for c in checks if not c.held}
+    return {c.name: c for c in checks if not c.passes}
 
 
 # ----------------------------------------------------------------------------------------------- ring-allreduce
@@ -43,8 +43,8 @@ def failed(checks: list[Check]) -> dict[str, Check]:
 
 def test_the_ring_solution_equals_the_library_on_three_ranks_and_is_timed_beside_it():
     checks = ring.judge(ring.measure(folder("ring-allreduce") / "solution.py", TIMEOUT, worlds=(3,)))
-    assert failed(checks) == {}, {c.name: c.measured for c in checks}
-    measured = {c.name: c.measured for c in checks}
+    assert failed(checks) == {}, {c.name: c.detail for c in checks}
+    measured = {c.name: c.detail for c in checks}
     assert "1, 7, 1200, 4099 floats on 3 ranks" in measured["equals dist.all_reduce for every size"]
     assert "3 ranks: 4 sends, 4 receives a call" in measured["only send and recv inside it"]
     assert "GB/s" in measured["bus bandwidth beside dist.all_reduce's (shown, not graded)"]
@@ -52,8 +52,8 @@ def test_the_ring_solution_equals_the_library_on_three_ranks_and_is_timed_beside
 
 def test_the_ring_starter_fails_where_ring_all_reduce_is_not_written():
     found = failed(ring.judge(ring.measure(folder("ring-allreduce") / "starter.py", TIMEOUT, worlds=(2,))))
-    assert "NotImplementedError" in found["runs on 2 ranks"].measured
-    assert "NotImplementedError" in found["equals dist.all_reduce for every size"].measured
+    assert "NotImplementedError" in found["runs on 2 ranks"].detail
+    assert "NotImplementedError" in found["equals dist.all_reduce for every size"].detail
 
 
 RING_MISTAKES = {
@@ -82,8 +82,8 @@ RING_MISTAKES = {
 def test_each_ring_mistake_fails_its_check_alone_with_its_hint(mistake, tmp_path):
     replacements, worlds, check_name, hint = RING_MISTAKES[mistake]
     found = failed(ring.judge(ring.measure(planted(tmp_path, "ring-allreduce", replacements), TIMEOUT, worlds)))
-    assert set(found) == {check_name}, {n: c.measured for n, c in found.items()}
-    assert hint in found[check_name].hint
+    assert set(found) == {check_name}, {n: c.detail for n, c in found.items()}
+    assert hint in found[check_name].fix
 
 
 # ----------------------------------------------------------------------------------------------- accumulate
@@ -96,8 +96,8 @@ def large_batch():
 
 def test_the_accumulate_solution_all_reduces_once_a_step_and_reaches_the_large_batch(large_batch):
     checks = accumulate.judge(accumulate.measure(folder("accumulate") / "solution.py", TIMEOUT, large_batch))
-    assert failed(checks) == {}, {c.name: c.measured for c in checks}
-    assert "8 steps, each 1 all-reduce (1 bucket)" in checks[1].measured
+    assert failed(checks) == {}, {c.name: c.detail for c in checks}
+    assert "8 steps, each 1 all-reduce (1 bucket)" in checks[1].detail
 
 
 def test_the_accumulate_starter_fails_both(large_batch):
@@ -124,8 +124,8 @@ def test_each_accumulate_mistake_fails_its_check_alone_with_its_hint(mistake, tm
     replacements, check_name, hint = ACCUMULATE_MISTAKES[mistake]
     path = planted(tmp_path, "accumulate", replacements)
     found = failed(accumulate.judge(accumulate.measure(path, TIMEOUT, large_batch)))
-    assert set(found) == {check_name}, {n: c.measured for n, c in found.items()}
-    assert hint in found[check_name].hint
+    assert set(found) == {check_name}, {n: c.detail for n, c in found.items()}
+    assert hint in found[check_name].fix
 
 
 # ----------------------------------------------------------------------------------------------- shard
@@ -141,16 +141,16 @@ def under_ddp():
 @needs_fsdp
 def test_the_shard_solution_holds_half_of_ddps_state_on_ddps_curve(under_ddp):
     checks = shard.judge(shard.measure(folder("shard") / "solution.py", TIMEOUT, under_ddp))
-    assert failed(checks) == {}, {c.name: c.measured for c in checks}
-    assert "(0.50x, below 0.75x)" in checks[2].measured
+    assert failed(checks) == {}, {c.name: c.detail for c in checks}
+    assert "(0.50x, below 0.75x)" in checks[2].detail
 
 
 @needs_fsdp
 def test_the_shard_starter_is_the_model_left_in_ddp_and_holds_all_of_it(under_ddp):
     found = failed(shard.judge(shard.measure(folder("shard") / "starter.py", TIMEOUT, under_ddp)))
     assert set(found) == {"fully_shard on the model", "model state per rank below DDP's"}
-    assert "(the model is in DDP)" in found["fully_shard on the model"].measured
-    assert "(1.00x, not below" in found["model state per rank below DDP's"].measured
+    assert "(the model is in DDP)" in found["fully_shard on the model"].detail
+    assert "(1.00x, not below" in found["model state per rank below DDP's"].detail
 
 
 SHARD_MISTAKES = {
@@ -193,5 +193,5 @@ SHARD_MISTAKES = {
 def test_each_shard_mistake_fails_its_check_alone_with_its_hint(mistake, tmp_path, under_ddp):
     replacements, check_name, hint = SHARD_MISTAKES[mistake]
     found = failed(shard.judge(shard.measure(planted(tmp_path, "shard", replacements), TIMEOUT, under_ddp)))
-    assert set(found) == {check_name}, {n: c.measured for n, c in found.items()}
-    assert hint in found[check_name].hint
+    assert set(found) == {check_name}, {n: c.detail for n, c in found.items()}
+    assert hint in found[check_name].fix

@@ -46,7 +46,7 @@ def planted(tmp_path: Path, old: str, new: str, *more: tuple[str, str]) -> Path:
 
 
 def failed(checks: list[Check]) -> dict[str, Check]:
-    return {c.name: c for c in checks if not c.held}
+    return {c.name: c for c in checks if not c.passes}
 
 
 def grade(path: Path, reference, worlds=(2,), resume: bool = False, timeout: float = TIMEOUT) -> list[Check]:
@@ -66,8 +66,8 @@ def test_the_documented_commands_start_it_and_grade_the_solution_and_record_it_f
     assert "[x] runs on 3 ranks: 3 ranks over gloo ended cleanly" in done.stdout
     assert "[x] a resume continues the curve" in done.stdout and "10 of 10 checks hold" in done.stdout, done.stdout
     record = json.loads((tmp_path / "runs" / "lessons" / "exercises" / "convert.json").read_text())
-    assert record["passed"] and record["failed_checks"] == [] and len(record["checks"]) == 10
-    assert [c["check"] for c in record["checks"]][:2] == ["runs on 2 ranks", "runs on 3 ranks"]
+    assert record["verdict"] == "held" and record["counts"] == {"held": 10} and len(record["checks"]) == 10
+    assert [c["name"] for c in record["checks"]][:2] == ["runs on 2 ranks", "runs on 3 ranks"]
 
 
 def test_the_unchanged_starter_fails_where_it_is_not_yet_distributed(reference):
@@ -79,7 +79,7 @@ def test_the_unchanged_starter_fails_where_it_is_not_yet_distributed(reference):
         "each rank its own share of every epoch",
         "rank 0 alone writes the checkpoint",
     } <= set(found)
-    assert "every rank reads the whole data set" in found["each rank its own share of every epoch"].hint
+    assert "every rank reads the whole data set" in found["each rank its own share of every epoch"].fix
 
 
 MISTAKES = {
@@ -128,22 +128,22 @@ MISTAKES = {
 def test_each_planted_mistake_fails_its_check_alone_with_its_hint(mistake, tmp_path, reference):
     old, new, check_name, hint, *more = MISTAKES[mistake]
     found = failed(grade(planted(tmp_path, old, new, *more), reference))
-    assert set(found) == {check_name}, {n: c.measured for n, c in found.items()}
-    assert hint in found[check_name].hint
+    assert set(found) == {check_name}, {n: c.detail for n, c in found.items()}
+    assert hint in found[check_name].fix
 
 
 def test_a_share_of_the_batch_hard_coded_for_two_ranks_fails_on_three(tmp_path, reference):
     path = planted(tmp_path, "args.batch_size // dist.get_world_size()", "args.batch_size // 2")
     found = failed(grade(path, reference, worlds=(3,)))
     assert set(found) == {"the single-device curve at the same global batch"}
-    assert "6 optimizer steps per epoch on 3 ranks, 8 on one device" in found[next(iter(found))].measured
+    assert "6 optimizer steps per epoch on 3 ranks, 8 on one device" in found[next(iter(found))].detail
 
 
 def test_a_resume_that_restarts_from_epoch_zero_fails_the_resume_check(tmp_path, reference):
     path = planted(tmp_path, '        self.epochs_run = checkpoint["epochs_run"]\n', "")
     found = failed(grade(path, reference, resume=True))
     assert set(found) == {"a resume continues the curve"}
-    assert "epochs_run" in found["a resume continues the curve"].hint
+    assert "epochs_run" in found["a resume continues the curve"].fix
 
 
 def test_a_rank_left_waiting_in_a_collective_is_stopped_named_and_nothing_is_left(tmp_path, reference):
@@ -155,10 +155,10 @@ def test_a_rank_left_waiting_in_a_collective_is_stopped_named_and_nothing_is_lef
     )
     checks = grade(path, reference, timeout=20)
     runs = {c.name: c for c in checks}["runs on 2 ranks"]
-    assert not runs.held
+    assert not runs.passes
     line = path.read_text().splitlines().index("        dist.barrier()  # rank 1 alone: rank 0 never comes") + 1
-    assert "rank 1 waits in barrier #" in runs.measured and f"convert.py:{line} in main" in runs.measured
-    assert "rank 0 never came (had finished after" in runs.measured
+    assert "rank 1 waits in barrier #" in runs.detail and f"convert.py:{line} in main" in runs.detail
+    assert "rank 0 never came (had finished after" in runs.detail
     survivors = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
     assert survivors == [], f"processes of the hung run left: {survivors}"
 

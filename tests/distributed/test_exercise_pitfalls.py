@@ -37,13 +37,13 @@ def planted(exercise: str, tmp_path: Path, old: str, new: str) -> Path:
 
 
 def failing(checks: list[Check]) -> dict[str, Check]:
-    return {c.name: c for c in checks if not c.held}
+    return {c.name: c for c in checks if not c.passes}
 
 
 def assert_fails_alone(checks: list[Check], name: str, hint: str) -> Check:
     failed = failing(checks)
-    assert list(failed) == [name], "\n".join(f"{c.name}: {c.measured}" for c in checks)
-    assert hint in failed[name].hint, failed[name].hint
+    assert list(failed) == [name], "\n".join(f"{c.name}: {c.detail}" for c in checks)
+    assert hint in failed[name].fix, failed[name].fix
     return failed[name]
 
 
@@ -58,7 +58,7 @@ def assert_fails_alone(checks: list[Check], name: str, hint: str) -> Check:
 )
 def test_the_solution_passes_every_check(exercise: str, grade: Grade):
     checks = grade(folder(exercise) / "solution.py", TIMEOUT)
-    assert checks and not failing(checks), "\n".join(f"{c.name}: {c.measured}" for c in checks)
+    assert checks and not failing(checks), "\n".join(f"{c.name}: {c.detail}" for c in checks)
 
 
 # ----------------------------------------------------------------------------- fix-set-epoch
@@ -67,8 +67,8 @@ def test_the_solution_passes_every_check(exercise: str, grade: Grade):
 def test_set_epoch_starter_repeats_epoch_0_on_every_rank():
     checks = set_epoch.check(folder("fix-set-epoch") / "starter.py", TIMEOUT)
     c = assert_fails_alone(checks, "a new order each epoch", "sampler.set_epoch(epoch)")
-    assert c.measured.startswith("4 of 4 later epochs (100%)"), c.measured
-    assert "sampler epoch at each epoch: 0, 0, 0" in c.measured
+    assert c.detail.startswith("4 of 4 later epochs (100%)"), c.detail
+    assert "sampler epoch at each epoch: 0, 0, 0" in c.detail
 
 
 def test_set_epoch_a_run_that_fails_after_its_epochs_fails_ends_cleanly_alone(tmp_path):
@@ -79,7 +79,7 @@ def test_set_epoch_a_run_that_fails_after_its_epochs_fails_ends_cleanly_alone(tm
         "    dist.destroy_process_group()\n    dist.barrier()  # a collective after the group is gone\n",
     )
     c = assert_fails_alone(set_epoch.check(path, TIMEOUT), "ends cleanly", "first error")
-    assert "exited" in c.measured, c.measured
+    assert "exited" in c.detail, c.detail
 
 
 # ----------------------------------------------------------------------------- fix-checkpoint
@@ -92,9 +92,9 @@ KEYS = "the checkpoint loads into the plain model"
 def test_checkpoint_starter_fails_all_three():
     checks = checkpoint.check(folder("fix-checkpoint") / "starter.py", TIMEOUT)
     failed = failing(checks)
-    assert set(failed) == {SAVE, EARLY, KEYS}, "\n".join(f"{c.name}: {c.measured}" for c in checks)
-    assert "rank 0 1, rank 1 1" in failed[SAVE].measured
-    assert "module.0.weight" in failed[KEYS].measured
+    assert set(failed) == {SAVE, EARLY, KEYS}, "\n".join(f"{c.name}: {c.detail}" for c in checks)
+    assert "rank 0 1, rank 1 1" in failed[SAVE].detail
+    assert "module.0.weight" in failed[KEYS].detail
 
 
 @pytest.mark.parametrize(
@@ -131,9 +131,9 @@ def test_checkpoint_each_planted_mistake_fails_its_check_alone(tmp_path, old, ne
 def test_batchnorm_starter_keeps_each_ranks_own_statistics():
     checks = batchnorm.check(folder("fix-batchnorm") / "starter.py", TIMEOUT)
     c = assert_fails_alone(checks, "the same BatchNorm statistics on every rank", "broadcast_buffers")
-    assert "convert_sync_batchnorm" in c.hint
-    largest = float(c.measured.split("between ranks ")[1].split()[0])
-    assert largest > 100 * batchnorm.TOLERANCE, c.measured  # the broken spread sits far above the tolerance
+    assert "convert_sync_batchnorm" in c.fix
+    largest = float(c.detail.split("between ranks ")[1].split()[0])
+    assert largest > 100 * batchnorm.TOLERANCE, c.detail  # the broken spread sits far above the tolerance
 
 
 # ----------------------------------------------------------------------------- fix-uneven
@@ -146,11 +146,11 @@ def test_uneven_starter_hangs_is_stopped_the_waiting_rank_named_and_nothing_is_l
     failed = failing(checks)
     assert set(failed) == {"ends cleanly", "every rank ends with the same weights"}
     ends = failed["ends cleanly"]
-    assert f"did not end within {HANG_TIMEOUT:g} s" in ends.measured, ends.measured
-    assert "rank 0 waits in ddp_allreduce #5 at DDP backward" in ends.measured, ends.measured
-    assert "rank 1 is in barrier #5 where the others are in ddp_allreduce #5, at fix_uneven_hangs.py:" in ends.measured
-    assert "Join([model])" in ends.hint
-    assert failed["every rank ends with the same weights"].measured.startswith("not measured")
+    assert f"did not end within {HANG_TIMEOUT:g} s" in ends.detail, ends.detail
+    assert "rank 0 waits in ddp_allreduce #5 at DDP backward" in ends.detail, ends.detail
+    assert "rank 1 is in barrier #5 where the others are in ddp_allreduce #5, at fix_uneven_hangs.py:" in ends.detail
+    assert "Join([model])" in ends.fix
+    assert failed["every rank ends with the same weights"].detail.startswith("not measured")
     survivors = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
     assert survivors == [], f"processes of the hung run left: {survivors}"
 
@@ -158,4 +158,4 @@ def test_uneven_starter_hangs_is_stopped_the_waiting_rank_named_and_nothing_is_l
 def test_uneven_skipping_the_all_reduce_ends_but_fails_same_weights_alone(tmp_path):
     path = planted("fix-uneven", tmp_path, "    with Join([model]):", "    with model.no_sync():  # no wait, no hang")
     c = assert_fails_alone(uneven.check(path, TIMEOUT), "every rank ends with the same weights", "Join([model])")
-    assert c.measured.startswith("optimizer steps per rank 5 / 4"), c.measured
+    assert c.detail.startswith("optimizer steps per rank 5 / 4"), c.detail

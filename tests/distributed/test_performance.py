@@ -10,6 +10,7 @@ import pytest
 
 from lab.machine.devicecheck import command as gpu_check
 from tests.conftest import ROOT, TINY, lab, run
+from tests.verdicts import outside
 
 
 def test_pipeline_benchmark_interleaves_both_paths(tmp_path):
@@ -101,15 +102,19 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
             str(tmp_path / "g"),
         ],
         env={"PYTHON": sys.executable, "PYTHONPATH": bare},
+        check=False,
     )
+    # incomplete (exit 4): the steps not asked for, and those whose package this interpreter lacks, were not run
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "g" / "gpu-check.json").read_text())
-    status = {s["step"]: s["status"] for s in result["steps"]}
+    assert outside(result) == []
+    status = {s["step"]: s["verdict"] for s in result["steps"]}
     details = {s["step"]: s["detail"] for s in result["steps"]}
     # What a CPU can run of the steps asked for, ran and passed: FSDP, the 1-rank process group (gloo here, NCCL on
     # a GPU) with accumulation, plain training, the exercise's grading, the hang record (gloo here, NCCL on a GPU).
     ran = ["doctor", "FSDP", "DDP, 1 rank", "training", "predict", "exercise", "hang record"]
     for step in ran:
-        assert status[step] == "passed", (step, result["steps"])
+        assert status[step] == "held", (step, result["steps"])
     # predict: 1 and 2 ranks measured, 3 predicted from them and then measured; its line states that error, and
     # gpu-check.json holds `lab predict`'s whole result.
     [predicted] = [s for s in result["steps"] if s["step"] == "predict"]
@@ -119,21 +124,23 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     assert details["predict"].startswith(
         f"3 CPU ranks: measured on 1 and 2, predicted then measured on 3: largest error {rows[2]['error']:.1%} at 3 "
     )
-    # The steps whose package the bare interpreter lacks are skipped naming it (each runs for real elsewhere:
-    # tests/infra/test_prometheus.py, tests/distributed/test_lightning_peer.py).
-    assert status["metrics"] == "skipped" and "prometheus_client" in details["metrics"], details["metrics"]
-    assert status["Lightning peer"] == "skipped" and "lightning" in details["Lightning peer"]
-    # Those not asked for say so; CUDA-only steps would say why (tests/unit/test_gpu_check.py plans them)
+    # The steps whose package the bare interpreter lacks are not run, naming it (each runs for real elsewhere:
+    # tests/infra/test_prometheus.py, tests/distributed/test_lightning_peer.py): the check is incomplete.
+    assert status["metrics"] == "not run" and "prometheus_client" in details["metrics"], details["metrics"]
+    assert status["Lightning peer"] == "not run" and "lightning" in details["Lightning peer"]
+    # Those not asked for are not run, saying so; the CUDA-only ones do not apply on a CPU
     for step in set(status) - set(BARE_STEPS) - {"resume"}:
-        assert status[step] == "skipped" and details[step] == "not asked for (--only)", (step, details[step])
+        assert (status[step], details[step]) == ("not run", "not asked for (--only)"), (step, details[step])
     lines = proc.stdout.strip().splitlines()
     # The plan first, within the --quick budget, before any step starts; the table last.
     assert lines[0].startswith("gpu-check plan: ") and lines.index(
         next(x for x in lines if x.startswith("gpu-check: doctor"))
     ) > len(gpu_check.STEPS)
     assert int(lines[0].split("about ")[1].split(" s")[0]) == result["expected_seconds"] < 180
-    assert lines[-1] == f"{len(ran)} step(s) passed, {len(status) - len(ran)} skipped"
-    assert lines[-len(status) - 2].startswith("# lab gpu-check")
+    not_run = len(status) - len(ran)
+    assert lines[-2] == f"gpu-check: incomplete ({len(ran)} held, {not_run} not run of {len(status)} step(s))"
+    assert lines[-1].startswith(f"gpu-check: incomplete: {not_run} step(s) not run, so the check does not pass (")
+    assert lines[-len(status) - 3].startswith("# lab gpu-check")
     assert result["finished"] and result["deadline_seconds"] <= 540
     assert (tmp_path / "g" / "ddp-1rank.log").read_text().startswith("$ ")  # each step's own output kept
 
@@ -161,10 +168,11 @@ def test_gpu_check_dry_run_without_a_gpu_says_so_and_exits_0(tmp_path):
         [str(ROOT / "scripts" / "gpu-check.sh"), "--deadline", "300", str(out)],
         env={"PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(wheels)},
     )
-    assert "gpu-check: no GPU found" in proc.stdout and "skipped every step: doctor; FSDP; bf16 training" in proc.stdout
-    assert proc.stdout.strip().splitlines()[-1] == "nothing checked: no GPU found"
+    assert "gpu-check: no GPU found" in proc.stdout and "no step applies: doctor; FSDP; bf16 training" in proc.stdout
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("gpu-check: nothing checked: no step applies here (") and "not applicable" in last
     result = json.loads((out / "gpu-check.json").read_text())
-    assert result["gpu"] is False and {s["status"] for s in result["steps"]} == {"skipped"}
+    assert result["gpu"] is False and {s["verdict"] for s in result["steps"]} == {"not applicable"}
     assert f"installed labfakewheel from {wheels} into {out}/site-packages" in proc.stdout
     assert (out / "site-packages" / "labfakewheel" / "__init__.py").exists()
     assert result["pythonpath"].split(":")[-1] == f"{out}/site-packages"

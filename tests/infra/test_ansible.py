@@ -319,7 +319,7 @@ def test_preflight_fails_on_a_busy_rendezvous_port_naming_the_host(tmp_path):
         port = busy.getsockname()[1]
         proc, recap = _playbook(tmp_path, LOCAL, "--tags", "preflight", check=False, lab_rdzv_port=port)
     assert proc.returncode != 0 and recap["127.0.0.1"]["failed"] == 1
-    assert f"127.0.0.1: lab doctor failed: fail  port       {port} is in use on this host" in proc.stdout
+    assert f"127.0.0.1: lab doctor failed: failed  port       {port} is in use on this host" in proc.stdout
 
 
 def test_preflight_refuses_a_lab_workdir_the_nodes_share_naming_them_and_the_path(tmp_path):

@@ -284,36 +284,34 @@ def test_two_seats_runs_stay_apart_by_seat_and_the_room_dashboard_reads_their_le
     ]
 
     # the lessons' checks (pushed as they are recorded) and each lesson's count (pushed by lab room serve)
-    from lab.course.teaching import lesson_checks
+    from lab.course import records
     from lab.run.observability import room_metrics
+    from lab.verdict import FAILED, HELD, Check
 
     assert room_metrics.push_room_lessons(stack["pushgateway"], [("01", 2), ("02", 1)])
     assert room_metrics.push_room_seats(stack["pushgateway"], [("seat1", ["0", "1"]), ("seat2", ["2", "3"])])
     for name, checks in (("seat1", [True, True]), ("seat2", [True]), ("seat3", [False])):
         with pytest.MonkeyPatch.context() as env:
             env.setenv("LAB_SEAT", name)
-            env.setenv(lesson_checks.PUSHGATEWAY_ENV, stack["pushgateway"])
+            env.setenv(records.PUSHGATEWAY_ENV, stack["pushgateway"])
             folder = tmp_path / name / "01-baseline-and-ddp"
             folder.mkdir(parents=True, exist_ok=True)
-            lesson_checks.begin(folder, "01-baseline-and-ddp")
+            records.begin(folder, "01-baseline-and-ddp")
             for held in checks:
-                lesson_checks.record(folder, "a check", held)
+                records.append(folder, Check("a check", HELD if held else FAILED, ""))
     dashboard = json.loads((MONITORING / "grafana" / "dashboards" / "room.json").read_text())
     cell = dashboard["panels"][0]["targets"][0]["expr"]
     shown = {r["metric"]["seat"]: float(r["value"][1]) for r in wait_for(prom, cell, 3)}
     assert shown == {"seat1": 1.0, "seat2": 0.5, "seat3": -1.0}  # passed, running (1 of 2), failed
 
-    # the exercises' gradings, pushed as lab exercise check records them: passed, failed (naming the check), not tried
-    from lab.course.exercises import results as exercise_results
-
+    # the exercises' gradings, pushed as lab exercise check records them: held, failed (naming the check), not run
     for name, held in (("seat1", True), ("seat2", False)):
         with pytest.MonkeyPatch.context() as env:
             env.setenv("LAB_SEAT", name)
-            env.setenv(exercise_results.PUSHGATEWAY_ENV, stack["pushgateway"])
-            env.setenv(exercise_results.LESSON_RUNS_ENV, str(tmp_path / name))
-            exercise_results.record(
-                "convert", [{"check": "runs on 2 ranks", "held": True}, {"check": "a new order", "held": held}]
-            )
+            env.setenv(records.PUSHGATEWAY_ENV, stack["pushgateway"])
+            env.setenv(records.LESSON_RUNS_ENV, str(tmp_path / name))
+            graded = [Check("runs on 2 ranks", HELD, ""), Check("a new order", HELD if held else FAILED, "")]
+            records.write("convert", graded, 0.0)
     by_exercise = next(p for p in dashboard["panels"] if p["title"] == "Seats by exercise")["targets"][0]["expr"]
     shown = {
         (r["metric"]["seat"], r["metric"]["exercise"]): float(r["value"][1]) for r in wait_for(prom, by_exercise, 2)

@@ -337,10 +337,10 @@ def test_the_fabric_check_as_a_slurm_job_writes_validate_json_naming_both_nodes(
     assert record["check"] == "validate" and record["ok"] and record["platform"] == "slurm"
     assert sorted(record["nodes"]) == ["n1", "n2"] and record["all_nodes"]["world_size"] == 4
     assert sorted(record["all_nodes"]["hosts"]) == ["n1", "n2"]
-    assert "validate: passed" in out
+    assert "validate: held" in out
     # docs/acceptance.md's pass rule on this run: passed, each CPU node said to have no device check to run
     accept = subprocess.run([PYTHON, "-m", "lab", "accept", str(validate.parent)], capture_output=True, text=True)
-    assert accept.returncode == 0 and "accept: PASS" in accept.stdout, accept.stdout + accept.stderr
+    assert accept.returncode == 0 and "accept: held: accepted" in accept.stdout, accept.stdout + accept.stderr
     assert "n1 has no GPU (platform cpu): no device check to run" in accept.stdout
 
 
@@ -357,7 +357,7 @@ def test_doctor_on_every_node_reports_the_allocation(cluster, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for node, index in (("n1", 0), ("n2", 1)):
         assert f"2 node(s) n1,n2; this is {node} (node {index}), step task {index} of 2" in proc.stdout
-    assert proc.stdout.count("ok    gpu-share") == 2
+    assert proc.stdout.count("not applicable gpu-share") == 2  # one task a node: no GPU to share
 
 
 # ----------------------------------------------------------------------------- GPU nodes (partition gpu)
@@ -413,8 +413,8 @@ def test_validate_on_gpu_nodes_whose_steps_see_no_gpu_fails_naming_each_node_and
         assert (validate.parent / "failed-nodes.tsv").read_text().count("\n") == 2
         # and the pass rule fails the cluster, naming each node
         accept = subprocess.run([PYTHON, "-m", "lab", "accept", str(validate.parent)], capture_output=True, text=True)
-        assert accept.returncode == 1 and "accept: FAIL" in accept.stdout, accept.stdout + accept.stderr
+        assert accept.returncode == 1 and "accept: failed: not accepted" in accept.stdout, accept.stdout + accept.stderr
         for node in ("g1", "g2"):
-            assert f"FAIL  validate.json: {node}: gpus: the node has 2 GPU(s)" in accept.stdout, accept.stdout
+            assert f"failed          validate.json: {node}: gpus: the node has 2 GPU(s)" in accept.stdout, accept.stdout
     finally:
         cluster.scontrol("update", "NodeName=g1,g2", "State=RESUME", check=False)

@@ -83,10 +83,16 @@ def test_no_page_restates_a_floor_unless_it_links_to_the_table_and_agrees_with_i
 # ----------------------------------------------------------------------------- the rule
 
 
-def _gpu_check(gpu: bool = True, failed: str | None = None, finished: bool = True) -> dict:
-    steps = [{"step": "doctor", "status": "passed", "detail": "", "by_deadline": False}]
+def _gpu_check(gpu: bool = True, failed: str | None = None, finished: bool = True, not_run: str | None = None) -> dict:
+    steps = [{"step": "doctor", "verdict": "held", "detail": "", "by_deadline": False}]
+    steps.append(
+        {"step": "all-reduce", "verdict": "not applicable", "detail": "1 GPU on this host", "by_deadline": False}
+    )
     if failed:
-        steps.append({"step": failed, "status": "failed", "detail": "exit 1: boom", "by_deadline": False})
+        steps.append({"step": failed, "verdict": "failed", "detail": "exit 1: boom", "by_deadline": False})
+    if not_run:
+        left = "left out to keep the plan within 75% of the 360 s deadline"
+        steps.append({"step": not_run, "verdict": "not run", "detail": left, "by_deadline": False})
     return {"benchmark": "gpu-check", "gpu": gpu, "gpus": 8 if gpu else 0, "device": "NVIDIA H100 80GB HBM3",
             "finished": finished, "steps": steps}  # fmt: skip
 
@@ -111,8 +117,8 @@ def test_gpu_nodes_pass_with_validate_ok_and_a_device_check_that_saw_gpus_on_eac
     _device(run, "dgx-01", _gpu_check())
     _device(run, "dgx-02", _gpu_check(), nested=True)  # a make gpu-check folder per node does too
     verdict = acceptance.judge(run, platform="h100-sxm-8")
-    assert verdict["ok"] and verdict["reasons"] == [] and verdict["notes"] == []
-    assert {n["device_check"] for n in verdict["nodes"].values()} == {"passed"}
+    assert verdict["verdict"] == "held" and verdict["reasons"] == [] and verdict["notes"] == []
+    assert {n["device_check"] for n in verdict["nodes"].values()} == {"held"}
 
 
 @pytest.mark.parametrize(
@@ -122,15 +128,20 @@ def test_gpu_nodes_pass_with_validate_ok_and_a_device_check_that_saw_gpus_on_eac
         (_gpu_check(gpu=False), "dgx-02: its device check saw no GPU"),  # make gpu-check's exit 0 without a GPU
         (_gpu_check(failed="FSDP"), "dgx-02: device check step 'FSDP' failed: exit 1: boom"),
         (_gpu_check(finished=False), "dgx-02: its device check did not finish"),
+        # a step left out for time, --only or a missing package: the node's GPU paths were not all tested
+        (_gpu_check(not_run="predict"), "dgx-02: its device check is incomplete: step(s) 'predict' not run (left out"),
     ],
 )
-def test_a_gpu_node_whose_device_check_is_missing_blind_failed_or_cut_fails_the_cluster(tmp_path, device, said):
+def test_a_gpu_node_whose_device_check_is_missing_blind_failed_cut_or_incomplete_fails_the_cluster(
+    tmp_path, device, said
+):
     run = _run(tmp_path, {"dgx-01": "h100-sxm-8", "dgx-02": "h100-sxm-8"})
     _device(run, "dgx-01", _gpu_check())
     if device is not None:
         _device(run, "dgx-02", device)
     verdict = acceptance.judge(run)
-    assert not verdict["ok"] and len(verdict["reasons"]) == 1 and verdict["reasons"][0].startswith(said), verdict
+    assert verdict["verdict"] == "failed" and len(verdict["reasons"]) == 1, verdict
+    assert verdict["reasons"][0].startswith(said), verdict
 
 
 def test_validate_problems_a_wrong_platform_and_a_failed_recap_each_fail_naming_why(tmp_path):
@@ -156,9 +167,9 @@ def test_validate_problems_a_wrong_platform_and_a_failed_recap_each_fail_naming_
 def test_a_cpu_node_has_no_device_check_to_run_and_is_said_so_never_passed(tmp_path):
     run = _run(tmp_path, {"127.0.0.1": "cpu"})
     verdict = acceptance.judge(run)
-    assert verdict["ok"] and verdict["nodes"]["127.0.0.1"]["device_check"] == "not applicable"
+    assert verdict["verdict"] == "held" and verdict["nodes"]["127.0.0.1"]["device_check"] == "not applicable"
     assert verdict["notes"] == ["127.0.0.1 has no GPU (platform cpu): no device check to run"]
-    assert not acceptance.judge(run, platform="h100-sxm-8")["ok"]  # a DGX that showed no GPU is no DGX
+    assert acceptance.judge(run, platform="h100-sxm-8")["verdict"] == "failed"  # a DGX that showed no GPU is no DGX
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -171,10 +182,11 @@ def test_the_command_prints_the_verdict_and_exits_0_or_1(tmp_path, capsys):
     run = _run(tmp_path, {"dgx-01": "h100-sxm-8"})
     assert acceptance.run(_args(str(run))) == 1
     out = capsys.readouterr().out
-    assert out.startswith("FAIL  dgx-01: no device check") and out.endswith(f"accept: FAIL (1 reason): {run}\n")
+    assert out.startswith("failed          dgx-01: no device check")
+    assert out.endswith(f"accept: failed: not accepted (1 reason): {run}\n")
     _device(run, "dgx-01", _gpu_check())
     assert acceptance.run(_args(str(run), "--platform", "h100-sxm-8")) == 0
-    assert capsys.readouterr().out.endswith(f"accept: PASS: {run}\n")
+    assert capsys.readouterr().out.endswith(f"accept: held: accepted: {run}\n")
 
 
 def test_bad_input_is_one_line_naming_what_and_what_would_do(tmp_path):
@@ -207,7 +219,7 @@ def test_lab_accept_exits_0_on_pass_1_on_fail_and_2_with_one_line_on_bad_input(t
     assert cli.main(["accept", str(run)]) == 1
     _device(run, "dgx-01", _gpu_check())
     assert cli.main(["accept", str(run), "--platform", "h100-sxm-8"]) == 0
-    assert capsys.readouterr().out.endswith(f"accept: PASS: {run}\n")
+    assert capsys.readouterr().out.endswith(f"accept: held: accepted: {run}\n")
     assert cli.main(["accept", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such folder" in err and "Traceback" not in err

@@ -6,7 +6,8 @@ import pytest
 
 from lab.errors import LabError
 from lab.measure.bench.comm.allreduce import busbw
-from lab.measure.bench.comm.collective_perf import Row, algbw, average_busbw, parse_size, size_steps
+from lab.measure.bench.comm.collective_perf import Row, algbw, average_busbw
+from lab.measure.bench.comm.collective_plan import parse_size, size_steps
 
 
 @pytest.mark.parametrize("n, factor", [(2, 1.0), (4, 1.5), (8, 1.75)])

@@ -9,8 +9,9 @@ import pytest
 
 from lab.cli import build_parser
 from lab.errors import LabError
-from lab.measure.sizing import choose
-from lab.measure.sizing.choose import Request, decide, parse_params, render
+from lab.measure.sizing import choose, choose_output
+from lab.measure.sizing.choose import Request, decide, parse_params
+from lab.measure.sizing.choose_output import render
 from lab.measure.sizing.memory import activation_bytes
 from tests.conftest import PYTHON, lab, run
 
@@ -93,7 +94,7 @@ def test_a_125m_model_is_ddp():
     assert choice.decisions[0].answer.startswith("yes: 2 GB per GPU <= 72 GB usable")
     assert _parses(choice.lab_train) == []
     assert render(choice).splitlines()[1:] == [
-        f"2. Horovod? {choose.horovod_line(True)}",
+        f"2. Horovod? {choose_output.horovod_line(True)}",
         "choice: DDP",
         "lab train --config ddp --nproc-per-node 8",
     ]

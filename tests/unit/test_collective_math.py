@@ -7,9 +7,10 @@ import argparse
 import pytest
 
 from lab.errors import LabError
-from lab.measure.bench.comm import collective_perf
+from lab.measure.bench.comm import collective_plan
 from lab.measure.bench.comm.collective import COLLECTIVES, NAMES, parse_names
-from lab.measure.bench.comm.collective_perf import Row, algbw, average_busbw, format_row, json_paths
+from lab.measure.bench.comm.collective_perf import Row, algbw, average_busbw, format_row
+from lab.measure.bench.comm.collective_plan import json_paths
 
 # nccl-tests' src/*.cu GetBw: busbw / algbw for n ranks
 FACTORS = {
@@ -92,14 +93,14 @@ def _args(ops: str, **given) -> argparse.Namespace:
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 def test_what_a_backend_cannot_do_is_refused(monkeypatch, backend):
-    monkeypatch.setattr(collective_perf, "expected_backend", lambda: backend)
-    plan = collective_perf.plan(_args("all", op="max"), "collective")
+    monkeypatch.setattr(collective_plan, "expected_backend", lambda: backend)
+    plan = collective_plan.plan(_args("all", op="max"), "collective")
     assert plan.op == "max" and plan.sizes == [8, 16, 32, 64, 128, 256, 512, 1024]
     assert plan.names == list(NAMES)  # gloo's reduce-scatter is the lab's ring over send/recv
     if backend == "gloo":
         with pytest.raises(LabError, match="--op avg: the gloo backend has no AVG reduction"):
-            collective_perf.plan(_args("all_reduce", op="avg"), "collective")
+            collective_plan.plan(_args("all_reduce", op="avg"), "collective")
     else:
-        assert collective_perf.plan(_args("reduce_scatter", op="avg"), "collective").names == ["reduce_scatter"]
+        assert collective_plan.plan(_args("reduce_scatter", op="avg"), "collective").names == ["reduce_scatter"]
     with pytest.raises(LabError, match="--op sum: alltoall, sendrecv reduce nothing"):
-        collective_perf.plan(_args("alltoall,sendrecv", op="sum"), "collective")
+        collective_plan.plan(_args("alltoall,sendrecv", op="sum"), "collective")

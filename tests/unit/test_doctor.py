@@ -21,8 +21,8 @@ def test_a_healthy_host_passes_with_one_line_per_check_and_json(tmp_path):
         env={"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"},
     )
     lines = proc.stdout.strip().splitlines()
-    assert all(line.split()[0] in ("ok", "warn") for line in lines[:-1])
-    assert lines[-1].startswith("doctor: ") and "checks passed" in lines[-1]
+    assert all(line.split()[0] in ("held", "not") for line in lines[:-1])  # held, or not applicable
+    assert lines[-1].startswith("doctor: ") and "checks held or did not apply" in lines[-1]
     report = json.loads((tmp_path / "doctor.json").read_text())
     assert report["ok"] is True
     names = [c["name"] for c in report["checks"]]
@@ -51,7 +51,7 @@ def test_a_busy_port_and_a_missing_interface_fail_with_exit_1(tmp_path):
         )
     assert proc.returncode == 1
     report = json.loads(proc.stdout)  # --json -: JSON on stdout, the lines on stderr
-    failed = {c["name"]: c["detail"] for c in report["checks"] if c["status"] == "fail"}
+    failed = {c["name"]: c["detail"] for c in report["checks"] if c["verdict"] == "failed"}
     assert failed.keys() == {"port", "nccl-if", "gloo-if"}
     assert failed["port"].startswith(f"{port} is in use")
     assert "NCCL_SOCKET_IFNAME==ib9 selects no interface" in failed["nccl-if"]
@@ -68,11 +68,11 @@ def test_bad_input_exits_2_with_one_line():
 def test_output_dir_and_shm_checks(tmp_path):
     read_only = tmp_path / "ro"
     read_only.mkdir(mode=0o500)
-    assert doctor.check_output_dir(str(tmp_path / "new" / "runs")).status == "ok"
+    assert doctor.check_output_dir(str(tmp_path / "new" / "runs")).verdict == "held"
     if not doctor.os.access(read_only, doctor.os.W_OK):  # root can write anywhere
-        assert doctor.check_output_dir(str(read_only / "runs")).status == "fail"
+        assert doctor.check_output_dir(str(read_only / "runs")).verdict == "failed"
     check, size = doctor.check_shm(min_bytes=1 << 62)
-    assert check.status == "warn" and "--ipc host" in check.line() and size > 0
+    assert check.verdict == "held" and "--ipc host" in check.line() and size > 0
 
 
 def _fake_cc(folder):
@@ -88,13 +88,13 @@ def test_torch_compile_is_ready_with_a_c_compiler_on_path_and_python_h(tmp_path)
     include.mkdir()
     (include / "Python.h").write_text("/* the header */\n")
     check = doctor.check_compile({"PATH": str(tmp_path / "bin")}, include_dir=str(include))
-    assert check.status == "ok" and str(cc) in check.detail
+    assert check.verdict == "held" and str(cc) in check.detail
 
 
 def test_torch_compile_without_a_compiler_or_python_h_is_a_warning_naming_both_and_the_remedy(tmp_path):
     (tmp_path / "empty").mkdir()
     check = doctor.check_compile({"PATH": str(tmp_path / "empty")}, include_dir=str(tmp_path / "no-include"))
-    assert check.status == "warn" and check.name == "compile"
+    assert check.verdict == "held" and check.name == "compile"
     assert "C compiler" in check.detail and "Python.h" in check.detail
     assert "apt-get install -y gcc python3." in check.fix and "-dev" in check.fix
     # $CC names the compiler when set; a missing $CC is not rescued by cc on PATH

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.machine.health import doctor, fabric_manager
+from lab.machine.health import doctor_torch, fabric_manager
 from lab.run.cluster import nvml
 
 ERROR_802 = "CUDA error 802: system not yet initialized"
@@ -56,10 +56,10 @@ def node(tmp_path, smi: str | None, systemctl: tuple[int, str], switches: int = 
 
 
 def test_an_nvswitch_node_with_the_fabric_manager_inactive_says_start_it_not_install_torch(tmp_path):
-    check, facts = doctor.check_unusable_gpus(
+    check, facts = doctor_torch.check_unusable_gpus(
         "12.8", ERROR_802, node(tmp_path, smi_q("In Progress"), (3, "inactive\n"), switches=4)
     )
-    assert check.status == "fail"
+    assert check.verdict == "failed"
     assert check.detail.startswith(
         "torch (CUDA build 12.8) cannot start CUDA: CUDA error 802: system not yet "
         "initialized; this is an NVSwitch system ("
@@ -74,7 +74,9 @@ def test_an_nvswitch_node_with_the_fabric_manager_inactive_says_start_it_not_ins
 
 def test_without_device_files_the_fabric_state_in_nvidia_smi_shows_the_switches(tmp_path):
     # Inside a container /dev/nvidia-nvswitch* are usually absent; nvidia-smi -q still shows the fabric state.
-    check, _ = doctor.check_unusable_gpus("12.8", ERROR_802, node(tmp_path, smi_q("Not Started"), (3, "failed\n")))
+    check, _ = doctor_torch.check_unusable_gpus(
+        "12.8", ERROR_802, node(tmp_path, smi_q("Not Started"), (3, "failed\n"))
+    )
     assert (
         "NVSwitch system (nvidia-smi -q: fabric state Not Started) and nvidia-fabricmanager is failed" in check.detail
     )
@@ -82,13 +84,13 @@ def test_without_device_files_the_fabric_state_in_nvidia_smi_shows_the_switches(
     # No switch seen at all (nvidia-smi missing, no device files), yet error 802 and the manager inactive.
     bare = tmp_path / "bare"
     bare.mkdir()
-    check, _ = doctor.check_unusable_gpus("12.8", ERROR_802, node(bare, None, (3, "inactive\n")))
+    check, _ = doctor_torch.check_unusable_gpus("12.8", ERROR_802, node(bare, None, (3, "inactive\n")))
     assert "error 802 is the fabric's and nvidia-fabricmanager is inactive" in check.detail
 
 
 def test_where_systemd_cannot_be_asked_the_doctor_says_so_and_where_to_look(tmp_path):
     no_systemd = (1, "System has not been booted with systemd as init system (PID 1). Can't operate.\n")
-    check, _ = doctor.check_unusable_gpus("12.8", ERROR_802, node(tmp_path, smi_q("In Progress"), no_systemd))
+    check, _ = doctor_torch.check_unusable_gpus("12.8", ERROR_802, node(tmp_path, smi_q("In Progress"), no_systemd))
     assert "the fabric manager's state cannot be read here (systemctl: System has not been booted" in check.detail
     assert check.fix.startswith(
         "on the host (not in a container): systemctl status nvidia-fabricmanager; if it is "
@@ -97,7 +99,7 @@ def test_where_systemd_cannot_be_asked_the_doctor_says_so_and_where_to_look(tmp_
     # Error 802 alone names the fabric manager too: nvidia-smi missing, no device files, no systemctl.
     bare = tmp_path / "bare"
     bare.mkdir()
-    check, _ = doctor.check_unusable_gpus("12.8", ERROR_802, node(bare, None, NOT_INSTALLED))
+    check, _ = doctor_torch.check_unusable_gpus("12.8", ERROR_802, node(bare, None, NOT_INSTALLED))
     assert "error 802 is the fabric's, and the fabric manager's state cannot be read here" in check.detail
 
 
@@ -105,9 +107,9 @@ def test_a_cpu_build_of_torch_is_told_to_install_a_cuda_build_without_asking_the
     def never() -> fabric_manager.Fabric:
         raise AssertionError("a CPU build needs no fabric facts")
 
-    check, facts = doctor.check_unusable_gpus(None, "", never)
+    check, facts = doctor_torch.check_unusable_gpus(None, "", never)
     assert check.line() == (
-        "fail  devices    NVIDIA devices are present but this torch is a CPU build; install a "
+        "failed  devices    NVIDIA devices are present but this torch is a CPU build; install a "
         "CUDA build of torch that matches the driver (or use the lab image)"
     )
     assert facts == {}
@@ -124,7 +126,7 @@ def test_other_cuda_errors_get_cudas_words_and_the_usual_causes_not_the_fabric_m
     tmp_path, smi, systemctl, switches
 ):
     error = "CUDA error 35: CUDA driver version is insufficient for CUDA runtime version"
-    check, _ = doctor.check_unusable_gpus("12.8", error, node(tmp_path, smi, systemctl, switches))
+    check, _ = doctor_torch.check_unusable_gpus("12.8", error, node(tmp_path, smi, systemctl, switches))
     assert check.detail == f"torch (CUDA build 12.8) cannot start CUDA: {error}"
     assert "fabric" not in check.line() and "a newer driver or a torch built for the driver's CUDA" in check.fix
 
@@ -137,11 +139,13 @@ def test_the_doctor_asks_this_torch_why_cuda_failed_and_reads_the_fabric_then(tm
     if torch.version.cuda is None or torch.cuda.is_available():
         pytest.skip("needs a CUDA build of torch that cannot start CUDA (a CPU host)")
     monkeypatch.setattr(nvml, "host_has_gpus", lambda: True)
-    error = doctor.cuda_init_error(torch)
+    error = doctor_torch.cuda_init_error(torch)
     assert error and "\n" not in error
-    checks, facts = doctor.check_torch(None, read_fabric=node(tmp_path, smi_q("In Progress"), (3, "inactive\n"), 4))
+    checks, facts = doctor_torch.check_torch(
+        None, read_fabric=node(tmp_path, smi_q("In Progress"), (3, "inactive\n"), 4)
+    )
     devices = next(c for c in checks if c.name == "devices")
-    assert devices.status == "fail" and f"cannot start CUDA: {error}; this is an NVSwitch system" in devices.detail
+    assert devices.verdict == "failed" and f"cannot start CUDA: {error}; this is an NVSwitch system" in devices.detail
     assert facts["fabric"]["nvswitch"].endswith("nvidia-nvswitch0 exists") and facts["cuda_error"] == error
 
 
@@ -155,7 +159,7 @@ def test_cudas_error_is_read_from_torchs_message():
                 "yet initialized"
             )
 
-    assert doctor.cuda_init_error(type("FakeTorch", (), {"cuda": FakeCuda})) == ERROR_802
+    assert doctor_torch.cuda_init_error(type("FakeTorch", (), {"cuda": FakeCuda})) == ERROR_802
 
 
 def test_the_real_runner_reads_fake_host_commands_on_path(tmp_path, monkeypatch):

@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from lab.machine.health import doctor, doctor_slurm
-from lab.machine.health.check import Check
 from lab.run.cluster import slurm
+from lab.verdict import Check
 from tests.conftest import ROOT
 
 EIGHT = ",".join(map(str, range(8)))
@@ -48,9 +48,9 @@ def checks_for(env: dict[str, str], node_gpus: int | None = 8) -> dict[str, Chec
 def test_eight_tasks_that_each_see_all_eight_gpus_fail_with_the_counts_and_the_fix():
     # srun --ntasks-per-node=8 --gres=gpu:8: Slurm gives every task of the step the node's eight GPUs
     share = checks_for(step_env(8, SLURM_GPUS_ON_NODE="8", SLURM_STEP_GPUS=EIGHT, CUDA_VISIBLE_DEVICES=EIGHT))
-    assert share["gpu-share"].status == "fail"
+    assert share["gpu-share"].verdict == "failed"
     assert share["gpu-share"].line() == (
-        f"fail  gpu-share  8 tasks of this step on dgx01 each see 8 GPU(s) (CUDA_VISIBLE_DEVICES={EIGHT}) out of 8: "
+        f"failed  gpu-share  8 tasks of this step on dgx01 each see 8 GPU(s) (CUDA_VISIBLE_DEVICES={EIGHT}) out of 8: "
         f"8 x 8 > 8, so some GPU is seen by more than one task; give each task its own GPU with "
         f"`srun --gpus-per-task=1`, or run one task per node that gives each rank its own GPU: "
         f"`srun --ntasks-per-node=1 lab launch --slurm ...`"
@@ -60,7 +60,7 @@ def test_eight_tasks_that_each_see_all_eight_gpus_fail_with_the_counts_and_the_f
 def test_an_unset_cuda_visible_devices_means_the_whole_node_and_fails_the_same():
     share = checks_for(step_env(8))  # no GRES: nothing hides a GPU, each task sees the doctor's 8
     assert (
-        share["gpu-share"].status == "fail"
+        share["gpu-share"].verdict == "failed"
         and "(CUDA_VISIBLE_DEVICES unset: the whole node) out of 8" in share["gpu-share"].detail
     )
 
@@ -68,7 +68,7 @@ def test_an_unset_cuda_visible_devices_means_the_whole_node_and_fails_the_same()
 def test_one_gpu_per_task_passes_and_names_the_rule():
     # srun --ntasks-per-node=8 --gpus-per-task=1: this task was given GPU 3 alone
     share = checks_for(step_env(8, SLURM_GPUS_ON_NODE="8", SLURM_STEP_GPUS=EIGHT, CUDA_VISIBLE_DEVICES="3"))
-    assert share["gpu-share"].status == "ok"
+    assert share["gpu-share"].verdict == "held"
     assert share["gpu-share"].detail == (
         "8 tasks on dgx01 each see 1 GPU(s) (CUDA_VISIBLE_DEVICES=3) out of 8: 8 x 1 <= 8, no GPU need be seen twice"
     )
@@ -77,7 +77,7 @@ def test_one_gpu_per_task_passes_and_names_the_rule():
 def test_the_pool_is_the_jobs_gpus_on_the_node_not_the_hosts():
     # two tasks each seeing four GPUs of a job given four: some GPU is seen twice, however many the host has
     env = step_env(2, SLURM_GPUS_ON_NODE="4", CUDA_VISIBLE_DEVICES="0,1,2,3")
-    assert checks_for(env, node_gpus=8)["gpu-share"].status == "fail"
+    assert checks_for(env, node_gpus=8)["gpu-share"].verdict == "failed"
     # without SLURM_GPUS_ON_NODE the index list counts (a range included)
     env = step_env(2, SLURM_STEP_GPUS="0-3", CUDA_VISIBLE_DEVICES="0,1,2,3")
     assert "out of 4: 2 x 4 > 4" in checks_for(env, node_gpus=8)["gpu-share"].detail
@@ -95,19 +95,19 @@ def test_the_pool_is_the_jobs_gpus_on_the_node_not_the_hosts():
 def test_where_the_rule_does_not_apply_the_line_is_ok_and_says_why(env, node_gpus, why):
     # one task per node (the lab's own way, `lab launch --slurm`): torchrun's ranks are not srun's tasks
     share = checks_for(env, node_gpus)["gpu-share"]
-    assert share.status == "ok" and share.detail.startswith(f"does not apply: {why}")
+    assert share.verdict == "not applicable" and share.detail.startswith(f"does not apply: {why}")
 
 
 def test_an_unknown_pool_is_a_warning_not_a_guess():
     share = checks_for(step_env(8, CUDA_VISIBLE_DEVICES="3"), node_gpus=None)["gpu-share"]
-    assert share.status == "warn" and "SLURM_GPUS_ON_NODE" in share.fix
+    assert share.verdict == "held" and "SLURM_GPUS_ON_NODE" in share.fix
 
 
 def test_the_slurm_line_and_facts_describe_the_allocation():
     env = step_env(8, SLURM_GPUS_ON_NODE="8", SLURM_STEP_GPUS=EIGHT, CUDA_VISIBLE_DEVICES="3")
     checks, facts = doctor_slurm.check_slurm_job(slurm.allocation(env), "3", 8)
     assert checks[0].line() == (
-        "ok    slurm      job 4242 on dgx: 2 node(s) dgx01,dgx02; this is dgx01 (node 0), step task 3 of 16, "
+        "held    slurm      job 4242 on dgx: 2 node(s) dgx01,dgx02; this is dgx01 (node 0), step task 3 of 16, "
         f"8 on this node; 8 GPU(s) on this node (SLURM_STEP_GPUS/SLURM_JOB_GPUS={EIGHT}); "
         "this task sees CUDA_VISIBLE_DEVICES=3 (1 GPU(s))"
     )
@@ -144,13 +144,17 @@ def test_the_real_command_under_srun_variables_prints_the_line_and_the_json_key(
         timeout=60,
     )
     report = json.loads(proc.stdout)
-    lines = {line.split()[1]: line for line in proc.stderr.splitlines() if not line.startswith("doctor:")}
+    lines = {  # each line: its verdict (one of lab.verdict's, "not applicable" two words), the check's name, ...
+        line.removeprefix("not applicable").split()[0 if line.startswith("not applicable") else 1]: line
+        for line in proc.stderr.splitlines()
+        if not line.startswith("doctor:")
+    }
     assert lines["slurm"].startswith(
-        "ok    slurm      job 4242 on lab: 2 node(s) n1,n2; this is n2 (node 1), "
+        "held    slurm      job 4242 on lab: 2 node(s) n1,n2; this is n2 (node 1), "
         "step task 1 of 2, 1 on this node; no GPUs requested (no GPU indices "
         "from Slurm); this task sees "
     )
-    assert lines["gpu-share"].startswith("ok    gpu-share  does not apply: one task of the step on n2")
+    assert lines["gpu-share"].startswith("not applicable gpu-share  does not apply: one task of the step on n2")
     assert report["slurm"]["nodes"] == ["n1", "n2"] and report["slurm"]["node_name"] == "n2"
     assert report["slurm"] == report["facts"]["slurm"]
     assert report["slurm"]["gpus_on_node"] is None and report["slurm"]["tasks_on_this_node"] == 1

@@ -169,22 +169,22 @@ def test_a_healthy_dgx_h100_pair_passes_every_check_with_its_platforms_floors(tm
         {"node": 376.0, "pair": 200.0, "nodes": 300.8, "host_device": 37.8}, abs=0.05
     )
     assert "stas00/ml-engineering" in record["floor_sources"]["node"]
-    assert {c["name"]: c["status"] for c in record["checks"]} == {
-        "gpus": "ok",
-        "nvls": "ok",
-        "pcie": "ok",
-        "fabric-manager": "ok",
-        "fabric-state": "ok",
-        "infiniband": "ok",
-        "gpudirect-support": "ok",
-        "gdrdma": "ok",
-        "dcgm-diag": "ok",
-        "xid": "ok",
-        "row-remap": "ok",
+    assert {c["name"]: c["verdict"] for c in record["checks"]} == {
+        "gpus": "held",
+        "nvls": "held",
+        "pcie": "held",
+        "fabric-manager": "held",
+        "fabric-state": "held",
+        "infiniband": "held",
+        "gpudirect-support": "held",
+        "gdrdma": "held",
+        "dcgm-diag": "held",
+        "xid": "held",
+        "row-remap": "held",
     }
     assert record["pairs"][0]["busbw"] == 471.0 and record["pairs"][0]["judged_at"] == "median of 4 size(s) 1 GiB-8 GiB"
     assert record["health"] == {
-        "dcgm_diag": "pass",
+        "dcgm_diag": "held",
         "xid_events": 0,
         "dcgm_level": 2,
         "ecc_uncorrected": {str(i): "0" for i in range(8)},
@@ -236,7 +236,7 @@ def test_a_cpu_node_is_two_gloo_processes_against_the_cpu_floor_and_its_facts_no
     assert b["platform"]["key"] == "cpu" and b["gpus"] == 0 and b["pairs"][0]["pair"] == "cpu"
     assert b["floors"] == {"node": 0.01, "pair": 0.01, "nodes": 0.01} and doc["all_nodes"]["floor"] == 0.01
     assert b["pairs"][0]["judged_at"] == "largest size 1 MiB (the run had none >= 1 GiB)"
-    assert b["checks"][0]["status"] == "not present" and b["checks"][1]["status"] == "not applicable"
+    assert b["checks"][0]["verdict"] == "not applicable" and b["checks"][1]["verdict"] == "not applicable"
 
 
 # ----------------------------------------------------------------------------- a degraded node
@@ -272,6 +272,21 @@ def test_a_log_without_nccl_info_lines_is_unreadable_not_a_pass(tmp_path):
         fabric.Settings(expect=fabric.parse_expect(["gdrdma=no"])),
     )
     assert waived["ok"], waived["problems"]
+
+
+def test_a_node_missing_from_ncclss_log_was_not_checked_and_does_not_pass(tmp_path):
+    """Slurm's srun and the validate play both gather every node's output into nodes.log: a node with no line there
+    had its GPUDirect RDMA seen by no one, so its gdrdma check was not run, which is not a pass (lab.verdict)."""
+    only_dgx01 = "".join(
+        line + "\n" for line in (FIXTURES / "nodes-gdrdma.log").read_text().splitlines() if line.startswith("dgx01")
+    )
+    doc = fabric.verdict(_dgx_job(tmp_path, **{"nodes.log": only_dgx01}), ["dgx01", "dgx02"], "v1")
+    gdrdma = {name: next(c for c in n["checks"] if c["name"] == "gdrdma") for name, n in doc["nodes"].items()}
+    assert gdrdma["dgx01"]["verdict"] == "held" and gdrdma["dgx02"]["verdict"] == "not run"
+    assert doc["problems"] == [
+        "dgx02: gdrdma: nodes.log holds no NCCL line of this node, so its GPUDirect RDMA was not seen: gather every "
+        "node's NCCL_DEBUG=INFO output into it"
+    ]
 
 
 def test_an_ib_rail_at_200_gbps_fails_naming_the_port(tmp_path):
@@ -335,7 +350,7 @@ def test_an_idle_gpus_lowered_pcie_generation_is_a_note_not_a_failure(tmp_path):
     idle = (FIXTURES / "h100/nvidia-smi-gpus.txt").read_text().replace("81559, 5, 5, 16, 16", "81559, 1, 5, 16, 16")
     doc = fabric.verdict(_dgx_job(tmp_path, facts={"dgx02": {"nvidia_smi_gpus": idle}}), ["dgx01", "dgx02"], "v1")
     assert doc["ok"], doc["problems"]
-    assert next(c for c in doc["nodes"]["dgx02"]["checks"] if c["name"] == "pcie")["status"] == "note"
+    assert next(c for c in doc["nodes"]["dgx02"]["checks"] if c["name"] == "pcie")["verdict"] == "held"
 
 
 def test_health_facts_each_fail_by_name(tmp_path):
@@ -446,7 +461,7 @@ def test_a_missing_tool_is_not_present_never_a_pass(tmp_path):
         "expected",
         "dgx02: dcgmi diag -r 2: dcgmi-diag: not present (dcgmi: not installed); --expect dcgm=skip waives it",
     ]
-    assert doc["nodes"]["dgx02"]["health"]["dcgm_diag"] == "not present"
+    assert doc["nodes"]["dgx02"]["health"]["dcgm_diag"] == "failed: dcgmi-diag: not present (dcgmi: not installed)"
     no_facts = fabric.verdict(_dgx_job(tmp_path / "2"), ["dgx01", "dgx02", "dgx09"], "v1")
     assert (
         "dgx09: facts: no facts-dgx09/ (scripts/node-facts.sh did not run on it): its GPUs, links and health "
@@ -460,7 +475,9 @@ def test_a_missing_tool_is_not_present_never_a_pass(tmp_path):
 def test_the_ring_is_asked_for_then_names_the_node_in_two_slow_pairs(tmp_path):
     nodes = ("dgx01", "dgx02", "dgx03")
     slow = _allreduce(24, 120.0, gpus=True)
-    first = fabric.verdict(_dgx_job(tmp_path, nodes, **{"nodes.json": slow}), list(nodes), "v1")
+    two = (FIXTURES / "nodes-gdrdma.log").read_text()  # NCCL's lines of dgx01 and dgx02; dgx03's are dgx01's
+    logs = {"nodes.json": slow, "nodes.log": two + two.replace("dgx01", "dgx03")}
+    first = fabric.verdict(_dgx_job(tmp_path, nodes, **logs), list(nodes), "v1")
     assert first["ring_needed"] and first["problems"] == [
         "all nodes: 24 ranks: busbw 120 GB/s, below 300.8 GB/s, the highest floor among them"
     ]
@@ -469,7 +486,7 @@ def test_the_ring_is_asked_for_then_names_the_node_in_two_slow_pairs(tmp_path):
         "ring-dgx02_dgx03.json": _allreduce(16, 110.0, gpus=True),
         "ring-dgx03_dgx01.json": _allreduce(16, 105.0, gpus=True),
     }
-    again = fabric.verdict(_dgx_job(tmp_path / "2", nodes, **{"nodes.json": slow}, **ring), list(nodes), "v1")
+    again = fabric.verdict(_dgx_job(tmp_path / "2", nodes, **logs, **ring), list(nodes), "v1")
     assert not again["ring_needed"] and again["suspects"] == ["dgx03"]
     assert {name: r["ok"] for name, r in again["ring"].items()} == {
         "dgx01+dgx02": True,
@@ -601,12 +618,12 @@ def test_the_report_renders_the_written_validate_json(tmp_path, capsys):
     out = tmp_path / "run" / "validate.json"
     code = cli.main(["validate", str(folder), "--nodes", "dgx01,dgx02", "--run-id", "v1", "--out", str(out)])
     printed = capsys.readouterr().out.splitlines()
-    assert code == 1 and printed[-1] == f"validate: FAILED (1 problem); every figure: {out}"
+    assert code == 1 and printed[-1] == f"validate: failed (1 problem); every figure: {out}"
     text = report.build([str(out)], str(tmp_path / "run")).read_text()
-    assert "## Fabric validation" in text and "Verdict: FAILED" in text
-    assert "| GPUs 0,1,2,3,4,5,6,7 | dgx02 | 8 | 150 | 376 | below |" in text
-    assert "| all nodes | dgx01, dgx02 | 16 | 381 | 300.8 | ok |" in text
-    assert "| dgx01 | 8 | h100-sxm-8 | pass | 0 |" in text
+    assert "## Fabric validation" in text and "Verdict: failed." in text
+    assert "| GPUs 0,1,2,3,4,5,6,7 | dgx02 | 8 | 150 | 376 | failed: below |" in text
+    assert "| all nodes | dgx01, dgx02 | 16 | 381 | 300.8 | held |" in text
+    assert "| dgx01 | 8 | h100-sxm-8 | held | 0 |" in text
     assert problems(text) == []
 
 
@@ -670,7 +687,7 @@ def test_a_gpu_node_whose_step_saw_no_gpu_fails_by_name_instead_of_passing_as_a_
         "dgx02: gpus: the node has 8 GPU(s) (8 in Slurm's Gres, 8 in the driver's /proc/driver/nvidia/gpus) but its "
         "step saw 0, so nothing of them was tested: ask the job for them (sbatch --gpus-per-node=8)"
     )
-    assert not doc["ok"] and {c["name"]: c["status"] for c in doc["nodes"]["dgx02"]["checks"]}["gpus"] == "fail"
+    assert not doc["ok"] and {c["name"]: c["verdict"] for c in doc["nodes"]["dgx02"]["checks"]}["gpus"] == "failed"
     # Slurm's word alone (no driver on the node that ran the facts: the test cluster's fake GPUs) is enough
     cpu = fabric.verdict(
         _cpu_job(tmp_path / "slurm"), ["a", "b"], "v2", fabric.Settings(expect=fabric.parse_expect(["b:gpus=2"]))
@@ -693,9 +710,9 @@ def test_the_transport_comes_from_the_ports_link_layer_roce_is_judged_as_rdma_an
     assert _only(doc) == [], doc["problems"]
     checks = {c["name"]: c for c in doc["nodes"]["dgx02"]["checks"]}
     rdma = checks["infiniband"]  # the node's two storage ports are Ethernet too: named beyond the eight, not failed
-    assert rdma["status"] == "note"
+    assert rdma["verdict"] == "held"
     assert rdma["detail"].startswith("8 of 8 expected port(s) Active at 400 Gb/s 4X (RoCE,")
-    assert checks["gdrdma"]["status"] == "ok"  # judged from NCCL's log, as on InfiniBand
+    assert checks["gdrdma"]["verdict"] == "held"  # judged from NCCL's log, as on InfiniBand
     efa = "".join(
         f"efa_{i} port 1: state=4: ACTIVE; phys_state=5: LinkUp; rate=100 Gb/sec (4X EDR); link_layer=Unspecified\n"
         for i in range(4)
@@ -707,7 +724,7 @@ def test_the_transport_comes_from_the_ports_link_layer_roce_is_judged_as_rdma_an
     )
     assert _only(doc) == [], doc["problems"]
     said = {c["name"]: c for c in doc["nodes"]["dgx02"]["checks"]}["infiniband"]
-    assert said["status"] == "note" and said["detail"].startswith("transport EFA (efa_N devices)")
+    assert said["verdict"] == "not applicable" and said["detail"].startswith("transport EFA (efa_N devices)")
 
 
 def test_a_node_whose_nccl_did_not_use_nvls_is_judged_at_the_rings_figure_not_failed_at_nvls(tmp_path):
@@ -719,7 +736,7 @@ def test_a_node_whose_nccl_did_not_use_nvls_is_judged_at_the_rings_figure_not_fa
     assert _only(doc) == [], doc["problems"]
     record = doc["nodes"]["dgx02"]
     assert record["floors"]["node"] == pytest.approx(296.0) and "without NVLS" in record["floor_sources"]["node"]
-    assert {c["name"]: c["status"] for c in record["checks"]}["nvls"] == "note"
+    assert {c["name"]: c["verdict"] for c in record["checks"]}["nvls"] == "not applicable"
     # the same figure where NCCL did set up NVLS: far from its health, and failed
     files["node-dgx02.log"] = NVLS_LOG.format(node="dgx02")
     doc = fabric.verdict(_dgx_job(tmp_path / "2", **files), ["dgx01", "dgx02"], "v1")

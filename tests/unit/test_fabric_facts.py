@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lab import cli
-from lab.machine.health import fabric_checks
+from lab.machine.health import nccl_log_checks
 from lab.machine.health import node_facts as nf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def test_lab_validate_judges_this_machines_real_facts_as_a_cpu_node(tmp_path, ca
     assert cli.main(["validate", str(folder), "--nodes", "vm", "--run-id", "v1", "--out", str(out)]) == 0
     record = json.loads(out.read_text())["nodes"]["vm"]
     assert record["platform"]["key"] == "cpu" and record["pairs"][0]["busbw"] == 1.6
-    assert record["facts"]["status"]["nvidia-smi-gpus"] == "not present"
+    assert record["facts"]["read"]["nvidia-smi-gpus"] == "not present"
     assert record["health"]["xid_events"] in ("unreadable", "not present", 0)
 
 
@@ -100,7 +100,7 @@ def test_an_underlined_topo_header_still_reads_as_eight_nvlinked_gpus(tmp_path):
 def test_a_channel_through_another_nic_pxn_counts_as_gpudirect_rdma():
     """NCCL logs a channel that proxies through another NIC of the node (PXN) as NET/IB/3(2)/GDRDMA."""
     line = "dgx01:12:34 [1] NCCL INFO Channel 02/0 : 9[1] -> 1[1] [receive] via NET/IB/3(2)/GDRDMA"
-    assert fabric_checks.nccl_channels(line) == {"dgx01": {"gdrdma": 1, "ib": 0, "socket": 0, "dmabuf": False}}
+    assert nccl_log_checks.nccl_channels(line) == {"dgx01": {"gdrdma": 1, "ib": 0, "socket": 0, "dmabuf": False}}
 
 
 def test_dcgm_4_tables_with_per_gpu_rows_are_read():
@@ -121,13 +121,15 @@ def test_dcgm_4_tables_with_per_gpu_rows_are_read():
 
 def test_the_nccl_log_is_read_per_host_with_dmabuf():
     text = (ROOT / "tests/fixtures/fabric/nodes-gdrdma.log").read_text()
-    channels = fabric_checks.nccl_channels(text)
+    channels = nccl_log_checks.nccl_channels(text)
     assert channels == {
         "dgx01": {"gdrdma": 16, "ib": 0, "socket": 0, "dmabuf": True},
         "dgx02": {"gdrdma": 16, "ib": 0, "socket": 0, "dmabuf": True},
     }
-    sockets = fabric_checks.nccl_channels("n1:7:9 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0")
-    assert fabric_checks.gdrdma(sockets, {"n1"}, "nodes.log")[1] == [
+    sockets = nccl_log_checks.nccl_channels(
+        "n1:7:9 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0"
+    )
+    assert nccl_log_checks.gdrdma(sockets, {"n1"}, "nodes.log")[1] == [
         "gdrdma: GPUDirect RDMA not used: nodes.log shows 1 channel(s) over sockets (NET/Socket) (nvidia_peermem or "
         "DMA-BUF, NCCL_NET_GDR_LEVEL)"
     ]

@@ -8,6 +8,7 @@ import pytest
 
 from lab.machine.devicecheck import command as gpu_check
 from lab.machine.devicecheck import harness
+from lab.machine.devicecheck import plan as gpu_plan
 from lab.run.cluster import nvml
 
 
@@ -32,17 +33,38 @@ def test_the_table_counts_what_ran():
         "device": "NVIDIA H200",
         "gpus": 1,
         "quick": False,
+        "deadline_seconds": 400,
         "versions": {"driver": "570", "cuda": "12.8", "nccl": "2.26", "torch": "2.11.0"},
         "steps": [
-            {"step": "doctor", "status": "passed", "detail": "7 checks"},
-            {"step": "all-reduce", "status": "skipped", "detail": "1 GPU"},
-            {"step": "memory", "status": "failed", "detail": "ratio 1.30"},
+            {"step": "doctor", "verdict": "held", "detail": "7 checks"},
+            {"step": "all-reduce", "verdict": "not applicable", "detail": "1 GPU"},
+            {"step": "memory", "verdict": "failed", "detail": "ratio 1.30"},
         ],
     }
     lines = gpu_check.render(result).splitlines()
     assert lines[0] == "# lab gpu-check: NVIDIA H200 x 1; driver 570, CUDA 12.8, NCCL 2.26, torch 2.11.0"
-    assert lines[1].split() == ["doctor", "passed", "7", "checks"]
-    assert lines[-1] == "1 of 2 step(s) failed"
+    assert lines[1].split() == ["doctor", "held", "7", "checks"]
+    assert lines[-1] == "gpu-check: failed (1 held, 1 failed, 1 not applicable of 3 step(s))"
+    result["steps"][2] = {"step": "memory", "verdict": "not run", "detail": "needs x", "by_deadline": True}
+    assert gpu_check.render(result).splitlines()[-1] == (
+        "gpu-check: incomplete (1 held, 1 not run, 1 not applicable of 3 step(s)); 1 not run: the 400 s deadline "
+        "was spent"
+    )
+
+
+def test_a_check_with_a_step_not_run_is_incomplete_not_passed(capsys):
+    """A step left out (for time, --only, a missing package) makes the check incomplete: exit 4, said on one line;
+    one the hardware cannot run does not (exit 0); a failed step is exit 1 whatever else."""
+    held = gpu_check.Outcome("doctor", "held", "7 checks")
+    left_out = gpu_check.Outcome("predict", "not run", "left out to keep the plan within 75% of the 60 s deadline")
+    no_gpu = gpu_check.Outcome("all-reduce", "not applicable", "1 GPU on this host")
+    assert gpu_check.exit_code([held, no_gpu]) == 0
+    assert gpu_check.exit_code([held, left_out, no_gpu]) == 4
+    assert capsys.readouterr().out == (
+        "gpu-check: incomplete: 1 step(s) not run, so the check does not pass (predict: left out to keep the plan "
+        "within 75% of the 60 s deadline)\n"
+    )
+    assert gpu_check.exit_code([held, left_out, gpu_check.Outcome("memory", "failed", "ratio 1.30")]) == 1
 
 
 def test_the_levers_line_reads_a_gpu_result(tmp_path, monkeypatch):
@@ -50,50 +72,66 @@ def test_the_levers_line_reads_a_gpu_result(tmp_path, monkeypatch):
     # what is checked is the line gpu-check makes of it.
     from tests.distributed.test_levers import _gpu_result
 
-    check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=8)
+    check = gpu_check.Harness(out=tmp_path, quick=False, gpu=True, gpus=8)
     monkeypatch.setattr(
-        gpu_check.Check,
+        gpu_check.Harness,
         "lab",
         lambda self, log, *args: (tmp_path / "levers.json").write_text(json.dumps(_gpu_result())),
     )
     outcome = gpu_check.levers(check)
-    assert outcome.status == "passed"
+    assert outcome.verdict == "held"
     assert "images/s vs fp32: bf16 2.00x, fp16 1.90x" in outcome.detail
     assert "(float64) 2.0e-16" in outcome.detail and "NCCL_P2P_DISABLE=1 0.20x" in outcome.detail
 
 
 @pytest.mark.parametrize("gpus", [1, 8])
-def test_the_plan_keeps_a_quarter_of_the_deadline_as_slack_on_one_gpu_and_on_eight(monkeypatch, gpus):
-    # Every package present (faked: the preflight's lookup), so the sums are the largest the plan can print. At 350 s
-    # planned of a 360 s deadline a cold compile over its minute cut the last step, and a healthy host exited 1.
-    monkeypatch.setattr(gpu_check, "missing", lambda module: False)
-    rows = gpu_check.plan(gpu_check.Check(out=None, quick=False, gpu=True, gpus=gpus), gpu_check.STEPS, deadline=360)
-    assert sum(r["expected_seconds"] for r in rows) <= 0.75 * 360
+def test_the_default_deadline_runs_every_step_the_hardware_allows_with_a_quarter_to_spare(monkeypatch, gpus):
+    # Every package present (faked: the preflight's lookup), so the sums are the largest the plan can print.
+    monkeypatch.setattr(gpu_plan, "missing", lambda module: False)
+    host = gpu_check.Harness(out=None, quick=False, gpu=True, gpus=gpus)
+    unbounded = gpu_plan.plan(host, gpu_check.STEPS)
+    runnable = [s for s, r in zip(gpu_check.STEPS, unbounded) if not r["left_out"]]
+    deadline = gpu_plan.deadline_for(runnable, gpus)
+    rows = gpu_plan.plan(host, gpu_check.STEPS, deadline=deadline)
+    assert sum(r["expected_seconds"] for r in rows) <= 0.75 * deadline
     assert [r["step"] for r in rows][1:5] == ["FSDP", "bf16 training", "DDP, 1 rank", "host syncs"]  # defects first
     assert [r["step"] for r in rows][-1] == "DDP + compile"  # the one compile, last in the table
-    skipped = {r["step"]: r["skip"] for r in rows if r["skip"]}
-    assert (
-        "DDP + compile" in skipped
-        and "left out to keep the plan within 75% of the 360 s deadline" in (skipped["DDP + compile"])
-    )
+    assert {r["left_out"] for r in rows} <= {None, "not applicable"}  # nothing left out: every step in
     if gpus == 1:
-        assert "needs 2 or more" in skipped["all-reduce"]
-        assert skipped["predict"].startswith("1 GPU on this host: predict needs 3 or more (it measures 1 and 2")
-    named = int(skipped["DDP + compile"].split("--deadline ")[1].split()[0])
-    generous = gpu_check.plan(
-        gpu_check.Check(out=None, quick=False, gpu=True, gpus=gpus), gpu_check.STEPS, deadline=named
-    )
-    assert not [r for r in generous if "left out" in (r["skip"] or "")]  # the deadline it names runs every step
-    cpu = gpu_check.plan(gpu_check.Check(out=None, quick=True, gpu=False, gpus=0), gpu_check.STEPS, deadline=540)
+        left = {r["step"]: r["why"] for r in rows if r["left_out"]}
+        assert left["all-reduce"].startswith("1 GPU on this host: all-reduce needs 2 or more")
+        assert left["predict"].startswith("1 GPU on this host: predict needs 3 or more (it measures 1 and 2")
+    else:
+        assert not any(r["left_out"] for r in rows)
+        predict = next(r for r in rows if r["step"] == "predict")
+        assert predict["expected_seconds"] == 10 + 10 * 8  # a job per world size: it grows with the GPUs
+    one_gpu = gpu_plan.deadline_for(runnable, 1)
+    assert gpus == 1 or deadline > one_gpu  # the deadline scales with the GPUs
+
+
+def test_a_deadline_given_too_short_leaves_steps_not_run_and_names_the_one_that_fits(monkeypatch):
+    monkeypatch.setattr(gpu_plan, "missing", lambda module: False)
+    host = gpu_check.Harness(out=None, quick=False, gpu=True, gpus=8)
+    rows = gpu_plan.plan(host, gpu_check.STEPS, deadline=360)
+    assert sum(r["expected_seconds"] for r in rows) <= 0.75 * 360
+    left = {r["step"]: r for r in rows if r["left_out"] == "not run"}
+    assert "DDP + compile" in left
+    why = left["DDP + compile"]["why"]
+    assert why.startswith("left out to keep the plan within 75% of the 360 s deadline; --deadline ")
+    named = int(why.split("--deadline ")[1].split()[0])
+    generous = gpu_plan.plan(host, gpu_check.STEPS, deadline=named)
+    assert not [r for r in generous if r["left_out"]]  # the deadline it names runs every step
+    cpu = gpu_plan.plan(gpu_check.Harness(out=None, quick=True, gpu=False, gpus=0), gpu_check.STEPS, deadline=540)
     # the bare CPU test runs most of these within its 540 s deadline on 2 cores
-    assert sum(r["expected_seconds"] for r in cpu) < 250 and not any("left out" in (r["skip"] or "") for r in cpu)
-    assert not next(r for r in cpu if r["step"] == "predict")["skip"]  # on a CPU: 3 gloo ranks
-    text = gpu_check.render_plan(rows, 360, quick=False)
+    assert sum(r["expected_seconds"] for r in cpu) < 250 and not any(r["left_out"] == "not run" for r in cpu)
+    assert not next(r for r in cpu if r["step"] == "predict")["left_out"]  # on a CPU: 3 gloo ranks
+    text = gpu_plan.render_plan(rows, 360, quick=False)
     total = sum(r["expected_seconds"] for r in rows)
-    kept = sum(not r["skip"] for r in rows)
+    kept = sum(not r["left_out"] for r in rows)
     assert text.splitlines()[0] == (
         f"gpu-check plan: {kept} step(s), about {total} s expected (on one H200) of the 360 s deadline"
     )
+    assert "  DDP + compile   not run: left out to keep the plan within 75%" in text
 
 
 def test_the_step_names_are_the_tables_lines():
@@ -101,16 +139,16 @@ def test_the_step_names_are_the_tables_lines():
     assert len(set(gpu_check.STEP_NAMES)) == len(gpu_check.STEP_NAMES) == len(gpu_check.STEPS) + 1  # + resume
 
 
-def test_the_preflight_names_what_a_step_lacks(monkeypatch):
-    monkeypatch.setattr(gpu_check, "missing", lambda module: module in ("lightning", "deepspeed"))
-    rows = {
-        r["step"]: r for r in gpu_check.plan(gpu_check.Check(out=None, quick=False, gpu=True, gpus=8), gpu_check.STEPS)
-    }
-    assert rows["Lightning peer"]["skip"] == "needs lightning (pip install lightning==2.6.6)"
+def test_the_preflight_names_what_a_step_lacks_and_the_step_is_not_run(monkeypatch):
+    monkeypatch.setattr(gpu_plan, "missing", lambda module: module in ("lightning", "deepspeed"))
+    host = gpu_check.Harness(out=None, quick=False, gpu=True, gpus=8)
+    rows = {r["step"]: r for r in gpu_plan.plan(host, gpu_check.STEPS)}
+    assert rows["Lightning peer"]["left_out"] == "not run"  # a GPU path untested: the check is incomplete
+    assert rows["Lightning peer"]["why"] == "needs lightning (pip install lightning==2.6.6)"
     assert rows["Lightning peer"]["expected_seconds"] == 0
-    assert not rows["strategies"]["skip"]
+    assert not rows["strategies"]["left_out"]
     assert rows["strategies"]["without"][0].startswith("deepspeed: the ZeRO-1/2/3 rows left out (pip install")
-    assert not rows["all-reduce"]["skip"]
+    assert not rows["all-reduce"]["left_out"]
 
 
 def _alive(pid: int) -> bool:
@@ -123,7 +161,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow  # waits out a real deadline on a sleeping child: about 7 s
-def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(tmp_path, monkeypatch):
+def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_not_run(tmp_path, monkeypatch):
     # The step table is replaced in-process by three fake steps: one that passes at once, one whose child (with a
     # grandchild, as torchrun has workers) sleeps past the deadline, one after it.
     import argparse
@@ -140,10 +178,10 @@ def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(
         c.child("slow", [sys.executable, "-c", code, str(c.out)])
 
     steps = (
-        gpu_check.Step("at once", 1, 1, lambda c: gpu_check.Outcome("at once", "passed", "done")),
+        gpu_check.Step("at once", 1, 1, lambda c: gpu_check.Outcome("at once", "held", "done")),
         gpu_check.Step("slow", 1, 1, slow),
         gpu_check.Step(
-            "after", 1, 1, lambda c: gpu_check.Outcome("after", "passed", "done"), lines=("after", "after too")
+            "after", 1, 1, lambda c: gpu_check.Outcome("after", "held", "done"), lines=("after", "after too")
         ),
     )
     monkeypatch.setattr(gpu_check, "STEPS", steps)
@@ -154,16 +192,17 @@ def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(
         out=str(tmp_path), quick=True, allow_cpu=True, skip_without_gpu=False, json=None, deadline=15, epochs=1
     )
     started = time.monotonic()
-    assert gpu_check.run(args) == 1
+    assert gpu_check.run(args) == 4  # incomplete: nothing failed, and not every step ran
     assert time.monotonic() - started < 15 + 1
     result = json.loads((tmp_path / "gpu-check.json").read_text())
-    status = [(s["step"], s["status"], s["by_deadline"]) for s in result["steps"]]
-    assert status == [
-        ("at once", "passed", False),
-        ("slow", "failed", True),
-        ("after", "skipped", True),
-        ("after too", "skipped", True),
+    verdicts = [(s["step"], s["verdict"], s["by_deadline"]) for s in result["steps"]]
+    assert verdicts == [
+        ("at once", "held", False),
+        ("slow", "not run", True),
+        ("after", "not run", True),
+        ("after too", "not run", True),
     ]
+    assert result["verdict"] == "not run"
     assert result["steps"][1]["detail"].startswith("cut by the deadline after ")
     assert result["finished"] and result["plan"][1]["step"] == "slow"
     # Written after every step: while the slow step ran, the file already held the first one's result.
@@ -176,7 +215,7 @@ def test_a_step_past_the_deadline_is_stopped_and_the_steps_after_it_are_skipped(
 def test_host_syncs_fail_on_bf16_and_show_syncbatchnorms_own(tmp_path, monkeypatch):
     # No GPU here: the child that measures on CUDA (lab.machine.devicecheck.measure host-syncs) is replaced by its JSON
     # (say so); what is checked is how the step reads it.
-    check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=1)
+    check = gpu_check.Harness(out=tmp_path, quick=False, gpu=True, gpus=1)
     commands = []
 
     def measured(variants):
@@ -186,15 +225,15 @@ def test_host_syncs_fail_on_bf16_and_show_syncbatchnorms_own(tmp_path, monkeypat
         )
 
     monkeypatch.setattr(
-        gpu_check.Check,
+        gpu_check.Harness,
         "child",
         measured({"bf16": None, "fp16": None, "sync_batchnorm": "called a synchronizing CUDA op"}),
     )
     outcome = gpu_check.host_syncs(check)
-    assert outcome.status == "passed" and harness.SYNC_BATCHNORM_SYNC + " (expected" in outcome.detail
+    assert outcome.verdict == "held" and harness.SYNC_BATCHNORM_SYNC + " (expected" in outcome.detail
     assert "sync_batchnorm:train.amp=bf16,model.sync_batchnorm=true,dist.single_process_group=true" in commands[0]
     monkeypatch.setattr(
-        gpu_check.Check,
+        gpu_check.Harness,
         "child",
         measured({"bf16": "called a synchronizing CUDA op", "fp16": None, "sync_batchnorm": "x"}),
     )
@@ -264,7 +303,7 @@ def test_the_wheels_chosen_are_those_this_python_lacks(tmp_path):
 
 def test_a_strategy_that_fails_fails_the_step_and_a_missing_deepspeed_does_not(tmp_path, monkeypatch):
     # No GPU here: `lab bench strategies` is replaced by the table it writes (say so); it exits 1 when a row failed.
-    check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=1)
+    check = gpu_check.Harness(out=tmp_path, quick=False, gpu=True, gpus=1)
     ok = {"state_bytes": 2**20, "loss_gap_from_ddp": 1e-3}
     absent = {"label": "ZeRO-1", "error": "DeepSpeed is not installed (pip install '.[deepspeed]')"}
 
@@ -276,11 +315,11 @@ def test_a_strategy_that_fails_fails_the_step_and_a_missing_deepspeed_does_not(t
 
         return lab
 
-    monkeypatch.setattr(gpu_check.Check, "lab", bench([{"label": "DDP", **ok}, {"label": "FSDP", **ok}, absent], 0))
+    monkeypatch.setattr(gpu_check.Harness, "lab", bench([{"label": "DDP", **ok}, {"label": "FSDP", **ok}, absent], 0))
     outcome = gpu_check.strategies(check)
-    assert outcome.status == "passed" and outcome.detail.endswith("; not installed: ZeRO-1")
+    assert outcome.verdict == "held" and outcome.detail.endswith("; not installed: ZeRO-1")
     broken = {"label": "FSDP", "error": "failed: [rank0]: NotImplementedError: aten._fused_sgd_.default"}
-    monkeypatch.setattr(gpu_check.Check, "lab", bench([{"label": "DDP", **ok}, broken, absent], 1))
+    monkeypatch.setattr(gpu_check.Harness, "lab", bench([{"label": "DDP", **ok}, broken, absent], 1))
     with pytest.raises(gpu_check.StepFailed, match="^FSDP: failed: .rank0.: NotImplementedError"):
         gpu_check.strategies(check)
 
@@ -311,7 +350,7 @@ def _predict_result(gpus: int, device: str = "NVIDIA H200", predicted_from: int 
 def test_the_predict_line_states_the_largest_error_and_refuses_what_tested_nothing(tmp_path, monkeypatch):
     # No GPU here: `lab predict` is replaced by the JSON it writes on eight GPUs (say so); what is checked is the
     # command the step runs and the line it makes of the result, and that a result that proved nothing fails it.
-    check = gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=8)
+    check = gpu_check.Harness(out=tmp_path, quick=False, gpu=True, gpus=8)
     commands = []
 
     def writes(doc):
@@ -321,12 +360,12 @@ def test_the_predict_line_states_the_largest_error_and_refuses_what_tested_nothi
 
         return lab
 
-    monkeypatch.setattr(gpu_check.Check, "lab", writes(_predict_result(8)))
+    monkeypatch.setattr(gpu_check.Harness, "lab", writes(_predict_result(8)))
     outcome = gpu_check.predict(check)
     argv = commands[0]
     assert argv[0] == "predict" and argv[argv.index("--check-up-to") + 1] == "8"
     assert argv[argv.index("--measure-up-to") + 1] == "2" and argv[argv.index("--config") + 1] == "workshop-gpu"
-    assert outcome.status == "passed" and outcome.figures["rows"][-1]["world_size"] == 8
+    assert outcome.verdict == "held" and outcome.figures["rows"][-1]["world_size"] == 8
     assert outcome.detail.startswith(
         "8 GPUs: measured on 1 and 2, predicted then measured on 3-8: largest error 3.0% at 8 (within 20%, "
     )
@@ -336,6 +375,6 @@ def test_the_predict_line_states_the_largest_error_and_refuses_what_tested_nothi
         (_predict_result(8, predicted_from=8), "0 of them predicted"),  # measured only: nothing was predicted
         (_predict_result(4), r"world sizes \[1, 2, 3, 4\] for 1..8"),  # not every GPU of the host
     ):
-        monkeypatch.setattr(gpu_check.Check, "lab", writes(doc))
+        monkeypatch.setattr(gpu_check.Harness, "lab", writes(doc))
         with pytest.raises(gpu_check.StepFailed, match=says):
             gpu_check.predict(check)

@@ -123,7 +123,7 @@ def test_bad_sizes_and_counts_are_one_line_and_exit_2():
 
 def test_the_gpu_check_step_fails_copies_that_ran_on_the_cpu_and_reads_a_gpu_result(tmp_path, monkeypatch):
     # The step's child runs for real (on this CPU: unpinned host copies, which must not pass on a GPU host).
-    check = gpu_check.Check(out=tmp_path, quick=True, gpu=True, gpus=1)
+    check = gpu_check.Harness(out=tmp_path, quick=True, gpu=True, gpus=1)
     with pytest.raises(harness.StepFailed, match="copies ran on cpu with pageable host memory, not CUDA and pinned"):
         gpu_steps.host_device(check)
     assert (tmp_path / "hostdevice.log").read_text().startswith("$ ")
@@ -145,12 +145,12 @@ def test_the_gpu_check_step_fails_copies_that_ran_on_the_cpu_and_reads_a_gpu_res
         "peer_access": [[True, True], [True, True]],
     }
     monkeypatch.setattr(
-        gpu_check.Check, "lab", lambda self, log, *a: (tmp_path / "hostdevice.json").write_text(json.dumps(result))
+        gpu_check.Harness, "lab", lambda self, log, *a: (tmp_path / "hostdevice.json").write_text(json.dumps(result))
     )
-    outcome = gpu_steps.host_device(gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=2))
+    outcome = gpu_steps.host_device(gpu_check.Harness(out=tmp_path, quick=False, gpu=True, gpus=2))
     assert outcome.detail == (
         "2 GPU(s), pinned, 256 MiB (GB/s): host->device 55.0-56.0, device->host 52.0, "
         "within a GPU 1500.0, GPU to GPU 355.0-360.0"
     )
     with pytest.raises(harness.StepFailed, match="2-row matrix for 3 GPU"):  # fewer GPUs than the host has
-        gpu_steps.host_device(gpu_check.Check(out=tmp_path, quick=False, gpu=True, gpus=3))
+        gpu_steps.host_device(gpu_check.Harness(out=tmp_path, quick=False, gpu=True, gpus=3))

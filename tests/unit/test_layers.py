@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("lab.course.teaching",),
     ("lab.course.exercises",),
     ("lab.course.pitfalls",),
+    ("lab.course.records",),
     # measure: the benchmarks, prediction, sizing, the platforms' published figures
     ("lab.measure.commands",),
     ("lab.measure.prediction",),
@@ -204,3 +205,15 @@ def test_ls_lab_shows_the_architecture():
 def test_nothing_imports_the_command_line():
     importers = [name for name, targets in edges().items() if any(t == "lab.cli" for _, t in targets)]
     assert importers == ["lab.__main__"], f"lab.cli is imported by {importers}: only lab.__main__ may"
+
+
+MODULE_LINES = 400  # a module longer than this holds more than one concept: split it by what its pieces are
+
+
+def test_no_module_is_over_400_lines():
+    long = {
+        str(path.relative_to(LAB.parent)): n
+        for path in MODULES.values()
+        if (n := len(path.read_text().splitlines())) > MODULE_LINES
+    }
+    assert not long, f"modules over {MODULE_LINES} lines (split each by what its pieces are): {long}"

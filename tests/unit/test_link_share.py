@@ -4,7 +4,8 @@ and an honest word when NVLS all-reduce (in-switch reduction, ~480 GB/s busbw on
 from __future__ import annotations
 
 from lab.measure.bench.comm.collective import COLLECTIVES
-from lab.measure.bench.comm.collective_perf import LINKS, Row, render
+from lab.measure.bench.comm.collective_perf import Row, render
+from lab.measure.bench.comm.collective_plan import LINKS
 
 
 def _row(busbw: float) -> Row:

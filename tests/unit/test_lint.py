@@ -1,6 +1,7 @@
 """The lint gate catches what it is for: `make lint`, in a copy of this checkout with one planted module, fails on an
-unused import (ruff) and on a type error (mypy), and names both; the checkout as committed passes it (make test
-runs `make lint` before any test, so a clean tree is proven there)."""
+unused import (ruff), a type error and a function without annotations (mypy, which refuses untyped definitions in
+lab/), and a 200-line function (ruff's statement and complexity rules), and names each; the checkout as committed
+passes it (make test runs `make lint` before any test, so a clean tree is proven there)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,26 @@ import pytest
 
 from tests.conftest import PYTHON, ROOT
 
-PLANTED = '''"""A module planted by tests/unit/test_lint.py."""
+PLANTED = (
+    '''"""A module planted by tests/unit/test_lint.py."""
 
 import json
 
 
 def half(count: int) -> int:
     return count / 2
+
+
+def untyped(count):
+    return count
+
+
+def long(count: int) -> int:
 '''
+    + "".join(f"    count += {i}\n" for i in range(198))
+    + """    return count
+"""
+)
 
 
 @pytest.mark.slow
@@ -43,5 +56,7 @@ def test_make_lint_fails_on_a_planted_unused_import_and_a_planted_type_error(tmp
     assert proc.returncode != 0, out
     assert "lab/planted.py:3:8: F401 [*] `json` imported but unused" in out, out
     assert 'lab/planted.py:7: error: Incompatible return value type (got "float", expected "int")' in out, out
+    assert "lab/planted.py:10: error: Function is missing a type annotation  [no-untyped-def]" in out, out
+    assert "lab/planted.py:14:5: PLR0915 Too many statements (199 > 50)" in out, out
     findings = re.findall(r"^(\S+\.py):\d+:(?:\d+: [A-Z]+\d+|\s*error:)", out, re.M)
     assert set(findings) == {"lab/planted.py"}, out  # nothing else in the tree is wrong

@@ -16,7 +16,7 @@ from lab.course.teaching import parts, report, sections, workshop
 from lab.errors import ConfigError, LabError
 from lab.measure.bench import registry
 from lab.measure.bench.train import strategies as strategies_bench
-from lab.measure.sizing import choose
+from lab.measure.sizing import choose, choose_output
 from lab.run import config
 from lab.run.cluster.dist import DistContext
 from lab.run.config import strategies as table
@@ -85,7 +85,7 @@ def test_the_strategies_bench_and_lab_choose_name_it(fake_strategy):
     assert ("FAKE", "fake", 2, "DDP") in rows
     choice = choose.decide(choose.Request(params=125e6))
     assert choice.strategy == "ddp" and choice.lab_train == "lab train --config ddp --nproc-per-node 8"
-    assert "note: the lab's dist.strategy=fake trains this choice too" in choose.render(choice)
+    assert "note: the lab's dist.strategy=fake trains this choice too" in choose_output.render(choice)
 
 
 # ----------------------------------------------------------------------------- a benchmark

@@ -126,9 +126,9 @@ def test_the_playbooks_validate_json_is_a_section_of_its_own(tmp_path):
     }
     (tmp_path / "validate.json").write_text(json.dumps(doc))
     text = report.build([str(tmp_path / "validate.json")], str(tmp_path)).read_text()
-    assert "## Fabric validation" in text and "Verdict: FAILED" in text
-    assert "| GPU pair 0,1 | b | 2 | did not run | 200 | below |" in text
-    assert "| all nodes | a, b | 2 | 0.3 | 1e+09 | below |" in text and "| ring pair | a, b |" in text
+    assert "## Fabric validation" in text and "Verdict: failed." in text
+    assert "| GPU pair 0,1 | b | 2 | did not run | 200 | failed: below |" in text
+    assert "| all nodes | a, b | 2 | 0.3 | 1e+09 | failed: below |" in text and "| ring pair | a, b |" in text
     assert "- b: all-reduce of GPU pair 0,1: busbw 9 GB/s" in text
     assert problems(text) == []
 

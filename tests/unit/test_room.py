@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from lab.course.room import mig
 from lab.course.room import plan as room_plan
 from lab.course.room.settings import RoomSettings
 from lab.errors import LabError
@@ -132,7 +133,7 @@ def test_a_host_whose_gpus_have_mig_slices_hands_out_their_uuids(tmp_path, monke
     fake.write_text("#!/bin/sh\ncat <<'EOF'\n" + room_plan.EXAMPLE_LISTING + "EOF\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
-    assert room_plan._host_devices(2) == ("MIG-11aa", "MIG-22bb", "1")
+    assert mig._host_devices(2) == ("MIG-11aa", "MIG-22bb", "1")
     assert [
         s.devices for s in room_plan.make_plan(room_plan.Host(("MIG-11aa", "MIG-22bb"), (0, 1), 64 * GIB)).seats
     ] == [
@@ -140,7 +141,7 @@ def test_a_host_whose_gpus_have_mig_slices_hands_out_their_uuids(tmp_path, monke
         ("MIG-22bb",),
     ]
     fake.write_text("#!/bin/sh\nexit 9\n")  # a driver that fails to list: the GPUs by index, as NVML counts them
-    assert room_plan._host_devices(2) == ("0", "1")
+    assert mig._host_devices(2) == ("0", "1")
 
 
 def test_an_edited_plan_that_gives_two_seats_one_gpu_is_refused_before_anything_starts(tmp_path):
@@ -230,8 +231,8 @@ def test_lesson_checks_are_recorded_with_the_seat(tmp_path, monkeypatch):
     with pytest.raises(lesson.NotWhatYouShouldSee):
         lesson.expect(False, "it did not")
     record = json.loads((folder / "checks.json").read_text())
-    assert record["seat"] == "seat7" and (record["passed"], record["failed"]) == (1, 1)
-    assert [c["held"] for c in record["checks"]] == [True, False]
+    assert record["seat"] == "seat7" and record["counts"] == {"held": 1, "failed": 1}
+    assert [c["verdict"] for c in record["checks"]] == ["held", "failed"] and record["verdict"] == "failed"
     lesson.output_dir("01-demo", root=tmp_path)  # the lesson again: a fresh record
     assert json.loads((folder / "checks.json").read_text())["checks"] == []
 

@@ -5,11 +5,12 @@
     lab exercise check convert              runs exercises/convert.py under torchrun, watched, and prints the checklist
 
 `check` exits 0 when every check holds, 1 when one fails, 2 on bad input (no such exercise, no such file, a file
-that is not Python). Each check's outcome is kept for the room (lab.course.exercises.results).
+that is not Python). Each check's outcome is kept for the room (lab.course.records).
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import json
@@ -21,11 +22,12 @@ from pathlib import Path
 from lab import atomic
 from lab.course.exercises import EXERCISES, folder, module_name
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
+from lab.verdict import FAILED, Check, overall, passes
 
 DEFAULT_DIR = Path("exercises")
 
 
-def listing(args) -> int:
+def listing(args: argparse.Namespace) -> int:
     if args.json:
         rows = [
             {"name": e.name, "lesson": e.lesson, "writes": e.writes, "minutes": e.minutes} for e in EXERCISES.values()
@@ -43,7 +45,7 @@ def default_file(name: str, directory: Path | None = None) -> Path:
     return (directory or DEFAULT_DIR) / f"{name.replace('-', '_')}.py"
 
 
-def start_command(args) -> int:
+def start_command(args: argparse.Namespace) -> int:
     return start(args.name, args.dir)
 
 
@@ -75,23 +77,29 @@ def learner_file(name: str, given: Path | None, directory: Path | None) -> Path:
     return path.resolve()
 
 
-def check(args) -> int:
-    from lab.course.exercises import grading, results
+def check(args: argparse.Namespace) -> int:
+    from lab.course import records
+    from lab.course.exercises import grading
 
     path = learner_file(args.name, args.file, args.dir)
     grade = importlib.import_module(module_name(args.name)).check
     print(f"lab exercise check {args.name}: running {path} under torchrun, watched ...", file=sys.stderr, flush=True)
-    started = time.monotonic()
+    started = time.time()
     try:
         checks = grade(path, args.timeout)
     except Exception as exc:  # the grader's own run (a reference) failed: said, recorded, never a traceback
-        checks = [grading.Check("the grader's own runs", False, f"could not grade: {exc}".splitlines()[0][:300])]
-    seconds = time.monotonic() - started
-    rows = [{"check": c.name, **{k: v for k, v in c.to_dict().items() if k != "name"}} for c in checks]
-    results.record(args.name, rows)
-    held = all(c.held for c in checks)
+        checks = [Check("the grader's own runs", FAILED, f"could not grade: {exc}".splitlines()[0][:300])]
+    seconds = time.time() - started
+    records.write(args.name, checks, started)
+    verdict = overall(c.verdict for c in checks)
     print(grading.render(args.name, checks) + f" ({seconds:.0f} s)")
     if args.json:
-        doc = {"exercise": args.name, "file": str(path), "passed": held, "seconds": round(seconds, 1), "checks": rows}
+        doc = {
+            "exercise": args.name,
+            "file": str(path),
+            "verdict": verdict,
+            "seconds": round(seconds, 1),
+            "checks": [c.record() for c in checks],
+        }
         atomic.write_text(Path(args.json), json.dumps(doc, indent=1) + "\n")
-    return EXIT_OK if held else EXIT_FAILED
+    return EXIT_OK if passes(verdict) else EXIT_FAILED

@@ -7,16 +7,19 @@ Run: how it ended, what it printed, and each rank's trace. A run that hangs is s
 with it, and `hang(run)` names the rank that was waiting, in which collective, on which line, and the rank that
 never came.
 
-A Check is one line of the checklist: its name, whether it held, what was measured, and (when it failed) the
-likely cause in the learner's terms.
+A check (lab.verdict.Check) is one line of the checklist: its name, its verdict (held, failed; not run when what it
+measures never happened, as a run that crashed first), what was measured, and (when it did not hold) the likely cause
+in the learner's terms.
 
->>> print(render("demo", [Check("ends cleanly", True, "2 ranks in 3.1 s"),
-...                       Check("disjoint shards", False, "rank 0 and 1 share 96 of 96 samples", "no sampler")]))
+>>> print(render("demo", [Check("ends cleanly", HELD, "2 ranks in 3.1 s"),
+...                       Check("disjoint shards", FAILED, "rank 0 and 1 share 96 of 96 samples", "no sampler"),
+...                       Check("one writer", NOT_RUN, "not measured: the run crashed")]))
 lab exercise check demo
   [x] ends cleanly: 2 ranks in 3.1 s
   [ ] disjoint shards: rank 0 and 1 share 96 of 96 samples
       -> no sampler
-1 of 2 checks hold
+  [-] one writer: not measured: the run crashed
+1 of 3 checks hold
 """
 
 from __future__ import annotations
@@ -26,26 +29,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lab.course.exercises import trace
-from lab.run.cluster import cores, launch, runner
+from lab.run.cluster import child_output, cores, launch, runner
 from lab.run.cluster import hang as diagnosis
+from lab.verdict import FAILED, HELD, NOT_APPLICABLE, NOT_RUN, Check
 
 OBSERVER = "lab.course.exercises.observe"
-
-
-@dataclass
-class Check:
-    name: str
-    held: bool
-    measured: str
-    hint: str = ""  # the likely cause, in the learner's terms; shown when the check fails
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -75,7 +68,7 @@ class Run:
             return f"{self.label}{over} ended cleanly in {self.seconds:.1f} s"
         if self.timed_out:
             return f"{self.label} did not end within {self.timeout_seconds:g} s and was stopped: {hang(self)}"
-        error = runner.last_error_line(self.output) or "no error line"
+        error = child_output.last_error_line(self.output) or "no error line"
         stuck = hang(self) if any(r.waiting() for r in self.ranks) else ""
         return f"{self.label} exited {self.returncode}: {error}" + (f" ({stuck})" if stuck else "")
 
@@ -184,7 +177,7 @@ OUTPUT_HINT = "read the first error in its output (its last lines are printed ab
 def ended(run: Run, name: str = "ends cleanly") -> Check:
     if not run.ok:
         show_output(run)
-    return Check(name, run.ok, run.how_it_ended(), "" if run.ok else OUTPUT_HINT)
+    return Check(name, HELD if run.ok else FAILED, run.how_it_ended(), "" if run.ok else OUTPUT_HINT)
 
 
 def show_output(run: Run, lines: int = 30) -> None:
@@ -197,9 +190,10 @@ def show_output(run: Run, lines: int = 30) -> None:
 def render(exercise: str, checks: list[Check]) -> str:
     lines = [f"lab exercise check {exercise}"]
     for c in checks:
-        lines.append(f"  [{'x' if c.held else ' '}] {c.name}: {c.measured}")
-        if not c.held and c.hint:
-            lines.append(f"      -> {c.hint}")
-    held = sum(c.held for c in checks)
+        mark = {HELD: "x", NOT_RUN: "-", NOT_APPLICABLE: "x"}.get(c.verdict, " ")
+        lines.append(f"  [{mark}] {c.name}: {c.detail}")
+        if not c.passes and c.fix:
+            lines.append(f"      -> {c.fix}")
+    held = sum(c.passes for c in checks)
     lines.append(f"{held} of {len(checks)} checks hold")
     return "\n".join(lines)

@@ -21,10 +21,13 @@ SyncBatchNorm (statistics over every rank's batch; PyTorch implements it for CUD
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.course.pitfalls import module_name, workers
 from lab.run.cluster import jobs
+
+if TYPE_CHECKING:
+    from lab.run.cluster.dist import DistContext
 
 PITFALL = "batchnorm"
 STEPS = 30
@@ -178,7 +181,7 @@ def worker(argv: list[str]) -> None:
             job.report(ctx.global_rank, {"device": workers.device_name(ctx), "variants": variants})
 
 
-def train_and_evaluate(ctx, norm: str, broadcast_buffers: bool, sync: bool) -> dict[str, Any]:
+def train_and_evaluate(ctx: DistContext, norm: str, broadcast_buffers: bool, sync: bool) -> dict[str, Any]:
     """STEPS of DDP on this rank's classes, then the shared test set through the DDP wrapper in eval mode
     (so broadcast_buffers=True syncs the buffers first, as DDP does for any forward)."""
     import torch

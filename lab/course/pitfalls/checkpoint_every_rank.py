@@ -20,10 +20,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.course.pitfalls import module_name, workers
 from lab.run.cluster import jobs
+
+if TYPE_CHECKING:
+    from lab.run.cluster.dist import DistContext
 
 PITFALL = "checkpoint-every-rank"
 ROUNDS = 12  # checkpoints written on each side
@@ -159,7 +162,7 @@ def worker(argv: list[str]) -> None:
         dist.barrier(ctx)
 
 
-def save_rounds(ctx, path: Path, state: dict[str, Any], every_rank: bool) -> dict[str, Any]:
+def save_rounds(ctx: DistContext, path: Path, state: dict[str, Any], every_rank: bool) -> dict[str, Any]:
     """ROUNDS checkpoints of `state` to `path`, by every rank in place or by rank 0 atomically; rank 0 gets
     every rank's byte count, what the reader saw, and whether the final file loads."""
     import torch
@@ -272,7 +275,7 @@ def bytes_written() -> int:
         return -1
 
 
-def module_prefix(ctx) -> dict[str, Any] | None:
+def module_prefix(ctx: DistContext) -> dict[str, Any] | None:
     """On rank 0: what loading a DDP model's state_dict into the plain model reports, saved three ways."""
     import io
 

@@ -21,6 +21,7 @@ Exit 0 whether or not the symptom showed (the output says which); 1 when a job c
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 import textwrap
@@ -34,7 +35,7 @@ from lab.run.cluster import runner
 NEEDS_ONE_RANK = {"cuda-visible-devices"}  # the others compare ranks: one rank shows nothing
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.name is None:
         print(listing())
         return EXIT_OK

@@ -14,10 +14,13 @@ DDP training run with each, whose test loss per epoch is printed beside the othe
 from __future__ import annotations
 
 import sys
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from lab.course.pitfalls import module_name, workers
 from lab.run.cluster import jobs
+
+if TYPE_CHECKING:
+    from lab.run.cluster.dist import DistContext
 
 PITFALL = "set-epoch"
 EPOCHS = 5
@@ -159,7 +162,7 @@ def worker(argv: list[str]) -> None:
             job.report(ctx.global_rank, {"device": workers.device_name(ctx), "orders": orders, "training": training})
 
 
-def train(ctx, epochs: int, calls_set_epoch: bool) -> dict[str, Any]:
+def train(ctx: DistContext, epochs: int, calls_set_epoch: bool) -> dict[str, Any]:
     """A few epochs of DDP on the toy blobs, the sampler's set_epoch called or not; the test loss after each."""
     import torch
     from torch.nn.functional import cross_entropy

@@ -24,10 +24,19 @@ import math
 import re
 import sys
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from lab.course.pitfalls import module_name, workers
 from lab.run.cluster import jobs
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    import torch
+    from torch.distributed import ProcessGroup
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lab.run.cluster.dist import DistContext
 
 PITFALL = "uneven-batches"
 BATCH = 8
@@ -223,16 +232,18 @@ def worker(argv: list[str]) -> None:
         job.report(ctx.global_rank, result)
 
 
-def _group(seconds: float = TIMEOUT_SECONDS):
+def _group(seconds: float = TIMEOUT_SECONDS) -> ProcessGroup:
     """A fresh gloo group with the lesson's short timeout: one that times out is left behind, not reused."""
     import datetime
 
     import torch.distributed as tdist
 
-    return tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=seconds))
+    group = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=seconds))
+    assert isinstance(group, tdist.ProcessGroup)  # every rank is in it (no ranks= given)
+    return group
 
 
-def _ddp(group):
+def _ddp(group: ProcessGroup) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -242,7 +253,7 @@ def _ddp(group):
     return ddp, torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE)
 
 
-def _step(ddp, optimizer, x, y) -> None:
+def _step(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
     from torch.nn.functional import cross_entropy
 
     optimizer.zero_grad(set_to_none=True)
@@ -250,7 +261,7 @@ def _step(ddp, optimizer, x, y) -> None:
     optimizer.step()
 
 
-def plain_loop(ctx) -> dict[str, Any]:
+def plain_loop(ctx: DistContext) -> dict[str, Any]:
     """Every batch of this rank's uneven shard through DDP; a timed-out collective is caught and described."""
     from lab.course.pitfalls import toy
     from lab.run.cluster.dist import is_collective_timeout
@@ -261,7 +272,9 @@ def plain_loop(ctx) -> dict[str, Any]:
     ddp, optimizer = _ddp(_group())
     posted: dict[str, Any] = {}
 
-    def recording_allreduce(group, bucket):
+    # Unannotated on purpose: DDP refuses a hook whose annotations are not dist.GradBucket and Future[Tensor]
+    # themselves, and this module's annotations are strings (from __future__ import annotations)
+    def recording_allreduce(group, bucket):  # type: ignore[no-untyped-def]
         # DDP's own all_reduce (the default hook), noting when this rank posted it: the wait is measured from there
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -269,7 +282,7 @@ def plain_loop(ctx) -> dict[str, Any]:
         return allreduce_hook(group, bucket)
 
     ddp.register_comm_hook(ddp.process_group, recording_allreduce)
-    result = {"rank": ctx.global_rank, "batches": len(batches), "steps": 0, "timed_out": False}
+    result: dict[str, Any] = {"rank": ctx.global_rank, "batches": len(batches), "steps": 0, "timed_out": False}
     for bx, by in batches:
         try:
             _step(ddp, optimizer, bx, by)
@@ -288,7 +301,7 @@ def plain_loop(ctx) -> dict[str, Any]:
     return result
 
 
-def fixed_loop(ctx, fix: str) -> dict[str, Any]:
+def fixed_loop(ctx: DistContext, fix: str) -> dict[str, Any]:
     """The same training with one fix; what each rank ran and saw."""
     import torch
     from torch.distributed.algorithms.join import Join
@@ -334,7 +347,7 @@ def fixed_loop(ctx, fix: str) -> dict[str, Any]:
     return result
 
 
-def _nothing():
+def _nothing() -> AbstractContextManager[None]:
     import contextlib
 
     return contextlib.nullcontext()

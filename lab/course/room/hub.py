@@ -19,13 +19,20 @@ import secrets
 import sys
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from nativeauthenticator import NativeAuthenticator
 from traitlets import Unicode
 
 from lab.course.room import plan as room_plan
 from lab.course.room import seats
+from lab.course.room.host import core_list
 from lab.course.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
+
+if TYPE_CHECKING:
+    from jupyterhub.handlers import BaseHandler
+    from jupyterhub.spawner import Spawner
+    from traitlets.config import Config
 
 SEAT_HOME_IN_CONTAINER = "/lab/seat"  # docker: the seat's volume (images/Dockerfile's jupyter stage makes it)
 
@@ -36,7 +43,7 @@ class RoomAuthenticator(NativeAuthenticator):
 
     password_file = Unicode(help="Where the instructor's first password is written (mode 0600)").tag(config=True)
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for name in sorted(self.admin_users):
             if self.get_user(name) is None:
@@ -50,12 +57,19 @@ class RoomAuthenticator(NativeAuthenticator):
                 self.log.info("the room's admin %s: its password is in %s", name, path)
 
 
-def configure(c, state_dir: str | os.PathLike | None = None) -> None:
+def configure(c: Config, state_dir: str | os.PathLike | None = None) -> None:
     """Set JupyterHub's config `c` for the room whose folder is `state_dir` (default: $LAB_ROOM_DIR)."""
     state = Path(state_dir or os.environ[STATE_ENV]).resolve()
     settings = RoomSettings.load(state)
     plan = room_plan.load(state / "plan.json")
+    _where_it_listens(c, state, settings)
+    _who_gets_in(c, state, settings, plan)
+    _where_a_seat_runs(c, settings, plan)
+    _when_it_stops(c, settings)
 
+
+def _where_it_listens(c: Config, state: Path, settings: RoomSettings) -> None:
+    """The proxy's and the hub's addresses, and the hub's state in the room's folder."""
     c.JupyterHub.bind_url = f"http://{settings.bind}:{settings.port}"
     c.JupyterHub.hub_bind_url = f"http://{settings.hub_bind}:{settings.hub_port}"
     if settings.hub_connect_url:
@@ -68,6 +82,9 @@ def configure(c, state_dir: str | os.PathLike | None = None) -> None:
     c.JupyterHub.pid_file = str(state / "hub.pid")
     c.JupyterHub.last_activity_interval = settings.activity_interval_seconds
 
+
+def _who_gets_in(c: Config, state: Path, settings: RoomSettings, plan: room_plan.RoomPlan) -> None:
+    """NativeAuthenticator for the seats and the instructor, and where each lands after logging in."""
     c.JupyterHub.authenticator_class = RoomAuthenticator
     c.RoomAuthenticator.password_file = str(state / PASSWORD_FILE)
     c.Authenticator.admin_users = {settings.admin}
@@ -80,8 +97,11 @@ def configure(c, state_dir: str | os.PathLike | None = None) -> None:
     c.NativeAuthenticator.check_common_password = True
     c.NativeAuthenticator.allowed_failed_logins = 5
     c.NativeAuthenticator.seconds_before_next_try = 60
-
     c.JupyterHub.default_url = partial(landing, admin=settings.admin)
+
+
+def _where_a_seat_runs(c: Config, settings: RoomSettings, plan: room_plan.RoomPlan) -> None:
+    """The spawner settings.spawner names (local, docker, slurm), each seat's server given its share of the plan."""
     c.Spawner.default_url = f"/lab/tree/{seats.FIRST_LESSON}"
     c.Spawner.environment = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(settings.activity_interval_seconds)}
     c.Spawner.start_timeout = 120
@@ -112,6 +132,9 @@ def configure(c, state_dir: str | os.PathLike | None = None) -> None:
         c.Spawner.cmd = [str(Path(sys.executable).parent / "jupyterhub-singleuser")]
         c.Spawner.notebook_dir = "~"
 
+
+def _when_it_stops(c: Config, settings: RoomSettings) -> None:
+    """jupyterhub-idle-culler as a hub service, with the scopes it needs to stop an idle server."""
     culler = [
         sys.executable,
         "-m",
@@ -129,7 +152,7 @@ def configure(c, state_dir: str | os.PathLike | None = None) -> None:
     ]
 
 
-def landing(handler, admin: str) -> str | None:
+def landing(handler: BaseHandler, admin: str) -> str | None:
     """Where a user lands after logging in: the instructor on the sign-ups to authorize (the instructor runs no
     server), a learner on their seat's JupyterLab (None: JupyterHub's own default, which starts it)."""
     user = handler.current_user  # None on the login form's POST itself: the name is in the form
@@ -139,7 +162,7 @@ def landing(handler, admin: str) -> str | None:
     return f"{handler.hub.base_url}authorize" if name == admin else None
 
 
-def before_spawn(spawner, plan: room_plan.RoomPlan, settings: RoomSettings) -> None:
+def before_spawn(spawner: Spawner, plan: room_plan.RoomPlan, settings: RoomSettings) -> None:
     """Give a seat's server what the plan gives the seat (JupyterHub's pre_spawn_hook)."""
     from tornado import web
 
@@ -168,7 +191,7 @@ def before_spawn(spawner, plan: room_plan.RoomPlan, settings: RoomSettings) -> N
         spawner.environment.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm picks the job's GPUs and sets it
         return
     if seat.cpus:  # the seat's cores, and only those, for its server and everything it starts
-        spawner.cmd = ["taskset", "--cpu-list", room_plan.core_list(seat.cpus), *spawner.cmd]
+        spawner.cmd = ["taskset", "--cpu-list", core_list(seat.cpus), *spawner.cmd]
 
 
 def docker_options(seat: room_plan.Seat, settings: RoomSettings) -> dict:
@@ -188,7 +211,7 @@ def docker_options(seat: room_plan.Seat, settings: RoomSettings) -> dict:
             DeviceRequest(driver="nvidia", device_ids=list(seat.devices), capabilities=[["gpu"]])
         ]
     if seat.cpus:
-        host["cpuset_cpus"] = room_plan.core_list(seat.cpus)
+        host["cpuset_cpus"] = core_list(seat.cpus)
     # not seats.host_paths(): the image's PATH and JupyterLab settings are its own (its ENV)
     env = seats.environment(seat, Path(SEAT_HOME_IN_CONTAINER), settings.pushgateway, settings.prometheus_url)
     # inside the container the GPUs it was given are its 0..N-1: the device request already narrowed them

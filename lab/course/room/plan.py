@@ -32,18 +32,18 @@ in pairs (--seats 6, 1 GPU a seat)
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lab import atomic
+from lab.course.room.host import GIB, Host, core_list, this_host
 from lab.course.room.mig import (  # noqa: F401  (EXAMPLE_LISTING, MIG_SPLITS: the tests' and docs' names here too)
     EXAMPLE_LISTING,
     MIG_SPLITS,
     PLANNED_SLICE,
-    _host_devices,
     is_slice,
     mig_commands,
     planned_slices,
@@ -51,7 +51,6 @@ from lab.course.room.mig import (  # noqa: F401  (EXAMPLE_LISTING, MIG_SPLITS: t
 )
 from lab.errors import LabError
 
-GIB = 2**30
 # Host memory one seat needs for lesson 1 the CPU way: its JupyterLab server and kernel, the baseline (one
 # process), then DDP (torchrun and 2 gloo workers). Measured as the peak of the seat's processes' summed PSS
 # (scripts/room-bench.py, 2-core x86_64, torch 2.14.1): 2.19 GiB for a seat alone, 1.83-1.99 GiB each with 3, 5
@@ -61,24 +60,9 @@ SEAT_MEMORY_FLOOR_BYTES = 3 * GIB
 # the host before it is copied over). Not measured here (no GPU): a rank of the lab on an H100 is expected to hold
 # 2-4 GiB of host memory; the floor takes the top of that.
 GPU_HOST_BYTES = 4 * GIB
-# What the hub, its proxy, the OS and the page cache keep: a tenth of the host, at least 2 GiB.
-HUB_RESERVE_FRACTION, HUB_RESERVE_MIN_BYTES = 0.10, 2 * GIB
 # A seat is a hub user and a system user (useradd's portable names), so only lower-case letters and digits.
 SEAT_NAME = re.compile(r"^[a-z][a-z0-9]{0,30}$")
 DEFAULT_PLAN = Path("runs") / "room" / "plan.json"
-
-
-@dataclass(frozen=True)
-class Host:
-    """What the room has to hand out."""
-
-    devices: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries: GPU indices ("0".."7") or MIG UUIDs ("MIG-...")
-    cores: tuple[int, ...]  # CPU core ids (this process's affinity)
-    memory_bytes: int
-
-    @property
-    def reserve_bytes(self) -> int:
-        return max(HUB_RESERVE_MIN_BYTES, int(self.memory_bytes * HUB_RESERVE_FRACTION))
 
 
 @dataclass(frozen=True)
@@ -136,58 +120,6 @@ class RoomPlan:
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.seats]
-
-
-# ----------------------------------------------------------------------------- the host
-
-
-def this_host(
-    gpus: int | None = None,
-    devices: str | None = None,
-    cores: int | None = None,
-    memory_gib: float | None = None,
-    mig_per_gpu: int | None = None,
-) -> Host:
-    """This machine: its GPUs (NVML's count; their MIG instances where they have some), cores and memory; each can
-    be given instead (`gpus`, a `devices` list, `cores`, `memory_gib`), to plan another host from here, and the GPUs
-    planned as `mig_per_gpu` slices each."""
-    from lab.run.cluster import nvml
-
-    if mig_per_gpu is not None:
-        if devices is not None:
-            raise LabError(
-                f"--mig-per-gpu {mig_per_gpu} with --devices: the devices are already named; give --gpus N "
-                f"--mig-per-gpu K to plan slices that do not exist yet, or --devices MIG-... for ones that do"
-            )
-        found = planned_slices(nvml.device_count() if gpus is None else gpus, mig_per_gpu)
-    elif devices is not None:
-        found = tuple(d.strip() for d in devices.split(",") if d.strip())
-        if not found or len(found) != len(devices.split(",")):
-            raise LabError(
-                f"--devices {devices!r}: an empty entry; give the seats' devices comma-separated, GPU indices or MIG "
-                f"UUIDs (--devices 0,1,2,3 or --devices MIG-a,MIG-b), or leave --devices out for this host's GPUs"
-            )
-    elif gpus is not None:
-        found = tuple(str(i) for i in range(gpus))
-    else:
-        found = _host_devices(nvml.device_count())
-    if cores is not None:
-        ids = tuple(range(cores))
-    elif hasattr(os, "sched_getaffinity"):
-        ids = tuple(sorted(os.sched_getaffinity(0)))
-    else:
-        ids = tuple(range(os.cpu_count() or 1))
-    return Host(found, ids, int(memory_gib * GIB) if memory_gib is not None else _memory_bytes())
-
-
-def _memory_bytes(meminfo: str = "/proc/meminfo") -> int:
-    try:
-        for line in Path(meminfo).read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 # ----------------------------------------------------------------------------- making and checking a plan
@@ -415,23 +347,7 @@ def _plural(count: int, thing: str) -> str:
     return f"{count} {thing}{'' if count == 1 else 's'}"
 
 
-def core_list(cores: tuple[int, ...]) -> str:
-    """Core ids as ranges.
-
-    >>> core_list((0, 1, 2, 3, 8, 10, 11))
-    '0-3,8,10-11'
-    """
-    parts, start = [], None
-    for i, core in enumerate(cores):
-        if start is None:
-            start = core
-        if i + 1 == len(cores) or cores[i + 1] != core + 1:
-            parts.append(str(start) if start == core else f"{start}-{core}")
-            start = None
-    return ",".join(parts)
-
-
-def from_args(args) -> RoomPlan:
+def from_args(args: argparse.Namespace) -> RoomPlan:
     """The plan `lab room plan` and `lab room serve` share: --plan FILE, else one made for this host (or the host
     --gpus/--devices, --cores and --memory describe)."""
     if getattr(args, "plan", None):
@@ -440,7 +356,7 @@ def from_args(args) -> RoomPlan:
     return make_plan(host, args.seats, args.gpus_per_seat, args.prefix)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """`lab room plan`: the table, and the plan written for `lab room serve --plan`."""
     plan = from_args(args)
     print(table(plan))

@@ -13,6 +13,7 @@ LAB_LESSON_RUNS, OMP_NUM_THREADS where cores are shared, the room's Pushgateway 
 
 from __future__ import annotations
 
+import argparse
 import os
 import pwd
 import shutil
@@ -21,9 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lab.course.records import LESSON_RUNS_ENV, PUSHGATEWAY_ENV
 from lab.course.room.plan import Seat
-from lab.course.teaching.lesson import ROOT_ENV as LESSON_RUNS_ENV
-from lab.course.teaching.lesson_checks import PUSHGATEWAY_ENV
 from lab.errors import LabError
 from lab.run.cluster import runner
 from lab.run.cluster.seat import ENV as SEAT_ENV
@@ -236,7 +236,7 @@ def host_paths() -> dict[str, str]:
     return env
 
 
-def reset(args) -> int:
+def reset(args: argparse.Namespace) -> int:
     """`lab room reset SEAT`: the seat's copy of the lessons and its runs deleted (stop its server first)."""
     from lab.course.room import plan as room_plan
 
@@ -246,7 +246,7 @@ def reset(args) -> int:
     return 0
 
 
-def prepare(args) -> int:
+def prepare(args: argparse.Namespace) -> int:
     """`lab room prepare-seat DIR`: a seat container's start (the image's lessons copied to its volume)."""
     made = copy_lessons(Path(args.home))
     print(f"{args.home}: {len(made)} files and folders made" if made else f"{args.home}: ready")

@@ -1,12 +1,12 @@
-"""`lab room status`: every seat by lesson (passed, failed, running, not run), each seat's newest run and the
-memory its GPUs hold, then every seat by exercise (passed, failed with the check that failed, not tried), read from
-the seats' homes (their lessons' checks.json, run directories and exercises' records) and NVML.
+"""`lab room status`: every seat by lesson (held, failed, running, not run), each seat's newest run and the
+memory its GPUs hold, then every seat by exercise (held, failed with the check that failed, not run), read from
+the seats' homes (their lessons' and exercises' records, lab.course.records, and run directories) and NVML.
 
     | seat | 01 | 02 | ... | newest run | memory |
-    | seat1 | passed 1/1 | not run | ... | ddp-2 (completed) | no GPU; rank 0 held 0.7 GiB |
+    | seat1 | held 1/1 | not run | ... | ddp-2 (completed) | no GPU; rank 0 held 0.7 GiB |
 
     | seat | convert | fix-set-epoch | ... |
-    | seat1 | failed: each rank its own share of every epoch | not tried | ... |
+    | seat1 | failed: each rank its own share of every epoch | not run | ... |
 
 Run it as root (or the user who owns the seats' homes): each home is closed to everyone else. The Grafana
 dashboard "lab room" shows the same from the Pushgateway, where the room has one.
@@ -20,41 +20,22 @@ from pathlib import Path
 from typing import Any
 
 from lab import atomic
+from lab.course import records
 from lab.course.exercises import EXERCISES
-from lab.course.exercises import results as exercise_results
 from lab.course.room import plan as room_plan
 from lab.course.room import seats
-from lab.course.teaching import lesson_checks
 from lab.errors import LabError
 
 GIB = 2**30
-NOT_RUN = "not run"
 
 
 def lessons(folder: Path | None = None) -> list[tuple[str, int]]:
-    """(number, checks it makes) for each shipped lesson: a lesson has passed when all of them held.
+    """(number, checks it makes) for each shipped lesson: a lesson holds when all of them held.
 
     >>> [n for n, _ in lessons()]
     ['01', '02', '03', '04', '05', '06', '07']
     """
     return [(path.name[:2], path.read_text().count("lesson.expect(")) for path in seats.lesson_files(folder)]
-
-
-def lesson_state(record: dict[str, Any] | None, expected: int) -> str:
-    """One cell of the table.
-
-    >>> lesson_state(None, 2), lesson_state({"passed": 2, "failed": 0}, 2), lesson_state({"passed": 1, "failed": 1}, 2)
-    ('not run', 'passed 2/2', 'failed 1 of 2')
-    >>> lesson_state({"passed": 1, "failed": 0}, 2)
-    'running 1/2'
-    """
-    if record is None:
-        return NOT_RUN
-    if record["failed"]:
-        return f"failed {record['failed']} of {expected}"
-    if record["passed"] >= expected:
-        return f"passed {record['passed']}/{expected}"
-    return f"running {record['passed']}/{expected}"
 
 
 def seat_status(seat: room_plan.Seat, home: Path | None, expected: list[tuple[str, int]]) -> dict[str, Any]:
@@ -63,7 +44,7 @@ def seat_status(seat: room_plan.Seat, home: Path | None, expected: list[tuple[st
     if runs is not None and runs.is_dir():
         try:
             for folder in runs.iterdir():
-                record = lesson_checks.read(folder)
+                record = records.read(folder)
                 if record is not None:
                     found[folder.name[:2]] = record
         except PermissionError:
@@ -72,13 +53,13 @@ def seat_status(seat: room_plan.Seat, home: Path | None, expected: list[tuple[st
                 f"closed to everyone else)"
             ) from None
     run = newest_run(runs) if runs is not None and runs.is_dir() else None
-    tried = exercise_results.read_all(runs) if runs is not None and runs.is_dir() else {}
+    tried = records.read_exercises(runs) if runs is not None and runs.is_dir() else {}
     return {
         "seat": seat.name,
         "devices": list(seat.devices),
-        "lessons": {n: lesson_state(found.get(n), count) for n, count in expected},
+        "lessons": {n: records.cell(found.get(n), count) for n, count in expected},
         "checks": {n: found[n]["checks"] for n in found},
-        "exercises": {name: exercise_results.state(tried.get(name)) for name in EXERCISES},
+        "exercises": {name: records.cell(tried.get(name)) for name in EXERCISES},
         "run": run,
         "memory": memory_text(seat, run),
     }
@@ -159,12 +140,12 @@ def table(rows: list[dict[str, Any]], numbers: list[str]) -> str:
 
 
 def exercise_table(rows: list[dict[str, Any]]) -> str:
-    """Each seat's exercises: passed, failed (with the first check that failed), or not tried.
+    """Each seat's exercises: held, failed (with the first check that failed), or not run.
 
-    >>> print(exercise_table([{"seat": "s1", "exercises": {"convert": "passed", "shard": "not tried"}}]))
+    >>> print(exercise_table([{"seat": "s1", "exercises": {"convert": "held", "shard": "not run"}}]))
     | seat | convert | shard |
     |---|---|---|
-    | s1 | passed | not tried |
+    | s1 | held | not run |
     """
     names = list(rows[0]["exercises"]) if rows else []
     lines = ["| seat | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]

@@ -26,12 +26,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.course.teaching import lesson_checks
+from lab.course import records
 from lab.run.cluster import cores, runner
+from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 # Where lessons write their runs: runs/lessons/ in the checkout (the repository with `make notebook`, /lab in
-# the image), or LAB_LESSON_RUNS.
-ROOT_ENV = "LAB_LESSON_RUNS"
+# the image), or LAB_LESSON_RUNS (lab.course.records).
+ROOT_ENV = records.LESSON_RUNS_ENV
 # The folder of the lesson this kernel runs (output_dir's, fresh): where expect() records its checks.
 _folder: Path | None = None
 
@@ -164,15 +165,15 @@ def output_dir(lesson: str, root: str | os.PathLike | None = None, fresh: bool =
     if fresh and folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if fresh:  # the lesson (re)starts here: its checks are recorded from now on (lesson_checks)
+    if fresh:  # the lesson (re)starts here: its checks are recorded from now on (lab.course.records)
         _folder = folder.resolve()
-        lesson_checks.begin(_folder, lesson)
+        records.begin(_folder, lesson)
     return folder.resolve()
 
 
 def runs_root() -> Path:
     """Where the lessons write: LAB_LESSON_RUNS (a room's seat has it), else runs/lessons/ in the checkout."""
-    return Path(os.environ.get(ROOT_ENV) or checkout() / "runs" / "lessons")
+    return records.lesson_runs(checkout() / "runs" / "lessons")
 
 
 def command_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -204,7 +205,7 @@ def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Fi
     )
     if check and done.returncode != 0:
         tail = "".join(lines[-15:])
-        _record(f"{' '.join(args)} exited {done.returncode}", False)
+        _record(Check(f"{' '.join(args)}", FAILED, f"exited {done.returncode}"))
         raise NotWhatYouShouldSee(f"{' '.join(args)} exited {done.returncode}; its last lines:\n{tail}")
     return Finished(args, done.returncode, "".join(lines), None)
 
@@ -219,7 +220,7 @@ def results(path: str | os.PathLike) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def show(path: str | os.PathLike):
+def show(path: str | os.PathLike) -> None:
     """Show a PNG plot or a Markdown table a command wrote, inline in the notebook."""
     from IPython.display import Image, Markdown, display
 
@@ -227,11 +228,11 @@ def show(path: str | os.PathLike):
     display(Image(filename=str(path)) if path.suffix == ".png" else Markdown(path.read_text()))
 
 
-def table(rows: list[dict], columns: list[str]):
+def table(rows: list[dict], columns: list[str]) -> None:
     """Show rows (dicts) as a Markdown table of the named columns."""
     from IPython.display import Markdown, display
 
-    def cell(value) -> str:
+    def cell(value: object) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -242,15 +243,15 @@ def table(rows: list[dict], columns: list[str]):
 def expect(condition: bool, what_you_should_see: str) -> None:
     """The end of a lesson: the result the learner should see, checked (and recorded in the lesson's
     checks.json, which a workshop room's instructor reads); a failure stops the notebook loudly."""
-    _record(what_you_should_see, bool(condition))
+    _record(Check(what_you_should_see, HELD if condition else FAILED, ""))
     if not condition:
         raise NotWhatYouShouldSee(what_you_should_see)
     print(f"as expected: {what_you_should_see}")
 
 
-def _record(check: str, held: bool) -> None:
+def _record(check: Check) -> None:
     if _folder is not None:
-        lesson_checks.record(_folder, check, held)
+        records.append(_folder, check)
 
 
 # ----------------------------------------------------------------------------- "your turn": the exercises
@@ -274,9 +275,7 @@ def check_exercise(name: str) -> dict:
     """`lab exercise check NAME FILE`: the learner's file run under torchrun, watched, and its checklist shown.
     The outcome is the learner's, not the lesson's: it is recorded for the room (runs/lessons/exercises/) and
     returned, and a failing check does not stop the notebook (the checklist says what to change)."""
-    from lab.course.exercises import results as exercise_results
-
     path = exercise_file(name)
     lab("exercise", "check", name, str(path), check=False)
-    found = exercise_results.read_all(runs_root()).get(name)
-    return found or {"exercise": name, "passed": False, "checks": []}
+    found = records.read_exercises(runs_root()).get(name)
+    return found or {"kind": "exercise", "name": name, "verdict": NOT_RUN, "checks": []}

@@ -26,6 +26,7 @@ from lab.formatting import num, pct
 from lab.run.cluster import hang
 from lab.run.observability import horovod_timeline
 from lab.run.training import runs, stragglers
+from lab.verdict import FAILED, HELD, passes
 
 
 def result_key(doc: dict[str, Any]) -> str | None:
@@ -53,36 +54,42 @@ def collect(paths: list[str]) -> tuple[list[Path], dict[str, dict[str, Any]]]:
     """(training run directories, benchmark results by kind) found under `paths`."""
     run_dirs: list[Path] = []
     benchmarks: dict[str, dict[str, Any]] = {}
-
-    def add_json(path: Path) -> None:
-        try:
-            doc = runs.read_json(path)
-        except (OSError, ValueError) as exc:
-            raise LabError(f"{path}: not a readable result file ({exc})") from None
-        if isinstance(doc, dict) and (key := result_key(doc)):
-            benchmarks[key] = doc
-
     for name in paths:
-        path = Path(name)
-        if path.is_file():
-            add_json(path)
-        elif (path / "manifest.json").exists():
-            run_dirs.append(path)
-            validate = path / "validate.json"  # a multi-node run's fabric check, beside its records
-            if validate.exists():
-                add_json(validate)
-        elif path.is_dir():
-            run_dirs += sorted(p.parent for p in path.glob("*/manifest.json"))
-            for candidate in sorted(path.glob("*.json")):
-                add_json(candidate)
-        else:
-            raise LabError(f"{path}: no such run directory or result file")
+        found_runs, found_files = _found(Path(name))
+        run_dirs += found_runs
+        benchmarks.update(_results(found_files))
     for run_dir in run_dirs:
         if not (run_dir / "summary.json").exists() or not (run_dir / "metrics.jsonl").exists():
             raise LabError(f"{run_dir}: summary.json or metrics.jsonl is missing; is the run finished?")
     if not run_dirs and not benchmarks:
         raise LabError(f"{', '.join(paths)}: no run directories or benchmark results found")
     return run_dirs, benchmarks
+
+
+def _found(path: Path) -> tuple[list[Path], list[Path]]:
+    """(run directories, JSON files) one DIR argument names: a result file, a run directory (with the fabric check
+    beside it), or a folder of both, searched one level down."""
+    if path.is_file():
+        return [], [path]
+    if (path / "manifest.json").exists():
+        validate = path / "validate.json"  # a multi-node run's fabric check, beside its records
+        return [path], [validate] if validate.exists() else []
+    if path.is_dir():
+        return sorted(p.parent for p in path.glob("*/manifest.json")), sorted(path.glob("*.json"))
+    raise LabError(f"{path}: no such run directory or result file")
+
+
+def _results(files: list[Path]) -> dict[str, dict[str, Any]]:
+    """The results among `files` that the report shows, by result_key (other JSON left out)."""
+    results: dict[str, dict[str, Any]] = {}
+    for path in files:
+        try:
+            doc = runs.read_json(path)
+        except (OSError, ValueError) as exc:
+            raise LabError(f"{path}: not a readable result file ({exc})") from None
+        if isinstance(doc, dict) and (key := result_key(doc)):
+            results[key] = doc
+    return results
 
 
 def build(paths: list[str], out_dir: str | None = None) -> Path:
@@ -129,7 +136,7 @@ def _validate(result: dict[str, Any]) -> str:
         "",
         f"The fabric check ({where}) ran `lab bench allreduce`: {result['definitions']['busbw']}; "
         f"the floor is {result['definitions']['floor']}.{judged} Verdict: "
-        f"{'passed' if result['ok'] else 'FAILED'}.",
+        f"{HELD if result['ok'] else FAILED}.",
         "",
         "| check | nodes | ranks | busbw (GB/s) | floor (GB/s) | verdict |",
         "|---|---|---:|---:|---:|---|",
@@ -146,7 +153,7 @@ def _validate(result: dict[str, Any]) -> str:
             judged = pair.get("busbw", pair["avg_busbw"])  # lab validate's figure at >= 1 GiB, else the average
             lines.append(
                 f"| {what} | {node} | {ranks} | {busbw(judged)} | {pair['floor']:g} | "
-                f"{'ok' if pair['ok'] else 'below'} |"
+                f"{HELD if pair['ok'] else FAILED + ': below'} |"
             )
     across = ([("all nodes", result["all_nodes"])] if result.get("all_nodes") else []) + list(result["ring"].items())
     for name, check in across:
@@ -154,7 +161,7 @@ def _validate(result: dict[str, Any]) -> str:
             f"| {'ring pair' if name != 'all nodes' else name} | {', '.join(check['hosts'])} | "
             f"{check['world_size']} | {busbw(check.get('busbw', check['avg_busbw']))} | "
             f"{check['floor']:g} | "
-            f"{'ok' if check['ok'] else 'below'} |"
+            f"{HELD if check['ok'] else FAILED + ': below'} |"
         )
     lines += [
         "",
@@ -168,19 +175,19 @@ def _validate(result: dict[str, Any]) -> str:
             f"| {node} | {record['gpus']} | {platform} | {health['dcgm_diag']} | {health['xid_events']} | "
             f"{health['ecc_uncorrected']} |"
         )
-    # the checks of the node's facts (lab validate) that did not pass: failed, not present, unreadable, notes
+    # the checks of the node's facts (lab validate) that did not pass (lab.verdict): failed, not run
     unsettled = [
         (node, c)
         for node, record in result["nodes"].items()
         for c in record.get("checks", [])
-        if c["status"] not in ("ok", "not applicable", "not run")
+        if not passes(c["verdict"])
     ]
     if unsettled:
         lines += [
             "",
-            "| node | check | status | detail |",
+            "| node | check | verdict | detail |",
             "|---|---|---|---|",
-            *[f"| {node} | {c['name']} | {c['status']} | {c['detail'].replace('|', '/')} |" for node, c in unsettled],
+            *[f"| {node} | {c['name']} | {c['verdict']} | {c['detail'].replace('|', '/')} |" for node, c in unsettled],
         ]
     lines.append("")
     if result["problems"]:

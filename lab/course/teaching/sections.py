@@ -224,7 +224,7 @@ def _strategies(result: dict[str, Any], out: Path) -> str:
     )
 
 
-def _each(render):
+def _each(render: Callable[[dict[str, Any], Path], str]) -> Callable[[list[dict[str, Any]], Path], str]:
     """A section of one block per result file, in the report's order."""
     return lambda results, out: "\n".join(render(result, out) for result in results)
 

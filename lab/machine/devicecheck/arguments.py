@@ -20,7 +20,7 @@ def gpu_check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--skip-without-gpu",
         action="store_true",
-        help="without a GPU: say so, list the skipped steps and exit 0 (make gpu-check's dry check)",
+        help="without a GPU: say so, report every step not applicable and exit 0 (make gpu-check's dry check)",
     )
     p.add_argument("--quick", action="store_true", help="toy sizes (to test the command itself)")
     p.add_argument("--allow-cpu", action="store_true", help="run without a GPU (with --quick, for tests)")
@@ -29,13 +29,14 @@ def gpu_check_args(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="STEP",
         help="run this step only (repeat for several, e.g. --only doctor --only 'DDP, 1 rank'); the "
-        "others are reported skipped",
+        "others are not run, so the check is incomplete (exit 4)",
     )
     p.add_argument(
         "--deadline",
         type=at_least(1, "{} s"),
-        default=360,
+        default=None,
         metavar="SECONDS",
-        help="the whole check ends within this many seconds: each step gets what is left, the "
-        "steps after it are reported skipped (default 360)",
+        help="the whole check ends within this many seconds: each step gets what is left, the steps after it are "
+        "not run, and a check with a step not run is incomplete (exit 4) (default: what every step this host "
+        "can run is expected to take, over 0.75)",
     )

@@ -17,13 +17,14 @@ from lab.machine.devicecheck.harness import (
     TARGET_DATA_RATIO,
     TARGET_IMAGES_PER_SECOND,
     TARGET_METRICS_OVERHEAD,
-    Check,
     DeadlineCut,
+    Harness,
     Outcome,
     StepFailed,
     mark,
     set_args,
 )
+from lab.verdict import FAILED, HELD
 
 # name, overrides of one guarded run of the host-syncs step. SyncBatchNorm needs a process group (1 rank here).
 HOST_SYNC_VARIANTS = (
@@ -33,7 +34,7 @@ HOST_SYNC_VARIANTS = (
 )
 
 
-def host_syncs(c: Check) -> Outcome:
+def host_syncs(c: Harness) -> Outcome:
     """Training steps with CUDA's sync debug mode set to error: any host sync between log intervals raises.
     Under bf16, and under fp16, whose GradScaler would read found-inf back every step if the optimizer
     could not take it on the device (the fused SGD does). Then once with SyncBatchNorm, whose sync is
@@ -73,29 +74,16 @@ def host_syncs(c: Check) -> Outcome:
     )
     return Outcome(
         "host syncs",
-        "passed",
+        HELD,
         f"bf16, fp16: none in {steps} steps under set_sync_debug_mode('error'); {shown}",
         figures=found,
     )
 
 
-def host_device(c: Check) -> Outcome:
+def host_device(c: Harness) -> Outcome:
     """`lab bench hostdevice` on this host's GPUs: pinned copies both ways per GPU and the GPU-to-GPU matrix, the
     figures `lab validate` judges (the CPU tests run the same code host to host, unpinned)."""
-    path = c.out / "hostdevice.json"
-    path.unlink(missing_ok=True)  # a last check's figures must not stand in for this one's
-    c.lab(
-        "hostdevice",
-        "bench",
-        "hostdevice",
-        "--size",
-        "64M" if c.quick else "256M",
-        "--iters",
-        "5" if c.quick else "20",
-        "--json",
-        str(path),
-    )
-    r = json.loads(path.read_text())
+    r = c.bench("hostdevice", "--size", "64M" if c.quick else "256M", "--iters", "5" if c.quick else "20")
     if r["device"] != "cuda" or not r["pinned"]:
         raise StepFailed(
             f"copies ran on {r['device']} with {'pinned' if r['pinned'] else 'pageable'} host memory, "
@@ -119,7 +107,7 @@ def host_device(c: Check) -> Outcome:
     pairs = [d2d[i][j] for i in range(n) for j in range(n) if i != j]
     return Outcome(
         "host<->device",
-        "passed",
+        HELD,
         f"{n} GPU(s), pinned, {r['size_bytes'] / 2**20:g} MiB (GB/s): "
         f"host->device {span([g['h2d_gbps'] for g in r['gpus']])}, device->host "
         f"{span([g['d2h_gbps'] for g in r['gpus']])}, within a GPU {span([d2d[i][i] for i in range(n)])}"
@@ -128,26 +116,13 @@ def host_device(c: Check) -> Outcome:
     )
 
 
-def data_path(c: Check) -> Outcome:
-    c.lab(
+def data_path(c: Harness) -> Outcome:
+    p = c.bench(
         "pipeline",
-        "bench",
-        "pipeline",
-        "--config",
-        c.config,
-        *c.fast,
-        "--batch-size",
-        "64" if c.quick else "512",
-        "--batches",
-        "2" if c.quick else "50",
-        "--rounds",
-        "1" if c.quick else "3",
-        "--num-workers",
-        "0" if c.quick else "8",
-        "--json",
-        str(c.out / "pipeline.json"),
+        *("--config", c.config, *c.fast),
+        *("--batch-size", "64" if c.quick else "512", "--batches", "2" if c.quick else "50"),
+        *("--rounds", "1" if c.quick else "3", "--num-workers", "0" if c.quick else "8"),
     )
-    p = json.loads((c.out / "pipeline.json").read_text())
     data, step = p["data_ratio_lab_over_torchvision"], p["train_ratio_lab_over_torchvision"]
     images = p["median_images_per_second"]["lab_train"]
     detail = (
@@ -157,10 +132,10 @@ def data_path(c: Check) -> Outcome:
     )
     if c.gpu and not c.quick:
         detail += f" (target {TARGET_IMAGES_PER_SECOND:,}: {mark(images >= TARGET_IMAGES_PER_SECOND)})"
-    return Outcome("data path", "passed", detail, figures=p)
+    return Outcome("data path", HELD, detail, figures=p)
 
 
-def memory(c: Check) -> Outcome:
+def memory(c: Harness) -> Outcome:
     """Model state measured like the estimate counts it: parameters, gradients and momentum, no activations."""
     from lab.measure.sizing.memory import MEASURED_RECIPE, estimate
 
@@ -188,7 +163,7 @@ def memory(c: Check) -> Outcome:
         )
     return Outcome(
         "memory",
-        "passed",
+        HELD,
         f"model state {state / 1e6:.1f} MB measured / {expected / 1e6:.1f} MB "
         f"estimated = {ratio:.2f}; peak with activations and workspaces at batch 256: "
         f"{peak / 1e6:.0f} MB",
@@ -196,7 +171,7 @@ def memory(c: Check) -> Outcome:
     )
 
 
-def strategies(c: Check) -> Outcome:
+def strategies(c: Harness) -> Outcome:
     """DDP, FSDP, DeepSpeed ZeRO-1/2/3 and Horovod each train on this host's GPUs over NCCL with bf16 (FSDP's
     mixed-precision policy, DeepSpeed's own bf16, autocast under DDP and Horovod): what the CPU tests cannot run.
     DeepSpeed and Horovod are optional: a row whose package is missing says "not installed" and fails nothing."""
@@ -230,7 +205,7 @@ def strategies(c: Check) -> Outcome:
     state = ", ".join(f"{r['label']} {r['state_bytes'] / 2**20:.1f}" for r in ran)
     return Outcome(
         "strategies",
-        "passed",
+        HELD,
         f"{c.gpus} GPU(s), bf16: state per rank (MiB) {state}; largest loss gap "
         f"from DDP {max(r['loss_gap_from_ddp'] for r in ran):.1e}"
         + (f"; not installed: {', '.join(absent)}" if absent else ""),
@@ -238,22 +213,9 @@ def strategies(c: Check) -> Outcome:
     )
 
 
-def levers(c: Check) -> Outcome:
+def levers(c: Harness) -> Outcome:
     """The levers where they matter: fp16 with its GradScaler, CUDA peak memory, and NCCL's variables."""
-    c.lab(
-        "levers",
-        "bench",
-        "levers",
-        "--nproc-per-node",
-        str(c.gpus),
-        "--steps",
-        "5",
-        "--rounds",
-        "2",
-        "--json",
-        str(c.out / "levers.json"),
-    )
-    result = json.loads((c.out / "levers.json").read_text())
+    result = c.bench("levers", "--nproc-per-node", str(c.gpus), "--steps", "5", "--rounds", "2")
     groups = result["groups"]
     ratios = ", ".join(f"{r['label']} {r['ratio_to_plain']:.2f}x" for r in groups["precision"] if "ratio_to_plain" in r)
     difference = groups["accumulation"]["equivalence"]["max_parameter_difference"]
@@ -263,7 +225,7 @@ def levers(c: Check) -> Outcome:
         if nccl.get("applicable")
         else f"NCCL sweep not applicable ({nccl.get('reason', '')[:60]})"
     )
-    state = "passed" if difference < 1e-10 else "failed"
+    state = HELD if difference < 1e-10 else FAILED
     return Outcome(
         "levers",
         state,
@@ -272,7 +234,7 @@ def levers(c: Check) -> Outcome:
     )
 
 
-def all_reduce(c: Check) -> Outcome:
+def all_reduce(c: Harness) -> Outcome:
     # All six collectives in one job (NCCL's own reduce-scatter, alltoall and send/recv included); all-reduce's
     # figure leads, as nccl-tests' all_reduce_perf does in every cluster check.
     from lab.measure.bench.comm.collective import NAMES
@@ -304,7 +266,7 @@ def all_reduce(c: Check) -> Outcome:
     others = ", ".join(f"{name} {result['avg_busbw']:.0f}" for name, result in results.items() if name != "all_reduce")
     return Outcome(
         "all-reduce",
-        "passed",
+        HELD,
         f"{c.gpus} GPUs: busbw {best['ip_busbw']:.0f} GB/s at "
         f"{best['size'] / 2**20:.0f} MiB, average {r['avg_busbw']:.0f} GB/s; average busbw of the other "
         f"collectives: {others} GB/s",
@@ -312,57 +274,33 @@ def all_reduce(c: Check) -> Outcome:
     )
 
 
-def metrics_overhead(c: Check) -> Outcome:
-    c.lab(
+def metrics_overhead(c: Harness) -> Outcome:
+    overhead = c.bench(
         "metrics-overhead",
-        "bench",
-        "metrics-overhead",
-        "--config",
-        c.config,
-        *c.fast,
-        "--rounds",
-        "1" if c.quick else "3",
-        "--steps",
-        "4" if c.quick else "50",
-        "--json",
-        str(c.out / "overhead.json"),
-    )
-    overhead = json.loads((c.out / "overhead.json").read_text())["overhead"]
+        *("--config", c.config, *c.fast, "--rounds", "1" if c.quick else "3", "--steps", "4" if c.quick else "50"),
+        result="overhead.json",
+    )["overhead"]
     return Outcome(
         "metrics",
-        "passed",
+        HELD,
         f"exporter on vs off: {overhead:+.2%} (target <= +1%: {mark(overhead <= TARGET_METRICS_OVERHEAD)})",
         figures={"overhead": overhead},
     )
 
 
-def hang_record(c: Check) -> Outcome:
+def hang_record(c: Harness) -> Outcome:
     """`lab bench hang-record`: every collective recorded (the Flight Recorder over NCCL on a GPU) and the
     watchdog, on vs off; the record must hold the run's collectives. 2 ranks where there are 2 GPUs (or on a
     CPU), else one rank in a 1-rank NCCL group."""
     ranks = 2 if c.gpus >= 2 or not c.gpu else 1
     alone = set_args(["dist.single_process_group=true"]) if ranks == 1 else []
     out = c.out / "hang-record.json"
-    c.lab(
+    doc = c.bench(
         "hang-record",
-        "bench",
-        "hang-record",
-        "--config",
-        c.config,
-        *c.fast,
-        *alone,
-        "--nproc-per-node",
-        str(ranks),
-        "--rounds",
-        "1" if c.quick else "2",
-        "--steps",
-        "3" if c.quick else "30",
-        "--calls",
-        "50" if c.quick else "500",
-        "--json",
-        str(out),
+        *("--config", c.config, *c.fast, *alone, "--nproc-per-node", str(ranks)),
+        *("--rounds", "1" if c.quick else "2", "--steps", "3" if c.quick else "30"),
+        *("--calls", "50" if c.quick else "500"),
     )
-    doc = json.loads(out.read_text())
     expected = "nccl" if c.gpu else "gloo"
     if doc["backend"] != expected or not doc["record"] or "all_reduce" not in doc["recorded_ops"]:
         raise StepFailed(
@@ -372,7 +310,7 @@ def hang_record(c: Check) -> Outcome:
     step = doc["step_ratio_on_over_off"]
     return Outcome(
         "hang record",
-        "passed",
+        HELD,
         f"{doc['record']} over {doc['backend']} ({ranks} rank(s)) held {', '.join(doc['recorded_ops'])}; time on/off: "
         f"a step {step:.3f} (target <= 1.01: {mark(step <= 1.01)}), a 4-byte all-reduce "
         f"{doc['allreduce_ratio_on_over_off']:.3f}",
@@ -380,26 +318,14 @@ def hang_record(c: Check) -> Outcome:
     )
 
 
-def lightning_peer(c: Check) -> Outcome:
+def lightning_peer(c: Harness) -> Outcome:
     """The lab's images/s over PyTorch Lightning's for the same ResNet-18, global batch and steps, in one run.
     bf16 on a GPU; fp32 at toy size on a CPU, where bf16 convolutions are ten times slower than fp32."""
     sets = [*c.common, "train.amp=bf16" if c.gpu else "train.amp=off"]  # its data, run folder and ids are its own
-    c.lab(
-        "lightning",
-        "bench",
-        "lightning",
-        "--config",
-        c.config,
-        *set_args(sets),
-        "--steps",
-        "4" if c.quick else "50",
-        "--json",
-        str(c.out / "lightning.json"),
-    )
-    r = json.loads((c.out / "lightning.json").read_text())
+    r = c.bench("lightning", "--config", c.config, *set_args(sets), "--steps", "4" if c.quick else "50")
     return Outcome(
         "Lightning peer",
-        "passed",
+        HELD,
         f"the lab {r['lab_images_per_second']:,.0f} images/s, Lightning "
         f"{r['lightning_images_per_second']:,.0f}: {r['ratio_lab_over_lightning']:.2f}x "
         f"({'bf16' if c.gpu else 'fp32'}, same model, global batch and steps)",

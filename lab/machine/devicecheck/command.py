@@ -38,26 +38,29 @@ slowest thing here and measures only itself):
   Lightning peer  `lab bench lightning`: the lab's images/s over PyTorch Lightning's, same model, batch, steps
   DDP + compile   the 1-rank DDP run with torch.compile (DDPOptimizer) and static_graph
 
-Before the first step the plan is printed: each step with its expected seconds (on one H200; with --quick,
-at toy sizes on a 2-core CPU) and their sum, and each step this host cannot run with the reason: no GPU,
-one GPU, or a package that is missing (the preflight names it: the check and its training and NCCL steps
-need only torch, torchvision, PyYAML and numpy). Every step is a child process with its output in
-OUT/<step>.log. The deadline (--deadline, default 360 s) bounds the whole check: a child's limit is the
-smaller of its step's own limit and what is left of the deadline, and a child over it is stopped with its
-process group (torchrun's workers hold GPUs and NCCL); once the deadline is spent the steps left are
-reported skipped. gpu-check.json is rewritten after every step, so a check cut short or killed leaves every
+Before the first step the plan is printed (lab.machine.devicecheck.plan): each step with its expected seconds (on
+one H200, some growing with the GPUs; with --quick, at toy sizes on a 2-core CPU) and their sum, each step this
+host's hardware cannot run as not applicable (no GPU, one GPU), and each step left out otherwise as not run (not
+asked for, a missing package: the check and its training and NCCL steps need only torch, torchvision, PyYAML and
+numpy). Every step is a child process with its output in OUT/<step>.log. The deadline bounds the whole check; by
+default it is made to fit every step the hardware allows with a quarter to spare, and --deadline SECONDS sets it by
+hand. A child's limit is the smaller of its step's own limit and what is left of the deadline, and a child over it
+is stopped with its process group (torchrun's workers hold GPUs and NCCL); once the deadline is spent the steps
+left are not run. gpu-check.json is rewritten after every step, so a check cut short or killed leaves every
 finished result; the table comes last.
 
-Without a GPU, `--skip-without-gpu` (what `make gpu-check` passes) says so, lists the
-steps it skipped and exits 0; `--quick --allow-cpu` runs every step a CPU can at toy sizes
-(gloo instead of NCCL), so the command itself is tested where no GPU is.
-Exit codes: 0 every step passed or was skipped for what the host lacks; 1 a step failed or the deadline cut
-the check short; 2 bad input.
+Verdicts are lab.verdict's: held, failed, not run, not applicable. A check with a step not run is incomplete: it
+did not test what it names, so it does not pass, and `lab accept` fails the node naming the step.
+Without a GPU, `--skip-without-gpu` (what `make gpu-check` passes) says so, reports every step not applicable and
+exits 0 (`lab accept` does not take that for a GPU node's check); `--quick --allow-cpu` runs every step a CPU can
+at toy sizes (gloo instead of NCCL), so the command itself is tested where no GPU is.
+Exit codes: 0 every step held or was not applicable; 1 a step failed; 4 incomplete: none failed, but a step was
+not run (the line says which); 2 bad input.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
 import math
 import os
 import shutil
@@ -65,11 +68,12 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
-from lab.errors import LabError
+from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 from lab.machine.devicecheck.bench_steps import (  # the steps, named here by the table below (and the tests)
     all_reduce,
     data_path,
@@ -83,17 +87,17 @@ from lab.machine.devicecheck.bench_steps import (  # the steps, named here by th
     strategies,
 )
 from lab.machine.devicecheck.harness import (
-    HOW_TO_GET,
     MIN_START_SECONDS,
-    STEP_LIMIT,
     STOP_SECONDS,
-    Check,
     DeadlineCut,
+    Harness,
     Outcome,
     StepFailed,
     Terminated,
 )
+from lab.machine.devicecheck.plan import Step, deadline_for, plan, render_plan
 from lab.machine.devicecheck.predict_step import PREDICT_RANKS, predict
+from lab.machine.devicecheck.report import exit_code, render
 from lab.machine.devicecheck.train_steps import (
     bf16_training,
     deterministic_and_resume,
@@ -103,29 +107,7 @@ from lab.machine.devicecheck.train_steps import (
     one_rank_ddp,
     training,
 )
-
-
-@dataclass(frozen=True)
-class Step:
-    """One row of the check: the line(s) it reports, its expected seconds, what it needs, the function."""
-
-    name: str
-    seconds: int  # expected on one H200 (process starts included)
-    quick_seconds: int  # expected with --quick: toy sizes on a 2-core CPU (on the GPU for GPU steps)
-    run: Callable[[Check], Outcome | list[Outcome]]
-    gpus: int = 0  # GPUs it needs (1: CUDA only; 2: more than one)
-    no_gpu: str = ""  # why it cannot run on a CPU, when gpus > 0
-    ranks: int = 0  # GPUs it needs on a GPU host, where a CPU runs it on as many processes (--allow-cpu)
-    few_gpus: str = "the 1-rank DDP steps ran NCCL"  # what a host with fewer GPUs than it needs still ran, or why
-    needs: tuple[str, ...] = ()  # modules without which it is skipped, saying so
-    optional: tuple[tuple[str, str], ...] = ()  # (module, what is left out without it): it runs, smaller
-    limit: int = STEP_LIMIT  # seconds each of its children may take at most
-    lines: tuple[str, ...] = ()  # the table's lines, when more than its name
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self.lines or (self.name,)
-
+from lab.verdict import FAILED, NOT_APPLICABLE, NOT_RUN, overall
 
 STEPS: tuple[Step, ...] = (
     Step("doctor", 5, 3, doctor, limit=60),
@@ -181,13 +163,23 @@ STEPS: tuple[Step, ...] = (
         limit=180,
         no_gpu="no CUDA device: the CPU tests run the levers on gloo (no fp16, no NCCL)",
     ),
-    Step("all-reduce", 40, 20, all_reduce, gpus=2, limit=240, no_gpu="no GPU: the CPU tests time all-reduce over gloo"),
+    Step(
+        "all-reduce",
+        16,  # 40 s on eight GPUs: the six collectives over every GPU, NCCL's set-up growing with them
+        20,
+        all_reduce,
+        gpus=2,
+        limit=240,
+        no_gpu="no GPU: the CPU tests time all-reduce over gloo",
+        per_gpu=3,
+    ),
     Step(
         "predict",
-        90,  # a torchrun job per world size, 1..8 on eight GPUs, each about 10 s (the start, NCCL's set-up, 10 steps)
+        10,  # and 10 s a GPU: a torchrun job per world size, 1..N, each about 10 s (the start, NCCL, 10 steps)
         40,  # 3 gloo ranks at toy size: 30-40 s on 2 cores
         predict,
         ranks=PREDICT_RANKS,
+        per_gpu=10,
         limit=300,
         few_gpus="it measures 1 and 2, the fewest its model reads latency and bandwidth from, and predicts 3 and more",
     ),
@@ -216,91 +208,6 @@ STEPS: tuple[Step, ...] = (
 STEP_NAMES = tuple(line for step in STEPS for line in step.names)
 
 
-# ----------------------------------------------------------------------------- the plan
-
-
-def missing(module: str) -> bool:
-    """True when `module` cannot be found (a finder that refuses it, as a bare interpreter's, counts as missing)."""
-    try:
-        return importlib.util.find_spec(module) is None
-    except (ImportError, ValueError):
-        return True
-
-
-def skip_reason(step: Step, c: Check) -> str | None:
-    """Why this host cannot run `step` (GPUs, packages), or None: the preflight."""
-    if step.gpus and not c.gpu:
-        return step.no_gpu
-    needed = max(step.gpus, step.ranks if c.gpu else 0)
-    if c.gpus < needed:
-        return f"{c.gpus} GPU on this host: {step.name} needs {needed} or more ({step.few_gpus})"
-    absent = [m for m in step.needs if missing(m)]
-    if absent:
-        return "needs " + "; ".join(f"{m} ({HOW_TO_GET.get(m, f'pip install {m}')})" for m in absent)
-    return None
-
-
-# The plan keeps to this share of the deadline: a step's seconds on another host, a cold compile or a slow disk
-# must find slack, not cut the check short on a healthy machine (exit 1).
-PLAN_SHARE = 0.75
-
-
-def plan(
-    c: Check, steps: tuple[Step, ...], only: list[str] | None = None, deadline: float | None = None
-) -> list[dict[str, Any]]:
-    """Each step with its expected seconds and, where it cannot run here (or --only leaves it out), why; what it
-    runs without. With a `deadline`, the steps are kept in the table's order while their sum stays within
-    PLAN_SHARE of it; one that does not fit is left out, saying how long a deadline would take it in."""
-    rows = []
-    budget, planned = (PLAN_SHARE * deadline if deadline else float("inf")), 0.0
-    reasons = {
-        step.name: "not asked for (--only)" if only and step.name not in only else skip_reason(step, c)
-        for step in steps
-    }
-    runnable = sum((s.quick_seconds if c.quick else s.seconds) for s in steps if not reasons[s.name])
-    for step in steps:
-        skip = reasons[step.name]
-        seconds = step.quick_seconds if c.quick else step.seconds
-        if not skip and planned + seconds > budget:
-            skip = (
-                f"left out to keep the plan within {PLAN_SHARE:.0%} of the {deadline:.0f} s deadline; "
-                f"--deadline {math.ceil(runnable / PLAN_SHARE)} runs every step"  # rounded up: that one fits
-            )
-        planned += 0 if skip else seconds
-        without = (
-            [
-                f"{m}: {what} left out ({HOW_TO_GET.get(m, f'pip install {m}')})"
-                for m, what in step.optional
-                if missing(m)
-            ]
-            if not skip
-            else []
-        )
-        rows.append(
-            {
-                "step": step.name,
-                "expected_seconds": 0 if skip else seconds,
-                "skip": skip,
-                "without": without,
-            }
-        )
-    return rows
-
-
-def render_plan(rows: list[dict[str, Any]], deadline: float, quick: bool) -> str:
-    total = sum(r["expected_seconds"] for r in rows)
-    where = "at toy sizes on a 2-core CPU" if quick else "on one H200"
-    width = max(len(r["step"]) for r in rows)
-    lines = [
-        f"gpu-check plan: {sum(not r['skip'] for r in rows)} step(s), about {total} s expected ({where}) "
-        f"of the {deadline:.0f} s deadline"
-    ]
-    for r in rows:
-        what = f"skipped: {r['skip']}" if r["skip"] else f"{r['expected_seconds']:>4} s"
-        lines.append(f"  {r['step'].ljust(width)}  {what}" + "".join(f"; without {w}" for w in r["without"]))
-    return "\n".join(lines)
-
-
 # ----------------------------------------------------------------------------- the command
 
 
@@ -311,7 +218,7 @@ def check_only(only: list[str] | None) -> None:
         raise LabError(f"--only {unknown[0]!r}: no such step; the steps: {', '.join(s.name for s in STEPS)}")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     check_only(getattr(args, "only", None))  # before torch is imported: bad input is refused at once
     import torch
@@ -334,90 +241,102 @@ def run(args) -> int:
     }
     unusable = None if gpu else _gpu_torch_cannot_use()
     if unusable:
-        result["steps"] = [asdict(Outcome("torch sees the GPU", "failed", unusable))]
+        result["steps"] = [asdict(Outcome("torch sees the GPU", FAILED, unusable))]
+        result["verdict"] = FAILED
         _write(args, out, result)
         print("\n" + render(result), flush=True)
-        return 1
+        return EXIT_FAILED
     if not gpu and not args.allow_cpu:
         if not args.skip_without_gpu:
             raise LabError(
                 "gpu-check: no CUDA device is visible; run it on a GPU host (or --skip-without-gpu to "
-                "report and skip, --quick --allow-cpu to test the command)"
+                "report it and exit 0, --quick --allow-cpu to test the command)"
             )
-        result["steps"] = [asdict(Outcome(name, "skipped", "no GPU found")) for name in STEP_NAMES]
+        result["steps"] = [asdict(Outcome(name, NOT_APPLICABLE, "no GPU found")) for name in STEP_NAMES]
+        result["verdict"] = NOT_APPLICABLE
         _write(args, out, result)
         print(
             f"gpu-check: no GPU found (torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
-            f"skipped every step: {'; '.join(STEP_NAMES)}. Run it on a host with an NVIDIA GPU."
+            f"no step applies: {'; '.join(STEP_NAMES)}. Run it on a host with an NVIDIA GPU."
         )
         print("\n" + render(result), flush=True)
-        return 0
-    check = Check(
-        out=out, quick=args.quick, gpu=gpu, gpus=result["gpus"], deadline_at=started + args.deadline, epochs=args.epochs
-    )
+        return EXIT_OK
+    harness = Harness(out=out, quick=args.quick, gpu=gpu, gpus=result["gpus"], epochs=args.epochs)
+    if args.deadline is None:  # every step this hardware allows, with a quarter to spare
+        rows = plan(harness, STEPS, getattr(args, "only", None))
+        runnable = [s for s, r in zip(STEPS, rows) if not r["left_out"]]
+        # and the last step's start: a child is started with at least MIN_START_SECONDS and its stop's seconds left
+        args.deadline = deadline_for(runnable, harness.gpus, args.quick) + MIN_START_SECONDS + math.ceil(STOP_SECONDS)
+        result["deadline_seconds"] = args.deadline
+        started = time.monotonic()  # made for the steps: it counts from the first (a given one bounds everything)
+    harness.deadline_at = started + args.deadline
     try:
-        outcomes = run_steps(check, STEPS, result, args)
+        outcomes = run_steps(harness, STEPS, result, args)
     except Terminated:
         print(f"gpu-check: stopped by SIGTERM; {out / 'gpu-check.json'} holds the steps that finished", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print("\n" + render(result), flush=True)
-    return 1 if any(o.status == "failed" or o.by_deadline for o in outcomes) else 0
+    return exit_code(outcomes)
 
 
-def run_steps(check: Check, steps: tuple[Step, ...], result: dict[str, Any], args) -> list[Outcome]:
+def run_steps(
+    harness: Harness, steps: tuple[Step, ...], result: dict[str, Any], args: argparse.Namespace
+) -> list[Outcome]:
     """The plan printed, then each step in order; gpu-check.json rewritten after every one."""
-    rows = plan(check, steps, getattr(args, "only", None), args.deadline)
+    rows = plan(harness, steps, getattr(args, "only", None), args.deadline)
     result.update(plan=rows, expected_seconds=sum(r["expected_seconds"] for r in rows), finished=False, steps=[])
-    print(render_plan(rows, args.deadline, check.quick), flush=True)
-    _write(args, check.out, result)
+    print(render_plan(rows, args.deadline, harness.quick), flush=True)
+    _write(args, harness.out, result)
     outcomes: list[Outcome] = []
     previous = signal.getsignal(signal.SIGTERM)
     _on_sigterm(_terminate)
     try:
         for step, row in zip(steps, rows):
-            outcomes += _one(step, row, check, args.deadline)
+            outcomes += _one(step, row, harness, args.deadline)
             result["steps"] = [asdict(o) for o in outcomes]
-            _write(args, check.out, result)
+            result["verdict"] = overall(o.verdict for o in outcomes)
+            _write(args, harness.out, result)
         result["finished"] = True
     finally:
         _on_sigterm(previous)
-        _write(args, check.out, result)  # on Ctrl-C or SIGTERM too: every finished step is kept
+        _write(args, harness.out, result)  # on Ctrl-C or SIGTERM too: every finished step is kept
     return outcomes
 
 
-def _one(step: Step, row: dict[str, Any], c: Check, deadline: float) -> list[Outcome]:
-    if row["skip"]:
-        return [Outcome(name, "skipped", row["skip"]) for name in step.names]
-    if c.seconds_left() - STOP_SECONDS < MIN_START_SECONDS:
+def _one(step: Step, row: dict[str, Any], h: Harness, deadline: float) -> list[Outcome]:
+    if row["left_out"]:
+        return [Outcome(name, row["left_out"], row["why"]) for name in step.names]
+    if h.seconds_left() - STOP_SECONDS < MIN_START_SECONDS:
         why = f"deadline: the check's {deadline:.0f} s were spent before this step (--deadline)"
-        return [Outcome(name, "skipped", why, by_deadline=True) for name in step.names]
+        return [Outcome(name, NOT_RUN, why, by_deadline=True) for name in step.names]
     print(f"gpu-check: {step.name} ...", flush=True)
-    c.step_limit = step.limit
+    h.step_limit = step.limit
     begun = time.perf_counter()
     cut = False
     try:
-        done = step.run(c)
-    except DeadlineCut as exc:
-        done, cut = Outcome(step.name, "failed", str(exc)), True
+        done = step.run(h)
+    except DeadlineCut as exc:  # started, and stopped by the deadline before it could say: not run to its end
+        done, cut = Outcome(step.name, NOT_RUN, str(exc)), True
     except StepFailed as exc:
-        done = Outcome(step.name, "failed", str(exc))
+        done = Outcome(step.name, FAILED, str(exc))
     except Exception as exc:
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
-        done = Outcome(step.name, "failed", f"{type(exc).__name__}: {first}")
+        done = Outcome(step.name, FAILED, f"{type(exc).__name__}: {first}")
     done = done if isinstance(done, list) else [done]
     if cut and len(done) < len(step.names):  # the lines it could not reach are the deadline's too
-        done += [Outcome(name, "skipped", "deadline: not reached", by_deadline=True) for name in step.names[1:]]
+        done += [Outcome(name, NOT_RUN, "deadline: not reached", by_deadline=True) for name in step.names[1:]]
     for outcome in done:
         outcome.seconds = time.perf_counter() - begun
         outcome.by_deadline = outcome.by_deadline or cut
     return done
 
 
-def _terminate(signum, frame) -> None:
+def _terminate(signum: int, frame: FrameType | None) -> NoReturn:
+    """SIGTERM's handler while the steps run: it ends the check as Ctrl-C does (run_steps writes what finished)."""
     raise Terminated(f"signal {signum}")
 
 
-def _on_sigterm(handler) -> None:
+def _on_sigterm(handler: Callable[[int, FrameType | None], Any] | int | None) -> None:
     try:
         signal.signal(signal.SIGTERM, handler)
     except (ValueError, TypeError):  # not the main thread (an embedding caller): it keeps its own handling
@@ -441,35 +360,9 @@ def _gpu_torch_cannot_use() -> str | None:
     )
 
 
-def _write(args, out: Path, result: dict[str, Any]) -> None:
+def _write(args: argparse.Namespace, out: Path, result: dict[str, Any]) -> None:
     from lab.run.training import runs
 
     runs.write_json(out / "gpu-check.json", result)
     if args.json:
         runs.write_json(args.json, result)
-
-
-def render(r: dict[str, Any]) -> str:
-    v = r["versions"]
-    head = (
-        f"# lab gpu-check: {r['device']} x {r['gpus']}; driver {v.get('driver')}, CUDA {v.get('cuda')}, "
-        f"NCCL {v.get('nccl')}, torch {v.get('torch')}"
-        if r["gpu"]
-        else f"# lab gpu-check: no GPU (CPU, torch {v.get('torch')})" + (", toy sizes" if r["quick"] else "")
-    )
-    width = max(len(s["step"]) for s in r["steps"])
-    lines = [head, *(f"{s['step'].ljust(width)}  {s['status']:<7}  {s['detail']}" for s in r["steps"])]
-    failed = sum(s["status"] == "failed" for s in r["steps"])
-    ran = sum(s["status"] != "skipped" for s in r["steps"])
-    late = sum(s["status"] == "skipped" and s.get("by_deadline", False) for s in r["steps"])
-    lines.append(
-        (
-            f"{failed} of {ran} step(s) failed"
-            if failed
-            else f"{ran} step(s) passed, {len(r['steps']) - ran} skipped"
-            if ran
-            else "nothing checked: no GPU found"
-        )
-        + (f"; {late} not run: the {r['deadline_seconds']} s deadline was spent" if late else "")
-    )
-    return "\n".join(lines)

@@ -1,8 +1,8 @@
-"""What the device check's steps share: the Check (where to write, how big to run, the overrides every `lab
-train` gets, the clock), the child each step starts within its limit and the deadline, a step's Outcome, and the
-refusals (StepFailed, DeadlineCut, Terminated). The steps are in lab.machine.devicecheck.train_steps (runs that train)
-and
-lab.machine.devicecheck.bench_steps (measurements); their table, the plan and the command in
+"""What the device check's steps share: the Harness (where to write, how big to run, the overrides every `lab
+train` gets, the clock), the child each step starts within its limit and the deadline, a step's Outcome (a verdict
+of lab.verdict), and the refusals (StepFailed, DeadlineCut, Terminated). The steps are in
+lab.machine.devicecheck.train_steps (runs that train), lab.machine.devicecheck.bench_steps (measurements) and
+lab.machine.devicecheck.predict_step; the plan in lab.machine.devicecheck.plan; their table and the command in
 lab.machine.devicecheck.command.
 """
 
@@ -40,8 +40,11 @@ HOW_TO_GET = {
 
 @dataclass
 class Outcome:
+    """One line of the check's table: a step's verdict (held, failed; not run when the deadline, --only or a
+    missing package kept it from running; not applicable when this host's hardware cannot run it)."""
+
     step: str
-    status: str  # passed | failed | skipped
+    verdict: str  # one of lab.verdict.VERDICTS
     detail: str
     seconds: float = 0.0
     figures: dict[str, Any] = field(default_factory=dict)
@@ -61,7 +64,7 @@ class Terminated(BaseException):
 
 
 @dataclass
-class Check:
+class Harness:
     """What the steps share: where to write, how big to run, the overrides every `lab train` gets, the clock."""
 
     out: Path
@@ -123,6 +126,16 @@ class Check:
         """`python -m lab ARGV` with its output in OUT/LOG.log; StepFailed when it exits non-zero."""
         self.child(log, [sys.executable, "-m", "lab", *argv])
 
+    def bench(self, name: str, *argv: str, log: str | None = None, result: str | None = None) -> dict[str, Any]:
+        """`lab bench NAME ARGV --json OUT/RESULT` (default NAME.json; its output in OUT/LOG.log, default NAME.log)
+        and the result it wrote: every step that measures calls its benchmark this one way. A last check's result
+        is removed first, so it never stands in for this one's."""
+        path = self.out / (result or f"{name}.json")
+        path.unlink(missing_ok=True)
+        self.lab(log or name, "bench", name, *argv, "--json", str(path))
+        loaded: dict[str, Any] = json.loads(path.read_text())
+        return loaded
+
     def child(self, log: str, command: list[str]) -> None:
         """Run `command` with its output in OUT/LOG.log, within min(the step's limit, the deadline's rest)."""
         limit = min(self.step_limit, self.seconds_left() - STOP_SECONDS)
@@ -144,7 +157,7 @@ class Check:
             tail = path.read_text().strip().splitlines()[-1:] or [""]
             raise StepFailed(f"exit {code}: {tail[0][:160]}; see {path}")
 
-    def train(self, log: str, run_id: str, *overrides: str) -> list[dict]:
+    def train(self, log: str, run_id: str, *overrides: str) -> list[dict[str, Any]]:
         """`lab train` of the check's config with `overrides`; the run's train rows (last row per step)."""
         self.lab(
             log, "train", "--config", self.config, *set_args([*self.common, *self.runset_args(run_id), *overrides])

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import math
 
-from lab.machine.devicecheck.harness import Check, Outcome, StepFailed, mark
+from lab.machine.devicecheck.harness import Harness, Outcome, StepFailed, mark
+from lab.verdict import HELD
 
 # `lab predict` reads latency and bandwidth from an all-reduce on its largest measured job, so it measures 1 and 2
 # ranks (--measure-up-to's least) and predicts from 3: the step needs 3 GPUs, or 3 CPU ranks at toy size.
@@ -14,7 +15,7 @@ PREDICT_MEASURED = 2
 PREDICT_RANKS = PREDICT_MEASURED + 1
 
 
-def predict(c: Check) -> Outcome:
+def predict(c: Harness) -> Outcome:
     """`lab predict` over every GPU of the host: 1 and 2 GPUs measured, 3..N predicted from them, then measured; the
     line states the largest error on the GPUs it predicted. Every world size must have run on the GPUs (a job that
     fell back to the CPU fails the step), and at least one must have been predicted, not measured only."""
@@ -58,7 +59,7 @@ def predict(c: Check) -> Outcome:
     where = f"{c.gpus} GPUs" if c.gpu else f"{largest} CPU ranks"
     return Outcome(
         "predict",
-        "passed",
+        HELD,
         f"{where}: measured on 1 and {PREDICT_MEASURED}, predicted then measured on {_span(PREDICT_RANKS, largest)}: "
         "largest error "
         f"{worst['error']:.1%} at {worst['world_size']} (within {ERROR_BOUND:.0%}, the published tables' bound: "

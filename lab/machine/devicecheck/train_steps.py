@@ -4,26 +4,28 @@ lab.run.cluster.runner (which stops its process group on its time limit, the dea
 learn. The measurements are in lab.machine.devicecheck.bench_steps, what both share in lab.machine.devicecheck.harness,
 and
 `lab.machine.devicecheck.command` holds the table that orders them, the plan, the deadline and the command; a step knows
-only its Check (where to write, how big, how long its child may take).
+only its Harness (where to write, how big, how long its child may take).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from lab.machine.devicecheck.harness import (
-    Check,
+    Harness,
     Outcome,
     StepFailed,
 )
+from lab.verdict import FAILED, HELD
 
 
-def _losses(rows: list[dict]) -> str:
+def _losses(rows: list[dict[str, Any]]) -> str:
     return f"{rows[-1]['step']} steps, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}"
 
 
-def _bf16(c: Check, run_id: str) -> None:
+def _bf16(c: Harness, run_id: str) -> None:
     amp = c.manifest(run_id)["amp"]
     if amp != "bfloat16":
         raise StepFailed(f"run {run_id} trained with amp {amp}, not bfloat16")
@@ -32,53 +34,55 @@ def _bf16(c: Check, run_id: str) -> None:
 # ----------------------------------------------------------------------------- the steps
 
 
-def doctor(c: Check) -> Outcome:
+def doctor(c: Harness) -> Outcome:
     c.lab("doctor", "doctor", "--json", str(c.out / "doctor.json"), "--output-dir", str(c.out))
     checks = json.loads((c.out / "doctor.json").read_text())["checks"]
-    warned = [k["name"] for k in checks if k["status"] != "ok"]
-    return Outcome("doctor", "passed", f"{len(checks)} checks" + (f"; not ok: {', '.join(warned)}" if warned else ""))
+    advised = [k["name"] for k in checks if k.get("fix")]  # the doctor exits 1 when one failed: these held
+    return Outcome(
+        "doctor", HELD, f"{len(checks)} checks" + (f"; a fix to make: {', '.join(advised)}" if advised else "")
+    )
 
 
-def fsdp(c: Check) -> Outcome:
+def fsdp(c: Harness) -> Outcome:
     """FSDP2 with bf16 on one rank: the fused optimizer on DTensors and BatchNorm under the mixed-precision
     policy are the two ways it broke on CUDA; both show in the first step."""
     rows = c.train("fsdp", "fsdp", "dist.strategy=fsdp", "train.amp=bf16", *c.short, "checkpoint.save=false")
     backend = c.backend("fsdp")
     _bf16(c, "fsdp")
-    return Outcome("FSDP", "passed", f"{backend} process group of 1, FSDP2 fully_shard, bf16: {_losses(rows)}")
+    return Outcome("FSDP", HELD, f"{backend} process group of 1, FSDP2 fully_shard, bf16: {_losses(rows)}")
 
 
-def bf16_training(c: Check) -> Outcome:
+def bf16_training(c: Harness) -> Outcome:
     rows = c.train("bf16", "bf16", "train.amp=bf16", *c.short, "checkpoint.save=false")
     _bf16(c, "bf16")
-    return Outcome("bf16 training", "passed", f"bf16 autocast, no process group: {_losses(rows)}")
+    return Outcome("bf16 training", HELD, f"bf16 autocast, no process group: {_losses(rows)}")
 
 
-def one_rank_ddp(c: Check, compiled: bool) -> Outcome:
+def one_rank_ddp(c: Harness, compiled: bool) -> Outcome:
     name = "DDP + compile" if compiled else "DDP, 1 rank"
     run_id = "ddp-1rank-compiled" if compiled else "ddp-1rank"
     extra = ["model.compile=true", "dist.static_graph=true"] if compiled else ["train.grad_accum_steps=2"]
     rows = c.train(run_id, run_id, "dist.single_process_group=true", *c.short, "checkpoint.save=false", *extra)
     backend = c.backend(run_id)
     what = "torch.compile (DDPOptimizer), static_graph" if compiled else "gradient accumulation 2 (no_sync)"
-    return Outcome(name, "passed", f"{backend} process group of 1, DDP, {what}: {_losses(rows)}")
+    return Outcome(name, HELD, f"{backend} process group of 1, DDP, {what}: {_losses(rows)}")
 
 
-def training(c: Check, epochs: int) -> Outcome:
+def training(c: Harness, epochs: int) -> Outcome:
     started = time.perf_counter()
     c.train("training", "training", f"train.epochs={1 if c.quick else epochs}", "checkpoint.save=false")
     summary = json.loads((c.out / "runs" / "training" / "summary.json").read_text())
     wall = time.perf_counter() - started
     return Outcome(
         "training",
-        "passed",
+        HELD,
         f"{summary['steps']} steps in {wall:.1f} s (process start included), "
         f"{summary['samples_per_second'] or 0:,.0f} images/s",
         figures=summary,
     )
 
 
-def deterministic_and_resume(c: Check) -> list[Outcome]:
+def deterministic_and_resume(c: Harness) -> list[Outcome]:
     """A: 8 steps. B: the same, stopped after 4 and resumed. B's first half must equal A's (determinism across
     processes), and its resumed half must equal A's too (resume)."""
     run = ["run.deterministic=true", "train.max_steps=8", "train.log_every=1", "model.compile=false"]
@@ -92,30 +96,28 @@ def deterministic_and_resume(c: Check) -> list[Outcome]:
     if resumed["steps"] != 8:
         raise StepFailed(f"the resumed run ended at step {resumed['steps']}, not 8")
     outcomes = []
-    first = "passed" if a[:4] == b[:4] else "failed"
+    first = HELD if a[:4] == b[:4] else FAILED
     outcomes.append(
         Outcome(
             "deterministic",
             first,
-            "two runs, bit-identical losses over 4 steps"
-            if first == "passed"
-            else f"losses differ: {a[:4]} vs {b[:4]}",
+            "two runs, bit-identical losses over 4 steps" if first == HELD else f"losses differ: {a[:4]} vs {b[:4]}",
         )
     )
-    second = "passed" if len(b) == 8 and a[4:] == b[4:] else "failed"
+    second = HELD if len(b) == 8 and a[4:] == b[4:] else FAILED
     outcomes.append(
         Outcome(
             "resume",
             second,
             "stopped at step 4, resumed: steps 5-8 bit-identical to the run that was not stopped"
-            if second == "passed"
+            if second == HELD
             else f"losses differ: {a[4:]} vs {b[4:]}",
         )
     )
     return outcomes
 
 
-def exercise(c: Check) -> Outcome:
+def exercise(c: Harness) -> Outcome:
     """`lab exercise check convert` on the reference solution: the grader's observer on the learner's path (nccl,
     one rank per GPU, where the host has a GPU for each of the 3 ranks the check runs; else gloo, said so)."""
     from lab.course.exercises import folder
@@ -123,15 +125,15 @@ def exercise(c: Check) -> Outcome:
     result = c.out / "exercise-convert.json"
     c.lab("exercise", "exercise", "check", "convert", str(folder("convert") / "solution.py"), "--json", str(result))
     doc = json.loads(result.read_text())
-    runs = next(check["measured"] for check in doc["checks"] if check["check"] == "runs on 3 ranks")
+    runs = next(check["detail"] for check in doc["checks"] if check["name"] == "runs on 3 ranks")
     expected = "nccl" if c.gpus >= 3 else "gloo"
     if f"over {expected}" not in runs:
         raise StepFailed(f"the solution's ranks did not use {expected}: {runs}")
-    held = sum(check["held"] for check in doc["checks"])
+    held = sum(check["verdict"] == HELD for check in doc["checks"])
     why = "" if c.gpus >= 3 else f" ({c.gpus} GPU here: 3 ranks need 3, so the CPU path)"
     return Outcome(
         "exercise",
-        "passed",
+        HELD,
         f"the convert solution: {held} of {len(doc['checks'])} checks held over {expected}{why}, "
         f"{doc['seconds']:.0f} s",
         figures=doc,

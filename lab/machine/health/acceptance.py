@@ -1,9 +1,10 @@
 """`lab accept RUN_DIR`: is this cluster accepted? One rule over what an acceptance run left (docs/acceptance.md):
 
-    PASS when validate.json says `"ok": true` (every node and all nodes together at or above their platform's
-    floors, every fact check passed, DCGM's diagnostic among them), every GPU node's device check (`make
-    gpu-check`, `lab gpu-check`) saw its GPUs, finished and failed no step, and, where the play's output is
-    given (--recap), every node's PLAY RECAP says failed=0 and unreachable=0.
+    held (accepted) when validate.json says `"ok": true` (every node and all nodes together at or above their
+    platform's floors, every fact check held or did not apply, DCGM's diagnostic among them), every GPU node's
+    device check (`make gpu-check`, `lab gpu-check`) saw its GPUs, finished, and every step of it held or did not
+    apply to the node's hardware (a step not run, for time, --only or a missing package, fails the node, named),
+    and, where the play's output is given (--recap), every node's PLAY RECAP says failed=0 and unreachable=0.
 
     lab accept runs/accept-1 --recap accept-1.log                 # Ansible: the validate play's run and output
     lab accept runs/validate-slurm-ID-TIME-PID --device-checks runs/accept-1/device-check   # Slurm
@@ -11,24 +12,27 @@
 
 The device checks are read from DIR/NODE.json or DIR/NODE/gpu-check.json (DIR: --device-checks, default
 RUN_DIR/device-check). A node without a GPU (platform cpu in validate.json) has no device check to run: it is
-reported "not applicable" with that reason, never as passed. `make gpu-check` exits 0 on a host where torch sees
-no GPU (it says what it skipped), so its exit code alone would pass a GPU node that tested nothing: the verdict
-reads gpu-check.json's `gpu`, `finished` and each step's status instead.
+reported "not applicable" with that reason, never as held. `make gpu-check` exits 0 on a host where torch sees
+no GPU (no step applies), so its exit code alone would pass a GPU node that tested nothing: the verdict reads
+gpu-check.json's `gpu`, `finished` and each step's verdict (lab.verdict) instead.
 
-Exit 0 PASS, 1 FAIL (each reason printed, one a line), 2 bad input (no such folder, an unreadable validate.json,
-an unknown --platform). `floors_table()` renders the platforms' floors for docs/acceptance.md from
+Exit 0 held (accepted), 1 failed (each reason printed, one a line), 2 bad input (no such folder, an unreadable
+validate.json, an unknown --platform). `floors_table()` renders the platforms' floors for docs/acceptance.md from
 lab.measure.platforms, the one source of truth (tests/unit/test_acceptance.py holds the page to it).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 from lab.measure import platforms
+from lab.verdict import FAILED, HELD, NOT_APPLICABLE, NOT_RUN, passes
 
 RECAP = re.compile(r"^(\S+)\s+: ok=\d+\s+changed=\d+\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 DEVICE_CHECKS = "device-check"  # RUN_DIR/device-check/NODE.json or NODE/gpu-check.json
@@ -105,26 +109,30 @@ def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def device_check(folder: Path, node: str) -> tuple[str, str]:
-    """(status, why) of NODE's device check in `folder`: passed, failed or missing."""
+    """(verdict, why) of NODE's device check in `folder`: held, failed, or not run (no record of one)."""
     for path in (folder / f"{node}.json", folder / node / "gpu-check.json"):
         if path.exists():
             break
     doc, unreadable = _read_json(path)
     if doc is None:
         where = f"{folder / (node + '.json')} or {folder / node / 'gpu-check.json'}"
-        return "missing", f"no device check ({unreadable}: {where}); run make gpu-check on the node"
+        return NOT_RUN, f"no device check ({unreadable}: {where}); run make gpu-check on the node"
     steps = doc.get("steps") or []
     if not doc.get("gpu"):
-        return "failed", f"its device check saw no GPU ({path}): it tested nothing of the node's GPUs"
-    failed = [s for s in steps if s.get("status") == "failed"]
+        return FAILED, f"its device check saw no GPU ({path}): it tested nothing of the node's GPUs"
+    failed = [s for s in steps if s.get("verdict") == FAILED]
     if failed:
         first = failed[0]
-        return "failed", f"device check step {first.get('step')!r} failed: {first.get('detail', '')} ({path})"
-    cut = [s for s in steps if s.get("by_deadline")]
-    if cut or not doc.get("finished"):
-        return "failed", f"its device check did not finish (deadline or stopped; {len(cut)} step(s) cut) ({path})"
-    ran = sum(s.get("status") == "passed" for s in steps)
-    return "passed", f"device check: {ran} step(s) passed on {doc.get('gpus')} x {doc.get('device')}"
+        return FAILED, f"device check step {first.get('step')!r} failed: {first.get('detail', '')} ({path})"
+    not_run = [s for s in steps if s.get("verdict") not in (HELD, NOT_APPLICABLE)]  # an unknown word is not a pass
+    if not_run:
+        first = not_run[0]
+        named = ", ".join(repr(s.get("step")) for s in not_run)
+        return FAILED, (f"its device check is incomplete: step(s) {named} not run ({first.get('detail', '')}) ({path})")
+    if not doc.get("finished"):
+        return FAILED, f"its device check did not finish (stopped before its last step) ({path})"
+    ran = sum(s.get("verdict") == HELD for s in steps)
+    return HELD, f"device check: {ran} step(s) held on {doc.get('gpus')} x {doc.get('device')}"
 
 
 def recap(text: str) -> dict[str, tuple[int, int]]:
@@ -138,10 +146,26 @@ def judge(
     recap_text: str | None = None,
     platform: str | None = None,
 ) -> dict[str, Any]:
-    """The acceptance verdict of `run_dir` (validate.json there): {"ok", "reasons": [why it fails], "notes": [what
+    """The acceptance verdict of `run_dir` (validate.json there): {"verdict", "reasons": [why it fails], "notes": [what
     was not applicable, and why], "nodes": {NAME: {"platform", "validate", "device_check", "why"}}}. Reads files,
     writes none. LabError (bad input) when run_dir has no readable validate.json or `platform` is unknown."""
     run = Path(run_dir)
+    validate = _validate_json(run, platform)
+    folder = Path(device_checks) if device_checks is not None else run / DEVICE_CHECKS
+    reasons = [f"validate.json: {problem}" for problem in validate.get("problems") or []]
+    if not validate["ok"] and not reasons:
+        reasons.append("validate.json: ok is false")
+    nodes, node_reasons, notes = _nodes(validate["nodes"], folder, platform)
+    reasons += node_reasons
+    if recap_text is not None:
+        reasons += recap_reasons(recap_text, nodes)
+    verdict = HELD if not reasons else FAILED
+    return {"verdict": verdict, "reasons": reasons, "notes": notes, "nodes": nodes, "run_id": validate.get("run_id")}
+
+
+def _validate_json(run: Path, platform: str | None) -> dict[str, Any]:
+    """The run's validate.json; LabError (bad input) when there is no such folder or document, or `platform` is
+    unknown."""
     if not run.is_dir():
         raise LabError(f"lab accept: {run}: no such folder; give the run folder that holds validate.json")
     if platform is not None and platform not in platforms.BY_KEY:
@@ -153,39 +177,46 @@ def judge(
             f"lab accept: {run / 'validate.json'}: {why}; give the folder where the validate play or "
             f"slurm/validate.sbatch wrote it (runs/<run id>/)"
         )
-    folder = Path(device_checks) if device_checks is not None else run / DEVICE_CHECKS
-    reasons = [f"validate.json: {problem}" for problem in validate.get("problems") or []]
-    if not validate["ok"] and not reasons:
-        reasons.append("validate.json: ok is false")
-    notes: list[str] = []
+    return validate
+
+
+def _nodes(records: dict[str, Any], folder: Path, platform: str | None) -> tuple[dict[str, Any], list[str], list[str]]:
+    """({NAME: its platform and device check's verdict and why}, the reasons they fail the cluster, the notes): each
+    GPU node's device check in `folder`, and its platform where one is asked for."""
     nodes: dict[str, Any] = {}
-    for name, record in validate["nodes"].items():
+    reasons: list[str] = []
+    notes: list[str] = []
+    for name, record in records.items():
         key = (record.get("platform") or {}).get("key", "unknown")
         if key == "cpu":
-            status, why = "not applicable", f"{name} has no GPU (platform cpu): no device check to run"
+            verdict, why = NOT_APPLICABLE, f"{name} has no GPU (platform cpu): no device check to run"
             notes.append(why)
         else:
-            status, why = device_check(folder, name)
-            if status != "passed":
+            verdict, why = device_check(folder, name)
+            if not passes(verdict):
                 reasons.append(f"{name}: {why}")
         if platform is not None and key != platform:
             reasons.append(f"{name}: platform {key}, not {platform} (--platform): {record['platform'].get('why', '')}")
-        nodes[name] = {"platform": key, "device_check": status, "why": why}
-    if recap_text is not None:
-        seen = recap(recap_text)
-        if not seen:
-            reasons.append("--recap: no PLAY RECAP line in the play's output")
-        for host in sorted(set(nodes) | set(seen)):
-            if host not in seen:
-                reasons.append(f"{host}: not in the PLAY RECAP (did it play?)")
-            elif seen[host] != (0, 0):
-                unreachable, failed = seen[host]
-                reasons.append(f"{host}: PLAY RECAP failed={failed} unreachable={unreachable}")
-    return {"ok": not reasons, "reasons": reasons, "notes": notes, "nodes": nodes, "run_id": validate.get("run_id")}
+        nodes[name] = {"platform": key, "device_check": verdict, "why": why}
+    return nodes, reasons, notes
 
 
-def run(args) -> int:
-    """`lab accept`: print PASS or FAIL with each reason (and each note); exit 0 PASS, 1 FAIL."""
+def recap_reasons(text: str, nodes: Iterable[str]) -> list[str]:
+    """Why the play's output fails the cluster: no PLAY RECAP line, a node missing from it, or one with a failed or
+    unreachable task."""
+    seen = recap(text)
+    reasons = [] if seen else ["--recap: no PLAY RECAP line in the play's output"]
+    for host in sorted(set(nodes) | set(seen)):
+        if host not in seen:
+            reasons.append(f"{host}: not in the PLAY RECAP (did it play?)")
+        elif seen[host] != (0, 0):
+            unreachable, failed = seen[host]
+            reasons.append(f"{host}: PLAY RECAP failed={failed} unreachable={unreachable}")
+    return reasons
+
+
+def run(args: argparse.Namespace) -> int:
+    """`lab accept`: the verdict (held: accepted; failed: not) with each reason and each note; exit 0 or 1."""
     recap_text = None
     if args.recap:
         try:
@@ -194,14 +225,15 @@ def run(args) -> int:
             raise LabError(
                 f"lab accept --recap {args.recap}: {exc.strerror or exc}; give the play's saved output"
             ) from None
-    verdict = judge(args.run_dir, args.device_checks, recap_text, args.platform)
-    for reason in verdict["reasons"]:
-        print(f"FAIL  {reason}")
-    for note in verdict["notes"]:
-        print(f"note  {note}")
-    for name, node in verdict["nodes"].items():
+    judged = judge(args.run_dir, args.device_checks, recap_text, args.platform)
+    for reason in judged["reasons"]:
+        print(f"{FAILED:<14}  {reason}")
+    for note in judged["notes"]:
+        print(f"{NOT_APPLICABLE:<14}  {note}")
+    for name, node in judged["nodes"].items():
         print(f"node  {name}: platform {node['platform']}; device check {node['device_check']}")
-    count = len(verdict["reasons"])
-    said = "PASS" if verdict["ok"] else f"FAIL ({count} reason{'s' if count > 1 else ''})"
+    count = len(judged["reasons"])
+    accepted = judged["verdict"] == HELD
+    said = "held: accepted" if accepted else f"failed: not accepted ({count} reason{'s' if count > 1 else ''})"
     print(f"accept: {said}: {args.run_dir}")
-    return EXIT_OK if verdict["ok"] else EXIT_FAILED
+    return EXIT_OK if accepted else EXIT_FAILED

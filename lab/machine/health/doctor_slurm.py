@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.machine.health.check import Check
-from lab.machine.health.status import FAIL, OK, WARN
 from lab.run.cluster import nvml, slurm
+from lab.verdict import FAILED, HELD, NOT_APPLICABLE, Check
 
 
 def count_devices(spec: str | None) -> int | None:
@@ -85,37 +84,41 @@ def check_slurm(job: slurm.Allocation, visible: str | None, node_gpus: int | Non
         if seen
         else "no GPU (CUDA_VISIBLE_DEVICES unset, none found on the node)"
     )
-    return Check("slurm", OK, f"{job.describe()} ({given}); this task sees {sees}")
+    return Check("slurm", HELD, f"{job.describe()} ({given}); this task sees {sees}")
 
 
 def check_gpu_share(job: slurm.Allocation, visible: str | None, node_gpus: int | None) -> Check:
     """Does this task see a GPU that another task of its step on this node sees too? A task cannot see its
     siblings' CUDA_VISIBLE_DEVICES, so count instead (pigeonhole): N tasks that each see S GPUs out of a pool of
-    P share one when N * S > P. Always a line under Slurm: an ok line says why the rule does not apply (the
+    P share one when N * S > P. Always a line under Slurm: a "not applicable" line says why the rule does not apply (the
     batch script, one task on the node, no GPU) or that it passed; `warn` when the pool cannot be counted.
-    An ok proves no sharing is forced, not that none happens (tasks given the same list by hand pass).
+    A held line proves no sharing is forced, not that none happens (tasks given the same list by hand pass).
 
     >>> job = slurm.allocation({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8",
     ...                         "SLURM_STEP_TASKS_PER_NODE": "8", "SLURMD_NODENAME": "dgx01",
     ...                         "SLURM_GPUS_ON_NODE": "8"})
-    >>> check_gpu_share(job, "0,1,2,3,4,5,6,7", 8).status, check_gpu_share(job, "3", 8).status
-    ('fail', 'ok')
+    >>> check_gpu_share(job, "0,1,2,3,4,5,6,7", 8).verdict, check_gpu_share(job, "3", 8).verdict
+    ('failed', 'held')
     """
     tasks, seen = job.tasks_on_this_node, seen_gpus(visible, node_gpus)
     shown = f"CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "CUDA_VISIBLE_DEVICES unset: the whole node"
     if not job.in_step:
-        return Check("gpu-share", OK, "does not apply: this is the batch script, one process (no srun step)")
+        return Check(
+            "gpu-share", NOT_APPLICABLE, "does not apply: this is the batch script, one process (no srun step)"
+        )
     if tasks <= 1:
         return Check(
-            "gpu-share", OK, f"does not apply: one task of the step on {job.node_name}, no sibling to share a GPU with"
+            "gpu-share",
+            NOT_APPLICABLE,
+            f"does not apply: one task of the step on {job.node_name}, no sibling to share a GPU with",
         )
     if seen == 0:
-        return Check("gpu-share", OK, f"does not apply: this task sees no GPU ({shown})")
+        return Check("gpu-share", NOT_APPLICABLE, f"does not apply: this task sees no GPU ({shown})")
     pool = step_gpu_pool(job, node_gpus)
     if not pool:
         return Check(
             "gpu-share",
-            WARN,
+            HELD,
             f"cannot tell whether {tasks} tasks on {job.node_name} share GPUs: "
             f"each sees {seen} ({shown}), but the node's GPU count is unknown",
             "request GPUs through Slurm (--gpus-per-node, --gres=gpu:N) so SLURM_GPUS_ON_NODE is set, "
@@ -124,7 +127,7 @@ def check_gpu_share(job: slurm.Allocation, visible: str | None, node_gpus: int |
     if tasks * seen > pool:
         return Check(
             "gpu-share",
-            FAIL,
+            FAILED,
             f"{tasks} tasks of this step on {job.node_name} each see {seen} GPU(s) ({shown}) out of "
             f"{pool}: {tasks} x {seen} > {pool}, so some GPU is seen by more than one task",
             "give each task its own GPU with `srun --gpus-per-task=1`, or run one task per node that "
@@ -132,7 +135,7 @@ def check_gpu_share(job: slurm.Allocation, visible: str | None, node_gpus: int |
         )
     return Check(
         "gpu-share",
-        OK,
+        HELD,
         f"{tasks} tasks on {job.node_name} each see {seen} GPU(s) ({shown}) out of "
         f"{pool}: {tasks} x {seen} <= {pool}, no GPU need be seen twice",
     )

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lab.machine.health.status import NOT_PRESENT, OK, UNREADABLE
+# How a fact was read, not a verdict (lab.verdict's words judge the checks made of the facts):
+OK = "ok"  # its tool ran and left its output
+NOT_PRESENT = "not present"  # its tool is not installed (exit 127) or the script left no file
+UNREADABLE = "unreadable"  # its tool failed, or its file cannot be read
 
 FACT_TAIL_BYTES = 1 << 20  # a DCGM level-3 log or a long journal is not read whole
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # a terminal's colours and underlines: what no parser should meet

@@ -24,7 +24,7 @@ validate.json: {"check": "validate", "platform": the runner ("slurm" or "ansible
     "nodes": {NAME: {"gpus", "platform": {"key", "name", "why"}, "floors": {"node", "pair", "nodes", "host_device",
              ["d2d"]}, "floor_sources": {KEY: where from}, "pairs": [{"pair", "rc", "avg_busbw", "busbw",
              "judged_at", "floor", "ok", "error", "wrong"}], "hostdevice": {...} | null, "facts": {parsed},
-             "checks": [{"name", "status", "detail"}], "health": {"dcgm_diag", "xid_events", "ecc_uncorrected"}}},
+             "checks": [{"name", "verdict", "detail"}], "health": {"dcgm_diag", "xid_events", "ecc_uncorrected"}}},
     "all_nodes": {"hosts", "world_size", "avg_busbw", "busbw", "judged_at", "floor", "wrong", "ok"} | null,
     "ring": {"A+B": {same keys as all_nodes}}, "ring_needed": bool, "suspects": [NAME], "failed_nodes": {NAME:
     its first reason}, "baseline": {"file", "fraction"} | null, "runs": {NAME: {"node": {"result", "log",
@@ -44,6 +44,7 @@ pairs is then the suspect.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from typing import Any
 from lab import atomic
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
 from lab.machine.health import baseline as fabric_baseline
-from lab.machine.health import fabric_checks
+from lab.machine.health import nccl_log_checks
 from lab.machine.health.validate_input import (
     _folder,
     _result,
@@ -64,6 +65,7 @@ from lab.machine.health.validate_input import (
     wrong_elements,
 )
 from lab.machine.health.validate_node import Settings, node_record
+from lab.verdict import FAILED, HELD
 
 DEFINITIONS = {
     "busbw": "nccl-tests' bus bandwidth of all_reduce, algbw * 2 (n-1) / n, GB/s (1e9); per size the better of "
@@ -170,7 +172,7 @@ def all_nodes_check(
 
 
 def _nccl_log(folder: Path) -> dict[str, dict[str, Any]]:
-    return fabric_checks.nccl_channels(fabric_checks.nccl_log(folder / "nodes.log"))
+    return nccl_log_checks.nccl_channels(nccl_log_checks.nccl_log(folder / "nodes.log"))
 
 
 # ----------------------------------------------------------------------------- the verdict
@@ -204,6 +206,7 @@ def verdict(
         "platform": runner,
         "run_id": run_id,
         "ok": not problems,
+        "verdict": HELD if not problems else FAILED,  # lab.verdict's word for ok
         "problems": problems,
         "definitions": DEFINITIONS,
         "judged": DEFINITIONS["judged"],
@@ -239,7 +242,7 @@ def failed_nodes(nodes: list[str], problems: list[str], suspects: list[str]) -> 
 FAILED_NODES_FILE = "failed-nodes.tsv"  # beside --out: NODE<TAB>first reason, a line each (empty when all passed)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """`lab validate`: write validate.json (and failed-nodes.tsv beside it), print each problem and the verdict;
     exit 0 passed, 1 failed."""
     nodes = parse_nodes(args.nodes)
@@ -272,6 +275,6 @@ def run(args) -> int:
             f"cluster's figures and this run has problems (fix them, or waive them with --expect, and rerun)"
         )
     count = len(doc["problems"])
-    outcome = "passed" if doc["ok"] else f"FAILED ({count} problem{'s' if count > 1 else ''})"
+    outcome = doc["verdict"] if doc["ok"] else f"{doc['verdict']} ({count} problem{'s' if count > 1 else ''})"
     print(f"validate: {outcome}; every figure: {args.out}")
     return EXIT_OK if doc["ok"] else EXIT_FAILED

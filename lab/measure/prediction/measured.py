@@ -19,6 +19,7 @@ machine (8, 64, 512 GPUs) use a platform table's node and NIC bandwidth (lab.mea
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -166,7 +167,7 @@ def render(rows: list[dict[str, Any]], inputs: model.Inputs, projected: list[dic
     return "\n".join(lines)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from lab import plots
     from lab.measure.bench.train import scaling
     from lab.run import config

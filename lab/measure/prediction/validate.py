@@ -14,6 +14,7 @@ True
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
@@ -60,7 +61,9 @@ def _horovod(name: str) -> model.Inputs:
     )
 
 
-def _row(table: str, label: str, predicted: float | None, published: float, unit: str, source: str, note: str = ""):
+def _row(
+    table: str, label: str, predicted: float | None, published: float, unit: str, source: str, note: str = ""
+) -> dict[str, Any]:
     error = None if predicted is None else abs(predicted - published) / published
     return {
         "table": table,
@@ -163,7 +166,7 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """`lab predict --validate`: the table, and its JSON with --json."""
     rows = reproduce()
     print(render(rows), flush=True)

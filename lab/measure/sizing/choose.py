@@ -10,7 +10,8 @@ Adam), plus activations when given, against the GPU's memory less --headroom. In
 2. ZeRO-1 fits with room (optimizer state sharded) -> ZeRO-1; else ZeRO-2 fits (gradients too) -> ZeRO-2;
 3. full sharding fits -> FSDP full shard; across nodes on a slow link, hybrid shard when it fits;
 4. nothing fits -> offload to CPU/NVMe, or the smallest GPU count at which full sharding fits.
-Horovod gets one line, never the choice: it fits where DDP does, and its status is said.
+Horovod gets one line, never the choice: it fits where DDP does, and its status is said (what is printed and
+written of a choice: lab.measure.sizing.choose_output).
 
 >>> choice = decide(Request(params=parse_params("7B"), gpus_per_node=8))
 >>> [d.answer.split(" per GPU")[0] for d in choice.decisions]
@@ -24,10 +25,12 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from lab.errors import LabError
+from lab.measure.sizing import choose_output
 from lab.measure.sizing.memory import DEVICES_GB, activation_bytes, estimate
 from lab.run.config import strategies
 
@@ -56,36 +59,6 @@ HEADROOM = 0.1
 # "room" is this part of usable memory left after ZeRO-1; with them, they are counted, and fitting is room enough.
 ZERO1_ROOM = 0.1
 TP_PP_LEFT = 0.1  # note tensor/pipeline parallelism when one layer, or the sharded weights, leave less than this
-# Horovod's memory is DDP's (a whole replica per GPU, gradients averaged): it fits exactly where step 1 does.
-HOROVOD_STATUS = (
-    "last release 0.28.1 (June 2023), built from source against the framework, which current torch "
-    "needs patched (make horovod): for a new project no fix will come from upstream, so start with DDP"
-)
-
-
-def horovod_line(ddp_fits: bool) -> str:
-    """The Horovod answer: when it fits (where DDP does), and what its maintenance status means.
-
-    >>> horovod_line(False).startswith("no: it shards nothing"), horovod_line(True).startswith("fits where DDP")
-    (True, True)
-    """
-    if not ddp_fits:
-        return f"no: it shards nothing (a whole replica per GPU, as DDP, which does not fit); {HOROVOD_STATUS}"
-    return (
-        f"fits where DDP fits (the same replica per GPU); a fit when code already trains with "
-        f"hvd.DistributedOptimizer, or one horovodrun serves TensorFlow and PyTorch jobs alike: "
-        f"lab train --nproc-per-node N --set dist.strategy=horovod trains it; {HOROVOD_STATUS}"
-    )
-
-
-LABELS = {
-    "ddp": "DDP",
-    "zero-1": "ZeRO-1 (DeepSpeed stage 1)",
-    "zero-2": "ZeRO-2 (DeepSpeed stage 2)",
-    "fsdp-full": "FSDP FULL_SHARD (ZeRO-3)",
-    "fsdp-hybrid": "FSDP HYBRID_SHARD (full shard in a node, replicate across nodes)",
-    "offload": "offload: ZeRO-Infinity / FSDP CPU offload",
-}
 _PARAMS = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(e[+-]?\d+)? ?([kmbt]?)", re.IGNORECASE)
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
@@ -105,7 +78,7 @@ def parse_params(text: str) -> float:
     return value
 
 
-def _float_in(ok, says: str):
+def _float_in(ok: Callable[[float], bool], says: str) -> Callable[[str], float]:
     """An argparse type: a finite float that `ok` accepts; argparse's one line names the option."""
 
     def parse(text: str) -> float:
@@ -342,14 +315,6 @@ def _choice(strategy: str, req: Request, decisions: list[Decision], notes: list[
     return Choice(strategy, lab_train(strategy, req.gpus_per_node, req.nodes), decisions, notes)
 
 
-def render(choice: Choice) -> str:
-    decisions = [*choice.decisions, Decision("Horovod?", horovod_line(choice.strategy == "ddp"), {})]
-    lines = [f"{i}. {d.question} {d.answer}" for i, d in enumerate(decisions, 1)]
-    lines += [f"note: {note}" for note in choice.notes]
-    lines += [f"choice: {LABELS[choice.strategy]}", choice.lab_train or "(no lab train line: see the notes)"]
-    return "\n".join(lines)
-
-
 def request(args: argparse.Namespace) -> tuple[Request, str]:
     """The Request the arguments describe, and a line that says what it is (and what was assumed)."""
     if args.device and args.gpu_memory:
@@ -392,30 +357,6 @@ def run(args: argparse.Namespace) -> int:
     req, summary = request(args)
     choice = decide(req)
     if args.json:  # before printing: a closed pipe (| head) must not lose the file
-        runs.write_json(
-            args.json,
-            {
-                "params": req.params,
-                "gpus": req.gpus,
-                "gpus_per_node": req.gpus_per_node,
-                "nodes": req.nodes,
-                "device_memory_bytes": req.device_bytes,
-                "usable_bytes": req.usable_bytes,
-                "headroom": req.headroom,
-                "interconnect": args.interconnect,
-                "link_gbps": req.link_gbps,
-                "optimizer": req.optimizer,
-                "precision": req.precision,
-                "activations_bytes": req.activations_bytes,
-                "decisions": [asdict(d) for d in choice.decisions],
-                "horovod": horovod_line(choice.strategy == "ddp"),
-                "choice": {
-                    "strategy": choice.strategy,
-                    "label": LABELS[choice.strategy],
-                    "lab_train": choice.lab_train,
-                    "notes": choice.notes,
-                },
-            },
-        )
-    print(f"{summary}\n{render(choice)}")
+        runs.write_json(args.json, choose_output.record(req, args.interconnect, choice))
+    print(f"{summary}\n{choose_output.render(choice)}")
     return 0

@@ -27,7 +27,11 @@ GIB = 2**30
 
 
 def zero2(
-    total_params, gpus_per_node: int, nodes: int, cpu_offload: bool, additional_buffer_factor: float = BUFFER_FACTOR
+    total_params: int,
+    gpus_per_node: int,
+    nodes: int,
+    cpu_offload: bool,
+    additional_buffer_factor: float = BUFFER_FACTOR,
 ) -> tuple[int, int]:
     """(per CPU, per GPU) bytes: estimate_zero2_model_states_mem_needs, the same arithmetic in the same order."""
     total_gpus = nodes * gpus_per_node
@@ -41,15 +45,15 @@ def zero2(
 
 
 def zero3(
-    total_params,
-    largest_layer_params,
+    total_params: int,
+    largest_layer_params: int,
     gpus_per_node: int,
     nodes: int,
     cpu_offload: bool,
     cpu_offload_params: bool,
     zero_init: bool,
     additional_buffer_factor: float = BUFFER_FACTOR,
-) -> tuple[int, int, Any]:
+) -> tuple[int, int, int]:
     """(per CPU, per GPU, largest layer) bytes: estimate_zero3_model_states_mem_needs, the same arithmetic."""
     total_gpus = nodes * gpus_per_node
     gpus_factor = 1 / nodes

@@ -4,6 +4,8 @@
     lab memory --convention deepspeed --params 7e9 --world-size 8 --largest-layer 131e6   # DeepSpeed's formulas
     lab memory --measure                     # ResNet-18: estimate beside measurement, DDP and FSDP
 
+The measurement itself (the training jobs, the bytes counted) is lab.measure.sizing.memory_measured's.
+
 Bytes per parameter by convention (lab.measure.sizing.conventions): zero (the ZeRO paper: 16 for mixed Adam), hf
 (Hugging Face's anatomy: 18), and deepspeed (DeepSpeed's own estimators: lab.measure.sizing.deepspeed_estimate).
 
@@ -21,7 +23,7 @@ rank's partition and FSDP2 does not, so "ZeRO-3" and "FSDP full shard" are two r
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +171,7 @@ def _mib(value: float) -> str:
 # ----------------------------------------------------------------------------- the command
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from lab import plots
     from lab.run.training import runs
 
@@ -243,7 +245,7 @@ def run(args) -> int:
         "recommendation": advice,
     }
     if args.measure:
-        result["measured"] = measure(args.measure_width)
+        result["measured"] = measured_beside_estimate(args.measure_width)
         print(render_measured(result["measured"]))
     if args.json:
         runs.write_json(args.json, result)
@@ -252,7 +254,9 @@ def run(args) -> int:
     return 0
 
 
-def _deepspeed(args, activations: float, largest_layer: float | None) -> tuple[list[dict[str, Any]], str, int]:
+def _deepspeed(
+    args: argparse.Namespace, activations: float, largest_layer: float | None
+) -> tuple[list[dict[str, Any]], str, int]:
     """DeepSpeed's rows, after refusing what its estimator does not model."""
     if args.optimizer not in ("adam", "adamw") or args.precision == "fp32":
         raise LabError(
@@ -289,22 +293,15 @@ def _deepspeed(args, activations: float, largest_layer: float | None) -> tuple[l
     return rows, title, 20  # DeepSpeed's 2 + 18 bytes per parameter, unsharded
 
 
-# ----------------------------------------------------------------------------- measurement
+# ----------------------------------------------------------------------------- beside a measurement
 
 
-def measure(width: int) -> dict[str, Any]:
-    """ResNet-18 trained a few steps: one process, then 2 ranks with DDP and with FSDP (fully_shard)."""
-    from lab.run.cluster import jobs, runner
+def measured_beside_estimate(width: int) -> dict[str, Any]:
+    """lab.measure.sizing.memory_measured's counts (one process, then 2 ranks), and the estimate of the same recipe
+    on 2 ranks."""
+    from lab.measure.sizing import memory_measured
 
-    runner.check_processes(2, "lab memory --measure")  # its 2-rank job: refused before the first process starts
-    try:  # one process alone (no process group), as the baseline trains
-        result = {"single": jobs.run(jobs.Job("lab.measure.sizing.memory", 1, {"width": width}, launcher="none"))[0]}
-    except jobs.JobFailed as exc:
-        raise RuntimeError(f"lab memory --measure: the 1-process measurement failed: {exc}") from None
-    try:
-        result["two_ranks"] = jobs.run(jobs.Job("lab.measure.sizing.memory", 2, {"width": width}, reports=1))[0]
-    except jobs.JobFailed as exc:
-        result["two_ranks"] = {"error": f"the 2-rank DDP/FSDP measurement failed to run here ({exc})"}
+    result = memory_measured.measure(width)
     params = result["single"]["parameter_count"]
     result["estimate"] = {r["strategy"]: r for r in estimate(params, 2, *MEASURED_RECIPE)}
     # The key FSDP's estimate had before fp32's ZeRO-3 and FSDP rows were two (notebooks/05 reads it)
@@ -346,73 +343,3 @@ def render_measured(m: dict[str, Any]) -> str:
             f"{r['total_bytes'] / est:.2f} |"
         )
     return "\n".join(lines)
-
-
-def _train_and_count(model, ctx, steps: int = 3) -> dict[str, Any]:
-    import torch
-
-    from lab.run.training.strategies.base import tensor_bytes  # a DTensor (an FSDP shard) counts this rank's part only
-
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)
-    for _ in range(steps):
-        x = torch.randn(8, 3, 32, 32, device=ctx.device)
-        loss = torch.nn.functional.cross_entropy(model(x), torch.randint(0, 10, (8,), device=ctx.device))
-        loss.backward()
-        optimizer.step()  # gradients kept (no zero_grad after the last step): they are part of the footprint
-        if _ != steps - 1:
-            optimizer.zero_grad()
-    params = list(model.parameters())
-    counts = {
-        "parameters_bytes": tensor_bytes(params),
-        "gradients_bytes": tensor_bytes([p.grad for p in params if p.grad is not None]),
-        "optimizer_states_bytes": tensor_bytes(
-            [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-        ),
-    }
-    counts["total_bytes"] = sum(counts.values())
-    counts["measured_bytes"] = (
-        torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else counts["total_bytes"]
-    )
-    return counts
-
-
-def worker(argv: list[str]) -> None:
-    import torch
-
-    from lab.run.cluster import dist, jobs
-    from lab.run.config import DistConfig, ModelConfig
-    from lab.run.training import model
-
-    job = jobs.this_job(argv)
-    width = job.params["width"]
-    with dist.initialized(DistConfig()) as ctx:
-        torch.manual_seed(0)
-        build = lambda: model.build(ModelConfig(width=width)).to(ctx.device)  # noqa: E731
-        if not ctx.distributed:
-            counts = _train_and_count(build(), ctx)
-            counts.update(parameter_count=sum(p.numel() for p in build().parameters()), device=ctx.device.type)
-            job.report(0, counts)
-            return
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        result: dict[str, Any] = {"ddp": _train_and_count(DDP(build()), ctx)}
-        try:
-            from lab.compat import fully_shard as fully_shard_of_this_torch
-
-            fully_shard = fully_shard_of_this_torch()
-            sharded = build()
-            for stage in (sharded.layer1, sharded.layer2, sharded.layer3, sharded.layer4):
-                fully_shard(stage)
-            fully_shard(sharded)
-            result["fsdp"] = _train_and_count(sharded, ctx)
-        except Exception as exc:
-            result["fsdp_error"] = f"FSDP cannot run here ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
-        # Every rank holds its own shard; rank 0's figures stand for all (shards are equal up to padding).
-        if ctx.is_primary:
-            job.report(0, result)
-
-
-if __name__ == "__main__":
-    worker(sys.argv[1:])

@@ -16,9 +16,9 @@ import datetime
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as tdist
@@ -26,6 +26,8 @@ import torch.distributed as tdist
 from lab.errors import LabError, LaunchError
 from lab.run.cluster import cores, expected_gpus, flight, horovod_env, slurm, torchrun_env, watchdog
 from lab.run.config import DistConfig
+
+T = TypeVar("T")  # the object a collective hands from rank to rank
 
 
 @dataclass(frozen=True)
@@ -302,7 +304,7 @@ def barrier(ctx: DistContext) -> None:
         tdist.barrier(device_ids=ctx.device_ids)
 
 
-def broadcast_object(ctx: DistContext, obj):
+def broadcast_object(ctx: DistContext, obj: T) -> T:
     """Rank 0's `obj` on every rank."""
     if not ctx.distributed:
         return obj
@@ -311,10 +313,10 @@ def broadcast_object(ctx: DistContext, obj):
     return holder[0]
 
 
-def all_gather_object(ctx: DistContext, obj) -> list:
+def all_gather_object(ctx: DistContext, obj: T) -> list[T]:
     if not ctx.distributed:
         return [obj]
-    gathered = [None] * ctx.world_size
+    gathered: list[Any] = [None] * ctx.world_size  # filled in place, one object per rank
     tdist.all_gather_object(gathered, obj)
     return gathered
 
@@ -326,7 +328,7 @@ def broadcast_from_primary(ctx: DistContext, tensors: list[torch.Tensor]) -> Non
             tdist.broadcast(tensor.data, src=0)
 
 
-def primary_then_broadcast(ctx: DistContext, fn):
+def primary_then_broadcast(ctx: DistContext, fn: Callable[[], T]) -> T:
     """Run `fn` on global rank 0 and give its result to every rank.
 
     A LabError raised by `fn` is raised on every rank with the same message, so no
@@ -344,6 +346,7 @@ def primary_then_broadcast(ctx: DistContext, fn):
             broadcast_object(ctx, ("failed", f"{type(exc).__name__}: {exc}"))
             raise
     payload = broadcast_object(ctx, payload)
+    assert payload is not None  # rank 0 always sends one; it replaces the other ranks' None
     if payload[0] == "error":
         raise payload[1](payload[2])
     if payload[0] == "failed":

@@ -27,6 +27,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +184,7 @@ class _PythonRecord:
     installed = False
     lock = threading.Lock()
     groups: dict[str, dict[str, int]] = {}
-    entries: deque = deque(maxlen=ENTRIES_KEPT * 4)
+    entries: deque[dict[str, Any]] = deque(maxlen=ENTRIES_KEPT * 4)
 
     @classmethod
     def install(cls) -> None:
@@ -198,9 +199,9 @@ class _PythonRecord:
         cls.installed = True
 
     @classmethod
-    def _wrap(cls, op: str, original):
+    def _wrap(cls, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
-        def recorded(*args, **kwargs):
+        def recorded(*args: Any, **kwargs: Any) -> Any:
             group = kwargs.get("group")
             pg = "0" if group is None else str(getattr(group, "group_name", id(group)))
             tensors = [a for a in args if hasattr(a, "shape")]

@@ -20,6 +20,7 @@ rank 0 waits in all_reduce #4 at t.py:13 in step; rank 1 never came (at t.py:11 
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from collections import Counter
@@ -269,7 +270,7 @@ def say_after_failure(folder: Path, world_size: int, output_lines: list[str], wh
     return render(diagnosis, f"{who}: the run failed in a collective ({path})")
 
 
-def command(args) -> int:
+def command(args: argparse.Namespace) -> int:
     """`lab hang DIR`: the diagnosis a failed or killed run left (its hang.json, else its ranks' records read
     again); exit 1 when DIR holds no record of a hang."""
     from lab.errors import LabError

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from types import ModuleType
 
 import torch.distributed as tdist
 
@@ -21,7 +22,7 @@ from lab.errors import LaunchError
 from lab.run.cluster.horovodrun import INSTALL
 
 
-def import_horovod():
+def import_horovod() -> ModuleType:
     """horovod.torch, or one line saying how to get it. Its timeline made startable at run time first (Horovod
     reads HOROVOD_TIMELINE once, at hvd.init): the strategy records the first steps into the run directory."""
     os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
@@ -35,7 +36,7 @@ def import_horovod():
     return hvd
 
 
-def rank0_address(hvd) -> str:
+def rank0_address(hvd: ModuleType) -> str:
     """Where the other ranks reach rank 0: loopback when every rank is on its node, else rank 0's host as
     horovodrun named it (-H HOST:SLOTS), resolved on rank 0."""
     if hvd.local_size() == hvd.size():

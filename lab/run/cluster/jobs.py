@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lab import atomic
-from lab.run.cluster import hang, launch, runner
+from lab.run.cluster import child_output, hang, launch, runner
 from lab.run.config import Config, from_dict, to_dict
 
 JOB_FILE = "job.json"
@@ -71,8 +71,9 @@ def run(job: Job) -> list[dict[str, Any]]:
             )
         if done.returncode != 0:
             output = _output(job, done)
+            said = child_output.last_error_line(output)
             raise JobFailed(
-                f"{job.module} exited {done.returncode}: {runner.last_error_line(output)}{_hang(job, folder, done)}",
+                f"{job.module} exited {done.returncode}: {said}{_hang(job, folder, done)}",
                 output,
                 done.returncode,
             )

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.errors import LabError
-from lab.run.cluster import cores, runner, torchrun_env
+from lab.run.cluster import child_output, cores, runner, torchrun_env
 
 NODE_ADDRESS_VARIABLE = "LAB_NODE_ADDRESS"  # this node's --local-addr, as its workers see it
 TORCHRUN_JOIN_TIMEOUT = 600  # seconds: torchrun's own default for a rendezvous to complete
@@ -170,7 +170,7 @@ def run(
     runner.check_processes(nproc_per_node, f"--nproc-per-node {nproc_per_node}")
     started = time.monotonic()
     multi_node = rdzv.endpoint is not None
-    folder = runner.StackFolder()
+    folder = child_output.StackFolder()
     tail: list[str] = []  # the end of torchrun's stderr, for the one-line reason when this node fails
 
     def relay(line: str) -> None:
@@ -240,7 +240,7 @@ def failure_reason(lines: list[str]) -> str:
     >>> print(failure_reason(["Traceback ...", "ValueError: loss is nan", "ChildFailedError:", "  rank : 0"]))
     ValueError: loss is nan
     """
-    error = runner.last_error_line("".join(line if line.endswith("\n") else line + "\n" for line in lines))
+    error = child_output.last_error_line("".join(line if line.endswith("\n") else line + "\n" for line in lines))
     if re.search(r"\b\w*(Error|Exception)\b:", error):
         return error
     table = dict(re.findall(r"^\s*(rank|exitcode|traceback)\s*:\s*(.+?)\s*$", "\n".join(lines), re.MULTILINE))

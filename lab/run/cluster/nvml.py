@@ -11,6 +11,7 @@ Everything here is optional: without nvidia-ml-py or a driver, callers get None.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, NamedTuple
 
 
@@ -22,7 +23,7 @@ class Gpu(NamedTuple):
     uuid: str
 
 
-def _pynvml():
+def _pynvml() -> ModuleType:
     import pynvml
 
     pynvml.nvmlInit()

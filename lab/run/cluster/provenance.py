@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:  # types only: describe() reads a context; it needs nothing else of dist
+    from lab.run.cluster.dist import DistContext
 
 # Environment worth recording with every run: it changes what NCCL and gloo do.
 RECORDED_ENV_PREFIXES = (
@@ -25,7 +29,7 @@ RECORDED_ENV_PREFIXES = (
 )
 
 
-def describe(ctx) -> dict:
+def describe(ctx: DistContext) -> dict[str, Any]:
     """This process's part of the run manifest."""
     info = {
         "host": socket.gethostname(),

@@ -5,12 +5,15 @@
                       timeout_seconds=180)
     done.returncode, done.timed_out, done.last_error       # the exit code; the worker's line that says what failed
 
-A child runs in a process group of its own (its own session), so that the group is one thing to stop: torchrun,
-its workers, whatever they start. SIGINT and SIGTERM that reach the lab process are passed on to the group and
-then end the lab's command too (the previous handler runs: KeyboardInterrupt for Ctrl-C; a SIGTERM the lab did
-not handle before raises Stopped, a KeyboardInterrupt). Whichever way run() ends (the child exited, its time
-limit, a signal, an exception), what is left of the group gets SIGTERM, then SIGKILL after a grace period, and the
-signal handlers that were there before are back.
+A child runs in a process group of its own (its own session), so that the group is one thing to signal: torchrun
+and what it starts in its group. torchrun's workers are in sessions of their own, so every process of the run
+also carries the run's token in its environment (lab.run.cluster.process_tree), which finds them wherever they
+went. SIGINT and SIGTERM that reach the lab process are passed on to the group and then end the lab's command too
+(the previous handler runs: KeyboardInterrupt for Ctrl-C; a SIGTERM the lab did not handle before raises
+Stopped, a KeyboardInterrupt). Whichever way run() ends (the child exited, its time limit, a signal, an
+exception), what is left of the run gets SIGTERM (the group at once, a process outside it once the group is
+gone: torchrun's orphaned workers), then SIGKILL after a grace period, whatever torchrun did; the signal handlers
+that were there before are back.
 
 A process count the machine cannot hold is refused before anything starts (LAB_ALLOW_PROCESSES overrides).
 """
@@ -19,11 +22,9 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +35,8 @@ from typing import IO, Any
 
 from lab import broken_pipe
 from lab.errors import LabError, LaunchError
+from lab.run.cluster import process_tree
+from lab.run.cluster.child_output import last_error_line
 
 GIB = 2**30
 # A torch worker's own memory: a gloo rank (OMP_NUM_THREADS=1, torch 2.14 CUDA build on a CPU) that imported
@@ -43,10 +46,9 @@ GIB = 2**30
 # 512 MiB leaves room for a share of those libraries and of torchrun's own agent process.
 WORKER_BYTES = 512 * 2**20
 ALLOW_ENV = "LAB_ALLOW_PROCESSES"  # this many processes start whatever memory the machine has available
+TOKENS: dict[int, str] = {}  # a background child's (start()) run token, by its pid, for stop_group
 STOP_GRACE_SECONDS = 5  # after SIGTERM: torchrun passes it to its workers at once; a worker still there is stuck
 KILL_GRACE_SECONDS = 2  # after SIGKILL, for the kernel to take the processes away
-# The C++ stack c10d prints under a warning or an error: never the line that says what went wrong.
-STACK = re.compile(r"^(Exception raised from .*|frame #\d+: .*|<omitting python frames>|)$")
 
 
 class TooManyProcesses(LaunchError):
@@ -124,75 +126,6 @@ def check_processes(count: int, asked_by: str | None = None) -> None:
         raise TooManyProcesses(why)
 
 
-# ----------------------------------------------------------------------------- what a failed child said
-
-
-def last_error_line(output: str) -> str:
-    """The line of a failed job's output that says what went wrong: a worker's last exception line (not
-    torchrun's own ChildFailedError, which only says that a worker failed, nor a C++ stack frame), else the
-    last line.
-
-    >>> last_error_line("ValueError: bad\\n...\\ntorch.distributed.elastic...ChildFailedError: \\nboom FAILED\\n")
-    'ValueError: bad'
-    >>> last_error_line("RuntimeError: gloo timed out\\nframe #0: c10::Error::Error(...) + 0x9d\\n")
-    'RuntimeError: gloo timed out'
-    >>> last_error_line("/venv/bin/python: No module named lab.course.pitfalls.nope\\n")
-    '/venv/bin/python: No module named lab.course.pitfalls.nope'
-    >>> last_error_line("")
-    'no output'
-    """
-    lines = [line.strip() for line in output.splitlines() if line.strip() and not STACK.match(line.strip())]
-    errors = [
-        line
-        for line in lines
-        if "ChildFailedError" not in line and re.search(r"\b\w*(Error|Exception)\b:|No module named", line)
-    ]
-    return ((errors or lines or ["no output"])[-1])[:300]
-
-
-class StackFolder:
-    """Relays torchrun's stderr, leaving out the C++ stack c10d prints under each of its warnings (the warning
-    line itself stays). When one node's agent outlives the rendezvous store (hosted by another agent, which
-    exits first at the end of every run), closing the rendezvous fails with such a warning and ~20 frames of
-    C++ addresses: a page of noise at the end of a log whose run succeeded.
-
-    >>> folder = StackFolder()
-    >>> lines = ["[W1201 11:08:44.93 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=3): got 0 bytes",
-    ...          "Exception raised from recvBytes at Utils.hpp:790 (most recent call first):",
-    ...          "frame #0: c10::Error::Error(...) + 0x9d (0x7fcb in libc10.so)", "<omitting python frames>", "",
-    ...          "W1201 11:08:44.430000 29708 dynamic_rendezvous.py:1298] The node has failed to shutdown", ""]
-    >>> [line for line in lines if folder.keep(line)], folder.warnings, folder.folded
-    (['[W1201 11:08:44.93 TCPStore.cpp:115] [c10d] recvVector failed on SocketImpl(fd=3): got 0 bytes', 'W1201
-    11:08:44.430000 29708 dynamic_rendezvous.py:1298] The node has failed to shutdown', ''], 1, 4)
-    """
-
-    WARNING = re.compile(r"^\[W\d{4} \S+ \S+\] \[c10d\] ")
-
-    def __init__(self, sink: IO[str] | None = None) -> None:
-        self.sink = sink  # where relay() writes the lines kept
-        self.warnings = 0  # c10d warnings seen
-        self.folded = 0  # stack lines left out
-        self._under_warning = False
-
-    def keep(self, line: str) -> bool:
-        if self.WARNING.match(line):
-            self.warnings += 1
-            self._under_warning = True
-            return True
-        if self._under_warning and STACK.match(line):
-            self.folded += 1
-            return False
-        self._under_warning = False
-        return True
-
-    def relay(self, line: str) -> None:
-        """One line of the child's stderr (with its newline) to the sink, unless it is a folded stack line."""
-        if self.keep(line.rstrip("\n")):
-            sink = self.sink or sys.stderr
-            sink.write(line)
-            sink.flush()
-
-
 # ----------------------------------------------------------------------------- running
 
 
@@ -241,8 +174,16 @@ def run(
     if echo:
         print(f"$ {shlex.join(command)}", flush=True)
     as_user: dict[str, Any] = {} if user is None else {"user": user, "group": group, "extra_groups": []}
+    token = process_tree.new_token()
     proc = subprocess.Popen(
-        command, env=env, stdout=stdout, stderr=stderr, text=True, bufsize=1, start_new_session=True, **as_user
+        command,
+        env=process_tree.with_token(token, env),
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+        **as_user,
     )
     kept: dict[str, list[str]] = {"stdout": [], "stderr": []}
     readers = [
@@ -257,8 +198,8 @@ def run(
                 proc.wait(timeout=timeout_seconds)
             except subprocess.TimeoutExpired:
                 timed_out = True
-            finally:  # whichever way the wait ended: nothing of the group outlives it
-                stop_group(proc, stop_grace_seconds, terminated=bool(forwarded))
+            finally:  # whichever way the wait ended: nothing of the run outlives it
+                stop_group(proc, stop_grace_seconds, terminated=bool(forwarded), token=token)
     finally:
         for reader in readers:
             reader.join(timeout=KILL_GRACE_SECONDS)
@@ -269,31 +210,63 @@ def start(command: list[str], *, env: dict[str, str] | None = None, processes: i
     """Start `command` in the background (its output on one pipe, stderr folded in), in a process group of its
     own that stop_group() stops; one still running when the lab's interpreter exits is stopped then."""
     check_processes(processes)
+    token = process_tree.new_token()
     proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True
+        command,
+        env=process_tree.with_token(token, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
     )
+    TOKENS[proc.pid] = token
     atexit.register(stop_group, proc)
     return proc
 
 
-def stop_group(proc: subprocess.Popen, grace_seconds: float = STOP_GRACE_SECONDS, terminated: bool = False) -> None:
-    """SIGTERM to every process of `proc`'s group, SIGKILL to what is left after `grace_seconds`: within
-    grace + KILL_GRACE_SECONDS every process is gone. At once when the group is already empty. `terminated`: the
-    group has had its SIGINT or SIGTERM already (passed on from the lab's own): not a SIGTERM on top, which a
-    server such as JupyterHub takes for a second shutdown racing the first (the likely cause of a room's hub that
-    had Ctrl-C then SIGTERM at once and had not ended 90 s later, once, on a loaded CI machine)."""
-    if _group_alive(proc):  # asked first: a group that is gone may have left its number to another
+def stop_group(
+    proc: subprocess.Popen,
+    grace_seconds: float = STOP_GRACE_SECONDS,
+    terminated: bool = False,
+    token: str | None = None,
+) -> None:
+    """Stop every process of `proc`'s run: SIGTERM to its group, and to each process of the run outside the group
+    (`token`'s, lab.run.cluster.process_tree: torchrun's workers) once the group is gone; SIGKILL to whatever is
+    left after `grace_seconds`. Within grace + KILL_GRACE_SECONDS every process is gone; at once when none is left.
+    `terminated`: the group has had its SIGINT or SIGTERM already (passed on from the lab's own): not a SIGTERM on
+    top, which a server such as JupyterHub takes for a second shutdown racing the first (the likely cause of a
+    room's hub that had Ctrl-C then SIGTERM at once and had not ended 90 s later, once, on a loaded CI machine)."""
+    token = token or TOKENS.pop(proc.pid, None)
+    outside = _outside_group(proc, token)
+    if _group_alive(proc) or outside:  # asked first: a group that is gone may have left its number to another
         if not terminated:
             _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
-        while _group_alive(proc) and time.monotonic() < deadline:
+        warned: set[int] = set()
+        while time.monotonic() < deadline:
+            group = _group_alive(proc)
+            outside = _outside_group(proc, token)
+            if not group and not outside:
+                break
+            if not group:  # torchrun is gone and left these: each gets its SIGTERM, whatever torchrun sent
+                process_tree.signal_each(outside - warned, signal.SIGTERM)
+                warned |= outside
             time.sleep(0.05)
         if _group_alive(proc):
             _signal_group(proc.pid, signal.SIGKILL)
+        process_tree.kill_each(_outside_group(proc, token))
     try:
         proc.wait(timeout=KILL_GRACE_SECONDS)
     except subprocess.TimeoutExpired:  # unkillable (uninterruptible I/O): the kernel ends it; do not hang here
         pass
+
+
+def _outside_group(proc: subprocess.Popen, token: str | None) -> set[int]:
+    """The run's processes that are not in its group (torchrun's workers, in sessions of their own)."""
+    if token is None:
+        return set()
+    return {pid for pid in process_tree.members(token) if process_tree.process_group(pid) != proc.pid}
 
 
 def _signal_group(pgid: int, sig: int) -> bool:

@@ -24,8 +24,9 @@ import difflib
 import functools
 import re
 import typing
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -45,6 +46,9 @@ from lab.run.config.schema import (
     TrainConfig,
     knob,
 )
+
+if TYPE_CHECKING:  # types only: loading a config (the CLI, --help-config) imports no torch
+    import torch
 
 __all__ = [
     "SYNC_BATCHNORM_WAITS",
@@ -107,7 +111,7 @@ def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -
     return cfg
 
 
-def _read_yaml(path: Path):
+def _read_yaml(path: Path) -> Iterator[tuple[str, str, Any]]:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -155,7 +159,7 @@ def _parse_override(item: str) -> tuple[str, str, Any]:
         return section, key, raw
 
 
-def _field(where: str, section: str, key: str) -> dataclasses.Field:
+def _field(where: str, section: str, key: str) -> dataclasses.Field[Any]:
     fields = {f.name: f for f in dataclasses.fields(SECTIONS[section])}
     _known(where, key, list(fields), f"keys in {section}")
     return fields[key]
@@ -188,33 +192,59 @@ def _check(origin: str, section: str, key: str, value: Any) -> Any:
     lo, hi = fld.metadata.get("min"), fld.metadata.get("max")
     table = fld.metadata.get("choices")
     if typing.get_origin(hint) is Literal or table:
-        choices = list(table()) if table else typing.get_args(hint)
-        if value not in choices:
-            raise ConfigError(f"{where}: {value!r} is not allowed; expected one of {', '.join(map(str, choices))}")
-        return value
+        return _one_of(where, value, list(table()) if table else typing.get_args(hint))
     if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {_show(value)}")
-        return value
+        return _boolean(where, value)
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer{_range(lo, hi)}, got {_show(value)}")
+        value = _integer(where, value, lo, hi)
     elif hint is float:
-        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
-            value = float(value)  # YAML 1.1 (PyYAML) reads 5e-4 as text: it wants 5.0e-4
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number{_range(lo, hi)}, got {_show(value)}")
-        value = float(value)
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ConfigError(f"{where}: expected a finite number{_range(lo, hi)}, got {value}")
+        value = _number(where, value, lo, hi)
     elif hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {_show(value)}")
-        return value
+        return _text(where, value)
+    # An int, a float, or a type with no check of its own (float | None): its bounds, where the field has any.
+    _within(where, value, hint, lo, hi)
+    return value
+
+
+def _one_of(where: str, value: Any, choices: Sequence[Any]) -> Any:
+    if value not in choices:
+        raise ConfigError(f"{where}: {value!r} is not allowed; expected one of {', '.join(map(str, choices))}")
+    return value
+
+
+def _boolean(where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {_show(value)}")
+    return value
+
+
+def _integer(where: str, value: Any, lo: float | None, hi: float | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):  # True is an int to Python, not to a config
+        raise ConfigError(f"{where}: expected an integer{_range(lo, hi)}, got {_show(value)}")
+    return value
+
+
+def _number(where: str, value: Any, lo: float | None, hi: float | None) -> float:
+    if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 (PyYAML) reads 5e-4 as text: it wants 5.0e-4
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: expected a number{_range(lo, hi)}, got {_show(value)}")
+    number = float(value)
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ConfigError(f"{where}: expected a finite number{_range(lo, hi)}, got {number}")
+    return number
+
+
+def _text(where: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {_show(value)}")
+    return value
+
+
+def _within(where: str, value: Any, hint: Any, lo: float | None, hi: float | None) -> None:
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         noun = "an integer" if hint is int else "a number"
         raise ConfigError(f"{where}: {value} is out of range; expected {noun}{_range(lo, hi)}")
-    return value
 
 
 def _range(lo: float | None, hi: float | None) -> str:
@@ -238,7 +268,7 @@ def _kind(value: Any) -> str:
 # ----------------------------------------------------------------------------- warnings
 
 
-def host_sync_warning(cfg: Config, device) -> str | None:
+def host_sync_warning(cfg: Config, device: torch.device | str) -> str | None:
     """The start-of-run line for a run whose step loop waits for the device (SyncBatchNorm on CUDA), or None.
 
     >>> import types

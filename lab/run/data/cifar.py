@@ -10,6 +10,7 @@ import codecs
 import importlib
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ _ALLOWED = {
 
 
 class _ArraysOnly(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> Any:
         try:
             return _ALLOWED[(module, name)]
         except KeyError:

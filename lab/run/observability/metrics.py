@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from lab import __version__, atomic, optional
@@ -34,14 +35,18 @@ from lab.run.cluster import seat, torchrun_env
 from lab.run.cluster.addresses import is_loopback, is_wildcard
 from lab.run.observability.series import LABELS, Definitions  # noqa: F401 (LABELS: the exporters' targets read it)
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: prometheus_client is optional, torch is imported by the first device sample
+    import torch
     from prometheus_client import Gauge
+
+    from lab.run.cluster.dist import DistContext
+    from lab.run.config import MetricsConfig
 
 ROOM_JOB = "lab-room"  # the Pushgateway job of a workshop room's groups (lessons' checks, seats' GPUs)
 Sample = tuple[str, str, dict[str, str], float]  # one pushed gauge: (name, help, labels, value)
 
 
-def _prometheus():
+def _prometheus() -> ModuleType:
     """prometheus_client, imported when an exporter or a push is asked for: training without metrics needs none."""
     return optional.require("prometheus_client", "the Prometheus exporter (metrics.port_base, metrics.pushgateway)")
 
@@ -77,9 +82,9 @@ class RankExporter(NullExporter):
         port: int,
         bind_address: str,
         labels: dict[str, str],
-        device,
+        device: torch.device,
         info: dict[str, str],
-        say=print,
+        say: Callable[[str], None] = print,
         advertise: str | None = None,
     ) -> None:
         """Serve on bind_address:port; `advertise` is the host other machines reach it by (default: the bind
@@ -162,7 +167,7 @@ class RankExporter(NullExporter):
 class _Nvml:
     """Per-GPU memory and utilisation from NVML (nvidia-ml-py), when it is there."""
 
-    def __init__(self, device, say) -> None:
+    def __init__(self, device: torch.device, say: Callable[[str], None]) -> None:
         self.handle = None
         try:
             import pynvml
@@ -239,7 +244,9 @@ def listen_address(
     )
 
 
-def start(cfg, ctx, run_id: str, info: dict[str, str], say=print) -> NullExporter:
+def start(
+    cfg: MetricsConfig, ctx: DistContext, run_id: str, info: dict[str, str], say: Callable[[str], None] = print
+) -> NullExporter:
     """This rank's exporter, or a null one when metrics are off or its port is taken (one warning)."""
     if cfg.port_base or cfg.pushgateway:
         _prometheus()  # now, not at the end of the run when the summary is pushed
@@ -303,7 +310,7 @@ def push(gateway: str, job: str, grouping: dict[str, str], values: list[Sample],
         return False
 
 
-def push_run_summary(cfg, run_id: str, summary: dict[str, Any], ranks: list[dict[str, Any]]) -> bool:
+def push_run_summary(cfg: MetricsConfig, run_id: str, summary: dict[str, Any], ranks: list[dict[str, Any]]) -> bool:
     """Rank 0's push of the run's one group, (job, run_id), replacing what an earlier start of the run pushed:
     the run-wide figures once, without rank or node labels (a run spans nodes, and a figure with no rank
     label cannot be summed over ranks), and each rank's peak memory (`ranks`: rank, node,
@@ -338,7 +345,7 @@ def push_run_summary(cfg, run_id: str, summary: dict[str, Any], ranks: list[dict
     return push(cfg.pushgateway, cfg.job, {"run_id": run_id, **seat.labels()}, values, "the run summary")
 
 
-def run_info(ctx, versions: dict[str, Any], data_source: str) -> dict[str, str]:
+def run_info(ctx: DistContext, versions: dict[str, Any], data_source: str) -> dict[str, str]:
     """The labels of lab_run_info: versions and layout (constant for a run, so bounded)."""
     return {
         "lab_version": __version__,

@@ -12,20 +12,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab import atomic
+
+if TYPE_CHECKING:  # types only: torch.profiler is imported inside profiler(), when a run asks for a trace
+    from torch.autograd.profiler_util import EventList, FunctionEventAvg
+    from torch.profiler import profile
+
+    from lab.run.cluster.dist import DistContext
+    from lab.run.training.console import Console
 
 COMMUNICATION = ("allreduce", "all_reduce", "nccl", "gloo", "broadcast", "record_param_comms", "c10d")
 WAIT, WARMUP = 1, 2  # steps skipped, then steps profiled but discarded (allocator and caches settle)
 
 
-def profiler(steps: int, ctx, run_dir: Path, console):
+def profiler(steps: int, ctx: DistContext, run_dir: Path, console: Console) -> profile:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
 
-    def ready(prof) -> None:
+    def ready(prof: profile) -> None:
         trace = run_dir / f"trace-rank{ctx.global_rank}.json"
         with atomic.replacing(trace) as tmp:  # a rank killed mid-export leaves no half trace for the report to link
             prof.export_chrome_trace(str(tmp))
@@ -46,10 +53,10 @@ def profiler(steps: int, ctx, run_dir: Path, console):
     )
 
 
-def summarize(events, steps: int, cuda: bool) -> dict[str, Any]:
+def summarize(events: EventList, steps: int, cuda: bool) -> dict[str, Any]:
     """Self time of communication operators vs all others (device time on GPUs, CPU time otherwise)."""
 
-    def self_time(e) -> float:
+    def self_time(e: FunctionEventAvg) -> float:
         if cuda:
             return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
         return e.self_cpu_time_total

@@ -24,8 +24,8 @@ def push_lesson_checks(gateway: str, lesson: str, passed: int, failed: int) -> b
 
 def push_exercise(gateway: str, exercise: str, passed: int, failed: int, first_failed: str | None = None) -> bool:
     """An exercise's last check under (job lab-room, seat, exercise), replacing its last push: the room's dashboard
-    shows each seat's exercises as passed (no check failed), failed (and the first check that did), or not tried
-    (no series)."""
+    shows each seat's exercises as held (no check failed), failed (and the first check that did), or not run
+    (no series). The records behind them: lab.course.records."""
     values: list[Sample] = [
         ("lab_exercise_checks_passed", "Checks of the exercise's last grading that held", {}, passed),
         ("lab_exercise_checks_failed", "Checks of the exercise's last grading that failed", {}, failed),

@@ -271,7 +271,9 @@ def resolve_run_id(cfg: Config, ctx: dist.DistContext) -> str:
     rendezvous = torchrun_env.rendezvous_id()
     if cfg.run.id or rendezvous:
         return run_id_for(cfg.run.name, cfg.run.id, rendezvous)
-    return dist.broadcast_object(ctx, run_id_for(cfg.run.name, "", None) if ctx.is_primary else None)
+    run_id = dist.broadcast_object(ctx, run_id_for(cfg.run.name, "", None) if ctx.is_primary else None)
+    assert run_id is not None  # rank 0 always names one; it replaces the other ranks' None
+    return run_id
 
 
 def find_checkpoint(cfg: Config, own: Path) -> str | None:

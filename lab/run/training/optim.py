@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -70,7 +70,7 @@ KERNEL_KEYS = ("foreach", "fused")
 
 
 @contextlib.contextmanager
-def own_kernels(optimizer: torch.optim.Optimizer):
+def own_kernels(optimizer: torch.optim.Optimizer) -> Iterator[None]:
     """Load an optimizer's state inside this: the kernel flags it had (`sgd_kernel`'s choice for this run's
     device) are put back after. torch's load_state_dict restores the saved groups' `foreach` and `fused`, so a
     checkpoint written where SGD ran foreach (a CPU, a torch without a fused kernel) would switch a GPU run to

@@ -2,10 +2,10 @@
 DeepSpeed: whichever row of lab.run.config.strategies dist.strategy names).
 
 World size 1 is the baseline: no process group, no wrapper, the same loop; the strategy owns what differs. The pieces
-it is built from each live in their own module: the step plan (lab.run.training.plan), the optimizer,
-schedule and precision (lab.run.training.optim), how the model is wrapped and stepped across ranks
-(lab.run.training.strategies), and the interval meter (lab.run.training.meter). The step loop never reads a value
-back to the host; loss, accuracy and sample counts accumulate on the device and are
+it is built from each live in their own module: the step plan (lab.run.training.plan), the rank's training and test
+loaders (lab.run.training.loaders), the optimizer, schedule and precision (lab.run.training.optim), how the model is
+wrapped and stepped across ranks (lab.run.training.strategies), and the interval meter (lab.run.training.meter). The
+step loop never reads a value back to the host; loss, accuracy and sample counts accumulate on the device and are
 reduced across ranks once per `train.log_every` steps, the loop's only host sync. A whole
 run around it (run directory, resume, records, exporter) is lab.run.training.lifecycle.
 """
@@ -26,7 +26,7 @@ from lab.run import data
 from lab.run.cluster import dist, torchrun_env
 from lab.run.config import Config, host_sync_warning, to_dict
 from lab.run.observability import device_memory
-from lab.run.training import checkpoint, optim, stragglers, strategies
+from lab.run.training import checkpoint, loaders, optim, stragglers, strategies
 from lab.run.training import model as models
 from lab.run.training.console import Console, SilentConsole
 from lab.run.training.meter import IntervalMeter, Throughput
@@ -62,35 +62,8 @@ class Trainer:
 
         # Every rank knows every rank's step count, so no step needs communication to be planned.
         self.plan = plan_steps(cfg, ctx.world_size, len(dataset.train_labels))
-        self.train_loader = data.DeviceLoader(
-            dataset.train_images,
-            dataset.train_labels,
-            world_size=ctx.world_size,
-            rank=ctx.global_rank,
-            batch_size=self.plan.batch_per_rank,
-            seed=cfg.run.seed,
-            shuffle=cfg.data.shuffle,
-            uneven=cfg.data.uneven,
-            augment=cfg.data.augment,
-            dtype=self.dtype,
-            channels_last=cfg.model.channels_last,
-            keep_partial=self.plan.join,
-        )
-        # Evaluation: each test sample exactly once across ranks, no padding to skew the accuracy.
-        self.test_loader = data.DeviceLoader(
-            dataset.test_images,
-            dataset.test_labels,
-            world_size=ctx.world_size,
-            rank=ctx.global_rank,
-            batch_size=cfg.data.eval_batch_size_per_rank,
-            seed=cfg.run.seed,
-            shuffle=False,
-            uneven="join",
-            augment=False,
-            dtype=self.dtype,
-            channels_last=cfg.model.channels_last,
-            keep_partial=True,
-        )
+        self.train_loader = loaders.for_training(cfg, ctx, dataset, self.plan, self.dtype)
+        self.test_loader = loaders.for_evaluation(cfg, ctx, dataset, self.dtype)
 
         self.optimizer = optim.build_optimizer(self.model, t, ctx.device)
         self.scheduler = optim.build_schedule(self.optimizer, t, self.total_steps, cfg.origin)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.course.exercises import folder
-from lab.course.exercises.grading import Check, Run, ended, observed, reference_limit
+from lab.course.exercises.grading import Run, ended, observed, reference_limit
+from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 WORLD = 2
 SAMPLES = 256
@@ -81,7 +82,7 @@ def check(file: Path, timeout_seconds: float) -> list[Check]:
 def _not_measured(name: str, run: Run) -> Check | None:
     if run.ok and run.ranks and all(r.events for r in run.ranks):
         return None
-    return Check(name, False, f"not measured: {run.how_it_ended()}")
+    return Check(name, NOT_RUN, f"not measured: {run.how_it_ended()}")
 
 
 def one_allreduce_per_step(run: Run) -> Check:
@@ -93,23 +94,23 @@ def one_allreduce_per_step(run: Run) -> Check:
         if not r.has("ddp"):
             return Check(
                 name,
-                False,
+                FAILED,
                 f"rank {r.rank} trained without DistributedDataParallel",
                 "keep the model in DDP: accumulation changes when it all-reduces, not whether",
             )
         refused = r.of("ddp_hook_refused")
         if refused:
-            return Check(name, False, f"not measured: DDP refused the counting hook ({refused[0]['reason']})")
+            return Check(name, NOT_RUN, f"not measured: DDP refused the counting hook ({refused[0]['reason']})")
     rank = run.ranks[0]
     per_step, buckets = rank.allreduces_per_step(), rank.buckets()
     if not per_step:
-        return Check(name, False, "no optimizer step", "step the optimizer after every K-th micro-batch")
+        return Check(name, FAILED, "no optimizer step", "step the optimizer after every K-th micro-batch")
     micro = ACCUMULATE
     counts = sorted(set(per_step))
     if counts == [buckets] and buckets:
         return Check(
             name,
-            True,
+            HELD,
             f"{len(per_step)} steps, each {buckets} all-reduce{'s' if buckets > 1 else ''} "
             f"({buckets} bucket{'s' if buckets > 1 else ''}), not one per micro-batch ({micro} a step)",
         )
@@ -117,7 +118,7 @@ def one_allreduce_per_step(run: Run) -> Check:
     if buckets and most >= micro * buckets:
         return Check(
             name,
-            False,
+            FAILED,
             f"{most} bucket all-reduces per optimizer step for {buckets} bucket{'s' if buckets > 1 else ''}: "
             f"one per micro-batch ({micro} a step)",
             "DDP all-reduces in every backward: run every micro-batch but the last inside `with model.no_sync():` "
@@ -126,14 +127,14 @@ def one_allreduce_per_step(run: Run) -> Check:
     if not buckets or min(per_step) == 0:
         return Check(
             name,
-            False,
+            FAILED,
             f"all-reduces per optimizer step: {', '.join(map(str, counts))} ({buckets} buckets)",
             "a step without an all-reduce leaves each rank its own gradient: the last micro-batch's backward "
             "must run outside no_sync",
         )
     return Check(
         name,
-        False,
+        FAILED,
         f"all-reduces per optimizer step: {', '.join(map(str, counts))}, for {buckets} buckets",
         "no_sync around every micro-batch but the last of each optimizer step, and the step after the last",
     )
@@ -155,7 +156,7 @@ def large_batch_weights(m: Measured) -> Check:
     if steps != expected_steps:
         return Check(
             name,
-            False,
+            FAILED,
             f"{steps} optimizer steps, the large batch {expected_steps}",
             f"step the optimizer once per {ACCUMULATE} micro-batches (--accumulate), after the last of them",
         )
@@ -163,7 +164,7 @@ def large_batch_weights(m: Measured) -> Check:
     if set(ours) != set(theirs) or not ours:
         return Check(
             name,
-            False,
+            FAILED,
             f"rank 0's model has parameters {sorted(ours)[:4]}, the reference's {sorted(theirs)[:4]}",
             "keep the starter's model (build_model) inside DDP",
         )
@@ -181,9 +182,9 @@ def large_batch_weights(m: Measured) -> Check:
     if largest > WEIGHT_TOLERANCE:
         return Check(
             name,
-            False,
+            FAILED,
             measured.replace("within", "more than"),
             f"each micro-batch's loss is its own mean: divide it by K (--accumulate, {ACCUMULATE} here) before "
             "backward, so the K gradients add up to the large batch's mean, not K times it",
         )
-    return Check(name, True, measured.replace(f" ({where})", ""))
+    return Check(name, HELD, measured.replace(f" ({where})", ""))

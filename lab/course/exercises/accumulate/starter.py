@@ -51,7 +51,9 @@ def synthetic_data(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return centres[labels] + 1.5 * torch.randn(count, 32, generator=g), labels
 
 
-def train(model: DDP, loader: DataLoader, optimizer, device: torch.device, accumulate: int, epochs: int) -> None:
+def train(
+    model: DDP, loader: DataLoader, optimizer: torch.optim.Optimizer, device: torch.device, accumulate: int, epochs: int
+) -> None:
     sampler = loader.sampler
     assert isinstance(sampler, DistributedSampler)
     for epoch in range(epochs):

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.course.exercises import folder
-from lab.course.exercises.grading import Check, Run, ended, observed, reference_limit
+from lab.course.exercises.grading import Run, ended, observed, reference_limit
 from lab.course.exercises.trace import Rank
+from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 SAMPLES = 192  # divides by 2 and by 3: every rank an equal share, no padding
 BATCH = 24  # global: 12 a rank on 2, 8 on 3
@@ -114,7 +115,7 @@ def check(file: Path, timeout_seconds: float) -> list[Check]:
 def _not_measured(name: str, run: Run) -> Check | None:
     if run.ranks and all(r.events for r in run.ranks) and run.ok:
         return None
-    return Check(name, False, f"not measured: {run.how_it_ended()}")
+    return Check(name, NOT_RUN, f"not measured: {run.how_it_ended()}")
 
 
 def wraps_in_ddp(runs: dict[int, Run]) -> Check:
@@ -123,7 +124,7 @@ def wraps_in_ddp(runs: dict[int, Run]) -> Check:
     if any(r.has("dataparallel") for r in ranks):
         return Check(
             name,
-            False,
+            FAILED,
             "nn.DataParallel wrapped the model",
             "DataParallel is one process scattering each batch over the GPUs it sees; under torchrun each rank is "
             "its own process, so the ranks never exchange gradients. Use DistributedDataParallel "
@@ -131,10 +132,10 @@ def wraps_in_ddp(runs: dict[int, Run]) -> Check:
         )
     wrapped = [r.rank for r in ranks if r.has("ddp")]
     if len(wrapped) == len(ranks) and ranks:
-        return Check(name, True, f"every rank wrapped its model ({len(ranks)} ranks over {len(runs)} runs)")
+        return Check(name, HELD, f"every rank wrapped its model ({len(ranks)} ranks over {len(runs)} runs)")
     return Check(
         name,
-        False,
+        FAILED,
         f"DDP wrapped the model on {len(wrapped)} of {len(ranks)} ranks",
         "without DDP each rank trains its own copy on its own samples: wrap the model in "
         "DistributedDataParallel on every rank (device_ids=[local_rank] on a GPU)",
@@ -158,11 +159,11 @@ def disjoint_shards(runs: dict[int, Run]) -> Check:
             if alone:  # one rank read everything in an epoch while another finished none: no share was taken
                 return Check(
                     name,
-                    False,
+                    FAILED,
                     f"{n} ranks: rank {alone[0]} read all {SAMPLES} samples in an epoch, another rank finished none",
                     WHOLE_DATA_SET,
                 )
-            return Check(name, False, f"not measured: no rank finished an epoch ({run.how_it_ended()})")
+            return Check(name, NOT_RUN, f"not measured: no rank finished an epoch ({run.how_it_ended()})")
         for e in range(min(map(len, epochs))):
             shares = [set(ep[e]) for ep in epochs]
             union = set().union(*shares)
@@ -178,14 +179,14 @@ def disjoint_shards(runs: dict[int, Run]) -> Check:
                 sizes = "+".join(str(len(s)) for s in shares)
                 return Check(
                     name,
-                    False,
+                    FAILED,
                     f"{n} ranks, epoch {e}: {sizes} samples read, {shared} read twice, "
                     f"{len(union)} of {SAMPLES} covered",
                     hint,
                 )
         sizes = "+".join(str(len(ep[0])) for ep in epochs)
         measured.append(f"{n} ranks: {sizes} of {SAMPLES}, none shared")
-    return Check(name, True, "; ".join(measured))
+    return Check(name, HELD, "; ".join(measured))
 
 
 def new_order_each_epoch(run: Run) -> Check:
@@ -197,12 +198,12 @@ def new_order_each_epoch(run: Run) -> Check:
     if repeated:
         return Check(
             name,
-            False,
+            FAILED,
             f"on {run.world_size} ranks, epoch 1 repeated epoch 0's order on rank(s) {', '.join(map(str, repeated))}",
             "DistributedSampler seeds its shuffle with seed + epoch: call train_data.sampler.set_epoch(epoch) at "
             "the top of every epoch",
         )
-    return Check(name, True, f"on {run.world_size} ranks every rank read epoch 1 in a different order than epoch 0")
+    return Check(name, HELD, f"on {run.world_size} ranks every rank read epoch 1 in a different order than epoch 0")
 
 
 def _steps_per_epoch(rank: Rank) -> int:
@@ -226,15 +227,15 @@ def same_curve(run: Run, reference: Run) -> Check:
     if steps != expected_steps:
         return Check(
             name,
-            False,
+            FAILED,
             f"{steps} optimizer steps per epoch on {run.world_size} ranks, {expected_steps} on one device",
             "--batch-size is the global batch: each rank's DataLoader takes batch_size // world_size",
         )
     ours, theirs = mean_losses(run), reference.ranks[0].losses
     if not expected_steps or not theirs:
-        return Check(name, False, "not measured: the reference took no step", "")
+        return Check(name, NOT_RUN, "not measured: the reference took no step", "")
     if len(ours) < len(theirs):
-        return Check(name, False, f"the ranks computed {len(ours)} losses, one device {len(theirs)}", "")
+        return Check(name, FAILED, f"the ranks computed {len(ours)} losses, one device {len(theirs)}", "")
     last = slice(len(theirs) - expected_steps, len(theirs))
     a, b = statistics.fmean(ours[last]), statistics.fmean(theirs[last])
     gap = abs(a - b) / b
@@ -245,12 +246,12 @@ def same_curve(run: Run, reference: Run) -> Check:
     if gap > CURVE_TOLERANCE:
         return Check(
             name,
-            False,
+            FAILED,
             measured.replace("within", "more than"),
             "the ranks do not train one model on one global batch: check that DDP wraps the model every rank "
             "steps, and that the learning rate and batch are the reference's",
         )
-    return Check(name, True, measured)
+    return Check(name, HELD, measured)
 
 
 def _saves(rank: Rank, path: Path) -> list[dict]:
@@ -263,31 +264,31 @@ def rank0_writes(runs: dict[int, Run], work: Path) -> Check:
     counts = []
     for n, run in runs.items():
         if not all(r.events for r in run.ranks):  # a save is a save, even in a run that crashed after it
-            return Check(name, False, f"not measured: {run.how_it_ended()}")
+            return Check(name, NOT_RUN, f"not measured: {run.how_it_ended()}")
         per_rank = [len(_saves(r, work / f"ck-{n}.pt")) for r in run.ranks]
         counts.append(f"{n} ranks: " + ", ".join(f"rank {i} {c}" for i, c in enumerate(per_rank)))
         if per_rank[0] == 0:
-            return Check(name, False, f"{n} ranks: rank 0 saved nothing", "save the checkpoint from rank 0")
+            return Check(name, FAILED, f"{n} ranks: rank 0 saved nothing", "save the checkpoint from rank 0")
         cut_short = [i for i, (r, c) in enumerate(zip(run.ranks, per_rank)) if i and not c and not r.ended]
         if cut_short:  # a rank that never got as far as a save tells nothing of who writes
-            return Check(name, False, f"not measured: {n} ranks: rank {cut_short[0]} ended before any save")
+            return Check(name, NOT_RUN, f"not measured: {n} ranks: rank {cut_short[0]} ended before any save")
         steps = [r.steps for r in run.ranks]
         if len(set(steps)) > 1:  # a rank that trained fewer epochs (it found another's finished checkpoint first)
             return Check(
                 name,
-                False,
+                NOT_RUN,
                 f"not measured: {n} ranks took {', '.join(map(str, steps))} steps: they did not run the same epochs",
                 "every rank trains the same epochs in step: DDP, one rank writing, a barrier before any rank reads",
             )
         if any(per_rank[1:]):
             return Check(
                 name,
-                False,
+                FAILED,
                 "torch.save calls " + counts[-1],
                 "every rank holds the same weights, so every rank saving writes N copies of one file, racing: "
                 "save only where dist.get_rank() == 0, then dist.barrier() so no rank reads it early",
             )
-    return Check(name, True, "torch.save calls " + "; ".join(counts))
+    return Check(name, HELD, "torch.save calls " + "; ".join(counts))
 
 
 def plain_checkpoint(run: Run, reference: Run) -> Check:
@@ -298,34 +299,34 @@ def plain_checkpoint(run: Run, reference: Run) -> Check:
     saves = run.ranks[0].of("save")
     expected = set(reference.ranks[0].of("save")[-1]["keys"].get("model", []))
     if not saves:
-        return Check(name, False, "rank 0 saved nothing", "save a checkpoint with the model's state_dict")
+        return Check(name, FAILED, "rank 0 saved nothing", "save a checkpoint with the model's state_dict")
     keys = saves[-1]["keys"].get("model", [])
     prefixed = [k for k in keys if k.startswith("module.")]
     if prefixed:
         return Check(
             name,
-            False,
+            FAILED,
             f"the saved model's keys start with 'module.' ({prefixed[0]})",
             "the DDP wrapper's state_dict names every weight module.<name>: save model.module.state_dict(), the "
             "plain model's, so the file loads at any world size and without DDP",
         )
     if set(keys) != expected:
         return Check(
-            name, False, f"the saved model's keys ({len(keys)}) are not the plain model's ({len(expected)})", ""
+            name, FAILED, f"the saved model's keys ({len(keys)}) are not the plain model's ({len(expected)})", ""
         )
-    return Check(name, True, f"{len(keys)} keys, the plain model's, no 'module.' prefix")
+    return Check(name, HELD, f"{len(keys)} keys, the plain model's, no 'module.' prefix")
 
 
 def resume_continues(run: Run, resumed: Run | None, checkpoint: Path) -> Check:
     name = "a resume continues the curve"
     if resumed is None:
-        return Check(name, False, "not measured: the 2-rank run did not end with a checkpoint at its path")
+        return Check(name, NOT_RUN, "not measured: the 2-rank run did not end with a checkpoint at its path")
     if not resumed.ok:
-        return Check(name, False, resumed.how_it_ended())
+        return Check(name, FAILED, resumed.how_it_ended())
     loaded = [r.rank for r in resumed.ranks if any(e["path"] == str(checkpoint) for e in r.of("load"))]
     per_epoch = _steps_per_epoch(run.ranks[0])
     if not per_epoch or not run.ranks[0].losses:  # a first run cut short (a starter's checkpoint race)
-        return Check(name, False, f"not measured: the first run's rank 0 took {len(run.ranks[0].losses)} steps")
+        return Check(name, NOT_RUN, f"not measured: the first run's rank 0 took {len(run.ranks[0].losses)} steps")
     first_epoch = statistics.fmean(run.ranks[0].losses[:per_epoch])
     last_epoch = statistics.fmean(run.ranks[0].losses[-per_epoch:])
     steps = resumed.ranks[0].steps
@@ -333,14 +334,14 @@ def resume_continues(run: Run, resumed: Run | None, checkpoint: Path) -> Check:
     if len(loaded) != len(resumed.ranks):
         return Check(
             name,
-            False,
+            FAILED,
             f"{len(loaded)} of {len(resumed.ranks)} ranks loaded the checkpoint",
             "every rank loads it (into the plain model, before DDP wraps it) with map_location=its device",
         )
     if steps != _steps_per_epoch(run.ranks[0]) or not losses:
         return Check(
             name,
-            False,
+            FAILED,
             f"the resume ran {steps} steps for the 1 epoch left",
             "restore epochs_run from the checkpoint and train only the epochs after it",
         )
@@ -350,8 +351,8 @@ def resume_continues(run: Run, resumed: Run | None, checkpoint: Path) -> Check:
         f"{first_epoch:.3f}, last epoch {last_epoch:.3f})"
     )
     if now > (first_epoch + last_epoch) / 2:
-        return Check(name, False, measured, "the weights or the optimizer state were not restored before training")
-    return Check(name, True, measured)
+        return Check(name, FAILED, measured, "the weights or the optimizer state were not restored before training")
+    return Check(name, HELD, measured)
 
 
 def mean_reported(run: Run) -> Check:
@@ -361,7 +362,7 @@ def mean_reported(run: Run) -> Check:
         return missing
     printed = run.ranks[0].printed_losses()
     if not printed:
-        return Check(name, False, "rank 0 printed no 'step N ... loss X' line", "print each step's loss from rank 0")
+        return Check(name, FAILED, "rank 0 printed no 'step N ... loss X' line", "print each step's loss from rank 0")
     means, own = mean_losses(run), run.ranks[0].losses
     wrong = [s for s, v in printed.items() if s - 1 >= len(means) or abs(v - means[s - 1]) > PRINT_TOLERANCE]
     if wrong:
@@ -373,9 +374,9 @@ def mean_reported(run: Run) -> Check:
             measured = f"step {s}: printed {printed[s]:.6f}, the ranks' mean {means[s - 1]:.6f}"
         return Check(
             name,
-            False,
+            FAILED,
             measured + (" (rank 0's own loss)" if is_own else ""),
             "each rank's loss is over its share of the batch: dist.all_reduce it (SUM) and divide by the world size "
             "before rank 0 prints it",
         )
-    return Check(name, True, f"{len(printed)} printed steps, each the mean of the ranks' losses")
+    return Check(name, HELD, f"{len(printed)} printed steps, each the mean of the ranks' losses")

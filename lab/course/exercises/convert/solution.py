@@ -49,13 +49,21 @@ def synthetic_cifar(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (images - mean) / std, labels
 
 
-def prepare_dataloader(dataset, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
+def prepare_dataloader(dataset: TensorDataset, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
     sampler: DistributedSampler[int] = DistributedSampler(dataset, shuffle=shuffle, seed=seed)  # a share of one order
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler)
 
 
 class Trainer:
-    def __init__(self, model, train_data, optimizer, device, save_every: int, checkpoint_path: str | None):
+    def __init__(
+        self,
+        model: nn.Module,
+        train_data: DataLoader,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        save_every: int,
+        checkpoint_path: str | None,
+    ) -> None:
         self.model = model.to(device)
         self.train_data, self.optimizer, self.device = train_data, optimizer, device
         self.save_every, self.checkpoint_path = save_every, checkpoint_path
@@ -64,7 +72,7 @@ class Trainer:
             self._load_checkpoint(checkpoint_path)
         self.model = DDP(self.model, device_ids=[device.index] if device.type == "cuda" else None)
 
-    def _load_checkpoint(self, path: str):
+    def _load_checkpoint(self, path: str) -> None:
         checkpoint = torch.load(path, map_location=self.device, weights_only=True)
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -72,14 +80,15 @@ class Trainer:
         if dist.get_rank() == 0:
             print(f"resumed from epoch {self.epochs_run} ({path})")
 
-    def _run_batch(self, source, targets):
+    def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad()
         loss = F.cross_entropy(self.model(source), targets)
         loss.backward()
         self.optimizer.step()
         return loss.detach()
 
-    def _run_epoch(self, epoch: int):
+    def _run_epoch(self, epoch: int) -> None:
+        assert isinstance(self.train_data.sampler, DistributedSampler)  # prepare_dataloader's
         self.train_data.sampler.set_epoch(epoch)  # else every epoch repeats the first one's order
         for i, (source, targets) in enumerate(self.train_data):
             loss = self._run_batch(source.to(self.device), targets.to(self.device))
@@ -88,10 +97,10 @@ class Trainer:
             if dist.get_rank() == 0:
                 print(f"epoch {epoch} step {step} loss {loss.item() / dist.get_world_size():.6f}")
 
-    def _save_checkpoint(self, epoch: int):
+    def _save_checkpoint(self, epoch: int) -> None:
         path = self.checkpoint_path
         assert path is not None
-        # .module: the model inside DDP, whose keys have no "module." prefix
+        assert isinstance(self.model.module, nn.Module)  # the model inside DDP: its keys have no "module." prefix
         checkpoint = {
             "model": self.model.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -101,7 +110,7 @@ class Trainer:
         torch.save(checkpoint, tmp)
         os.replace(tmp, path)  # a run killed mid-write leaves the previous checkpoint whole
 
-    def train(self, max_epochs: int):
+    def train(self, max_epochs: int) -> None:
         for epoch in range(self.epochs_run, max_epochs):
             self._run_epoch(epoch)
             if self.checkpoint_path and (epoch + 1) % self.save_every == 0:
@@ -110,7 +119,7 @@ class Trainer:
                 dist.barrier()  # no rank runs on before the checkpoint is on disk
 
 
-def main(args):
+def main(args: argparse.Namespace) -> None:
     device = ddp_setup()
     torch.manual_seed(args.seed)
     images, labels = synthetic_cifar(args.synthetic, args.seed)

@@ -56,14 +56,22 @@ def synthetic_cifar(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (images - mean) / std, labels
 
 
-def prepare_dataloader(dataset, batch_size: int, shuffle: bool) -> DataLoader:
+def prepare_dataloader(dataset: TensorDataset, batch_size: int, shuffle: bool) -> DataLoader:
     # TODO(ddp): each rank must read its own share of every epoch: a DistributedSampler (which then
     # shuffles, so the loader must not)
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle)
 
 
 class Trainer:
-    def __init__(self, model, train_data, optimizer, device, save_every: int, checkpoint_path: str | None):
+    def __init__(
+        self,
+        model: nn.Module,
+        train_data: DataLoader,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        save_every: int,
+        checkpoint_path: str | None,
+    ) -> None:
         self.model = model.to(device)
         self.train_data, self.optimizer, self.device = train_data, optimizer, device
         self.save_every, self.checkpoint_path = save_every, checkpoint_path
@@ -72,21 +80,21 @@ class Trainer:
             self._load_checkpoint(checkpoint_path)
         # TODO(ddp): wrap the model in DistributedDataParallel (after loading the checkpoint into the plain model)
 
-    def _load_checkpoint(self, path: str):
+    def _load_checkpoint(self, path: str) -> None:
         checkpoint = torch.load(path, map_location=self.device, weights_only=True)
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.epochs_run = checkpoint["epochs_run"]
         print(f"resumed from epoch {self.epochs_run} ({path})")
 
-    def _run_batch(self, source, targets):
+    def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad()
         loss = F.cross_entropy(self.model(source), targets)
         loss.backward()
         self.optimizer.step()
         return loss.detach()
 
-    def _run_epoch(self, epoch: int):
+    def _run_epoch(self, epoch: int) -> None:
         # TODO(ddp): the sampler must know the epoch, or every epoch repeats the first one's order
         for i, (source, targets) in enumerate(self.train_data):
             loss = self._run_batch(source.to(self.device), targets.to(self.device))
@@ -94,7 +102,7 @@ class Trainer:
             # TODO(ddp): this is this rank's loss only; print the global batch's (the mean over ranks), once
             print(f"epoch {epoch} step {step} loss {loss.item():.6f}")
 
-    def _save_checkpoint(self, epoch: int):
+    def _save_checkpoint(self, epoch: int) -> None:
         path = self.checkpoint_path
         assert path is not None
         # TODO(ddp): the file must load into the plain model (no "module." prefix on its keys)
@@ -107,7 +115,7 @@ class Trainer:
         torch.save(checkpoint, tmp)
         os.replace(tmp, path)  # a run killed mid-write leaves the previous checkpoint whole
 
-    def train(self, max_epochs: int):
+    def train(self, max_epochs: int) -> None:
         for epoch in range(self.epochs_run, max_epochs):
             self._run_epoch(epoch)
             if self.checkpoint_path and (epoch + 1) % self.save_every == 0:
@@ -115,7 +123,7 @@ class Trainer:
                 self._save_checkpoint(epoch)
 
 
-def main(args):
+def main(args: argparse.Namespace) -> None:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     torch.manual_seed(args.seed)
     images, labels = synthetic_cifar(args.synthetic, args.seed)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab.course.exercises.grading import Check, Run, ended, observed
+from lab.course.exercises.grading import Run, ended, observed
 from lab.course.pitfalls.batchnorm import spread
+from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 WORLD = 2
 ARGUMENTS = ["--per-rank", "256", "--steps", "20", "--batch-size", "32", "--seed", "0"]
@@ -50,12 +51,12 @@ def same_statistics(run: Run) -> Check:
     name = "the same BatchNorm statistics on every rank"
     ended_ranks = [r for r in run.ranks if r.ended and r.models()]
     if not run.ranks or len(ended_ranks) < len(run.ranks):
-        return Check(name, False, f"not measured: a rank never returned with a wrapped model; {run.how_it_ended()}")
+        return Check(name, NOT_RUN, f"not measured: a rank never returned with a wrapped model; {run.how_it_ended()}")
     per_rank = [running_buffers(r.models()) for r in ended_ranks]
     if not per_rank[0]:
-        return Check(name, True, "no running statistics at all (no BatchNorm layer): nothing to disagree on")
+        return Check(name, HELD, "no running statistics at all (no BatchNorm layer): nothing to disagree on")
     if any(set(b) != set(per_rank[0]) for b in per_rank):
-        return Check(name, False, "the ranks' models hold different buffers", "every rank builds the same model")
+        return Check(name, FAILED, "the ranks' models hold different buffers", "every rank builds the same model")
     spreads = {buffer: spread([b[buffer] for b in per_rank]) for buffer in per_rank[0]}
     worst = max(spreads, key=lambda buffer: spreads[buffer])
     measured = (
@@ -65,11 +66,11 @@ def same_statistics(run: Run) -> Check:
     if spreads[worst] > TOLERANCE:
         return Check(
             name,
-            False,
+            FAILED,
             measured,
             "the running mean and variance are buffers: DDP averages gradients, not buffers, so each rank keeps "
             "the statistics of its own shard. Leave DDP's broadcast_buffers at True, its default (rank 0's "
             "statistics copied to every rank at each forward), and on GPUs convert the model with "
             "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP (statistics over every rank's batch)",
         )
-    return Check(name, True, measured)
+    return Check(name, HELD, measured)

@@ -20,8 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from lab.course.exercises.grading import Check, Run, observed
+from lab.course.exercises.grading import Run, observed
 from lab.course.exercises.trace import Rank
+from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 WORLD = 2
 CHECKPOINT = "toy.pt"
@@ -62,19 +63,19 @@ def rank0_writes(run: Run, work: Path) -> Check:
     if not saves or saves[0] == 0:
         return Check(
             name,
-            False,
+            FAILED,
             measured + _ending(run),
             "save the checkpoint on rank 0 (dist.get_rank() == 0): it holds the same weights as every other rank",
         )
     if any(saves[1:]):
         return Check(
             name,
-            False,
+            FAILED,
             measured,
             "after a DDP step every rank holds the same weights, so every rank saving writes the same file N "
             "times at once, each truncating what another wrote: save only where dist.get_rank() == 0",
         )
-    return Check(name, True, measured)
+    return Check(name, HELD, measured)
 
 
 def _position(rank: Rank, index: int) -> tuple[int, int]:
@@ -93,7 +94,7 @@ def loads_after_save(run: Run, work: Path) -> Check:
     loads = [(r, i, e) for r in run.ranks[1:] for i, e in _indexed(r, "load", work)]
     if not saves or not loads:
         what = "rank 0 saved nothing" if not saves else "no rank but 0 loaded the checkpoint"
-        return Check(name, False, f"not measured: {what}{_ending(run)}", "every rank restores the checkpoint")
+        return Check(name, NOT_RUN, f"not measured: {what}{_ending(run)}", "every rank restores the checkpoint")
     for rank, i, load in loads:
         entered, left = _position(rank, i)
         for j, save in saves:
@@ -107,7 +108,7 @@ def loads_after_save(run: Run, work: Path) -> Check:
             luck = "" if gap_ms < 0 else ", after it by luck"
             return Check(
                 name,
-                False,
+                FAILED,
                 f"rank {rank.rank} called torch.load {when} rank 0's torch.save returned, with no collective "
                 f"between them{luck}{_ending(run)}",
                 "nothing makes the other ranks wait for rank 0's write: put dist.barrier() after the save (on every "
@@ -116,7 +117,7 @@ def loads_after_save(run: Run, work: Path) -> Check:
     after = ", ".join(f"rank {r.rank} {(load['t'] - saves[-1][1]['t']) * 1000:.1f} ms" for r, _, load in loads)
     return Check(
         name,
-        True,
+        HELD,
         f"every load on ranks 1..{WORLD - 1} came after a collective rank 0 entered once its save returned "
         f"(after the last save: {after})",
     )
@@ -128,14 +129,14 @@ def plain_keys(run: Run, work: Path) -> Check:
     keys = [k for save in saves for found in save.get("keys", {}).values() for k in found]
     if not keys:
         what = "rank 0 saved nothing" if not saves else "rank 0 saved no state dict of tensors"
-        return Check(name, False, f"not measured: {what}{_ending(run)}", "save the model's state_dict()")
+        return Check(name, NOT_RUN, f"not measured: {what}{_ending(run)}", "save the model's state_dict()")
     prefixed = [k for k in keys if k.startswith("module.")]
     if prefixed:
         return Check(
             name,
-            False,
+            FAILED,
             f"{len(prefixed)} of {len(keys)} saved keys start with 'module.' ({prefixed[0]}){_ending(run)}",
             "the DDP wrapper's state_dict names every weight module.<name>: save the wrapped model's "
             "(model.module.state_dict()), whose names the plain model knows, at any world size and without DDP",
         )
-    return Check(name, True, f"{len(keys)} keys saved ({', '.join(keys[:4])}), no 'module.' prefix")
+    return Check(name, HELD, f"{len(keys)} keys saved ({', '.join(keys[:4])}), no 'module.' prefix")

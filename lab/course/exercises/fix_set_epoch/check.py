@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab.course.exercises.grading import Check, Run, ended, observed
+from lab.course.exercises.grading import Run, ended, observed
 from lab.course.pitfalls.set_epoch import repeat_share
+from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 WORLD = 2
 SAMPLES = 96  # 48 a rank: 6 steps of 8 an epoch
@@ -38,7 +39,7 @@ def new_order_each_epoch(run: Run) -> Check:
     orders = [r.epochs for r in run.ranks]
     if not orders or any(len(epochs) < 2 for epochs in orders):
         read = ", ".join(f"rank {r.rank} {len(r.epochs)}" for r in run.ranks)
-        return Check(name, False, f"not measured: epochs read {read} (2 or more each needed); {run.how_it_ended()}")
+        return Check(name, NOT_RUN, f"not measured: epochs read {read} (2 or more each needed); {run.how_it_ended()}")
     later = sum(len(epochs) - 1 for epochs in orders)
     repeats = round(sum(repeat_share(epochs) * (len(epochs) - 1) for epochs in orders))
     sampler_epochs = [e.get("sampler_epoch") for e in run.ranks[0].of("epoch")]
@@ -49,9 +50,9 @@ def new_order_each_epoch(run: Run) -> Check:
     if repeats:
         return Check(
             name,
-            False,
+            FAILED,
             measured,
             "DistributedSampler shuffles with seed + its epoch, and its epoch stays 0 until you set it: call "
             "sampler.set_epoch(epoch) at the top of every epoch, on every rank, before iterating the DataLoader",
         )
-    return Check(name, True, measured)
+    return Check(name, HELD, measured)

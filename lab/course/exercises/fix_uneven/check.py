@@ -17,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab.course.exercises import grading
-from lab.course.exercises.grading import Check, Run, observed
+from lab.course.exercises.grading import Run, observed
 from lab.course.pitfalls.batchnorm import spread
+from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 WORLD = 2
 # 32 samples a rank, rank 0 5 more: 4 batches of 8 on rank 1, and a fifth of 5 on rank 0
@@ -43,7 +44,7 @@ def check(file: Path, timeout_seconds: float) -> list[Check]:
 def ends_cleanly(run: Run) -> Check:
     name = "ends cleanly"
     if run.ok:
-        return Check(name, True, run.how_it_ended())
+        return Check(name, HELD, run.how_it_ended())
     in_ddp = [r.rank for r in run.ranks if (w := r.waiting()) and w["op"] == "ddp_allreduce"]
     if in_ddp:
         hint = (
@@ -57,7 +58,7 @@ def ends_cleanly(run: Run) -> Check:
     else:
         grading.show_output(run)
         hint = grading.OUTPUT_HINT
-    return Check(name, False, run.how_it_ended(), hint)
+    return Check(name, FAILED, run.how_it_ended(), hint)
 
 
 def _parameters(models: list[dict]) -> list[float]:
@@ -67,11 +68,11 @@ def _parameters(models: list[dict]) -> list[float]:
 def same_weights(run: Run) -> Check:
     name = "every rank ends with the same weights"
     if not run.ranks or not all(r.ended and r.models() for r in run.ranks):
-        return Check(name, False, f"not measured: a rank never returned with a wrapped model; {run.how_it_ended()}")
+        return Check(name, NOT_RUN, f"not measured: a rank never returned with a wrapped model; {run.how_it_ended()}")
     steps = " / ".join(str(r.steps) for r in run.ranks)
     weights = [_parameters(r.models()) for r in run.ranks]
     if not weights[0] or any(len(w) != len(weights[0]) for w in weights):
-        return Check(name, False, f"not measured: the ranks' models differ in size; optimizer steps {steps}")
+        return Check(name, NOT_RUN, f"not measured: the ranks' models differ in size; optimizer steps {steps}")
     largest = spread(weights)
     measured = (
         f"optimizer steps per rank {steps}; the largest difference of a weight between ranks {largest:.3g} "
@@ -80,10 +81,10 @@ def same_weights(run: Run) -> Check:
     if largest > TOLERANCE:
         return Check(
             name,
-            False,
+            FAILED,
             measured,
             "a rank stepped on gradients the other ranks never averaged with theirs (no_sync, or a step outside "
             "DDP), so the ranks now hold different models: every step must go through DDP's all-reduce on every "
             "rank; Join([model]) lets a rank that ran out of batches take part in the others' all-reduces",
         )
-    return Check(name, True, measured)
+    return Check(name, HELD, measured)

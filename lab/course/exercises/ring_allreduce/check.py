@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from lab.course.exercises import grading
-from lab.course.exercises.grading import Check, Run, ended, observed
+from lab.course.exercises.grading import Run, ended, observed
 from lab.course.exercises.ring_allreduce.probe import ATOL, FUNCTION, SIZES
 from lab.course.exercises.trace import Rank
+from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 WORLDS = (2, 3, 4)
 PROBE = "lab.course.exercises.ring_allreduce.probe:probe"
@@ -94,7 +95,7 @@ GENERIC_HINT = (
 def equals_library(runs: dict[int, Run]) -> Check:
     name = "equals dist.all_reduce for every size"
     if _missing(runs):
-        return Check(name, False, f"the file has no function {FUNCTION}", f"define {FUNCTION}(tensor) at top level")
+        return Check(name, FAILED, f"the file has no function {FUNCTION}", f"define {FUNCTION}(tensor) at top level")
     # (world, numel) -> the result on each rank that reported one
     results: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for n, run in runs.items():
@@ -107,12 +108,12 @@ def equals_library(runs: dict[int, Run]) -> Check:
             if not run.ok:
                 grading.show_output(run)
                 break
-        return Check(name, False, error, grading.OUTPUT_HINT)
+        return Check(name, FAILED, error, grading.OUTPUT_HINT)
     expected = {(n, numel) for n in runs for numel in SIZES}
     unmeasured = sorted(expected - set(results))
     if unmeasured:
         n, numel = unmeasured[0]
-        return Check(name, False, f"not measured: {_floats(numel)} on {n} ranks ({runs[n].how_it_ended()})")
+        return Check(name, NOT_RUN, f"not measured: {_floats(numel)} on {n} ranks ({runs[n].how_it_ended()})")
     wrong = {key: found for key, found in results.items() if any(e["wrong"] for e in found)}
     sizes = ", ".join(map(str, SIZES))
     worlds = ", ".join(map(str, runs))
@@ -120,7 +121,7 @@ def equals_library(runs: dict[int, Run]) -> Check:
         largest = max(e["max_diff"] for found in results.values() for e in found)
         return Check(
             name,
-            True,
+            HELD,
             f"{sizes} floats on {worlds} ranks: every element within {ATOL:g} of the library's "
             f"(largest difference {largest:.1e})",
         )
@@ -133,7 +134,7 @@ def equals_library(runs: dict[int, Run]) -> Check:
         )
     more = len(wrong) - SHOWN
     measured = "; ".join(described) + (f"; and {more} more" if more > 0 else "")
-    return Check(name, False, measured, _likely_cause(wrong, results, _sends_per_call(runs)))
+    return Check(name, FAILED, measured, _likely_cause(wrong, results, _sends_per_call(runs)))
 
 
 def _likely_cause(
@@ -188,7 +189,7 @@ def only_point_to_point(runs: dict[int, Run]) -> Check:
                 if other:
                     return Check(
                         name,
-                        False,
+                        FAILED,
                         f"on {n} ranks, rank {r.rank}'s ring_all_reduce called dist.{other[0]['op']} "
                         f"({other[0].get('where', '?')})",
                         "the exercise is all-reduce built from point-to-point messages: dist.send/recv (or "
@@ -197,7 +198,7 @@ def only_point_to_point(runs: dict[int, Run]) -> Check:
                 if not call:
                     return Check(
                         name,
-                        False,
+                        FAILED,
                         f"on {n} ranks, rank {r.rank}'s ring_all_reduce made no torch.distributed call",
                         "the sum must travel round the ring through dist.send/recv (or isend/irecv); a call the "
                         "check cannot see (a ProcessGroup's own methods, distributed_c10d's) does not count",
@@ -210,8 +211,8 @@ def only_point_to_point(runs: dict[int, Run]) -> Check:
                 counts.append(f"{n} ranks: {made} a call (a ring's 2(n-1) = {2 * (n - 1)} steps)")
     if not counts:
         run = next(iter(runs.values()))
-        return Check(name, False, f"not measured: {run.how_it_ended()}")
-    return Check(name, True, "rank 0 on " + "; ".join(counts))
+        return Check(name, NOT_RUN, f"not measured: {run.how_it_ended()}")
+    return Check(name, HELD, "rank 0 on " + "; ".join(counts))
 
 
 def _bus_bandwidth(run: Run) -> tuple[float, float, int] | None:
@@ -236,5 +237,5 @@ def bus_bandwidth(runs: dict[int, Run]) -> Check:
             shown.append(f"{n} ranks: {yours / 1e9:.2f} vs {library / 1e9:.2f} GB/s ({yours / library:.2f}x)")
     if not shown:
         run = next(iter(runs.values()))
-        return Check(name, False, f"not measured: {run.how_it_ended()}")
-    return Check(name, True, f"yours vs the library's at {size / 2**20:g} MiB: " + "; ".join(shown))
+        return Check(name, NOT_RUN, f"not measured: {run.how_it_ended()}")
+    return Check(name, HELD, f"yours vs the library's at {size / 2**20:g} MiB: " + "; ".join(shown))

@@ -24,8 +24,9 @@ from typing import Any
 
 from lab import compat
 from lab.course.exercises import folder
-from lab.course.exercises.grading import Check, Run, ended, observed, reference_limit
+from lab.course.exercises.grading import Run, ended, observed, reference_limit
 from lab.run.cluster import cores
+from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 WORLD = 2
 SAMPLES = 256
@@ -87,14 +88,14 @@ def judge(m: Measured) -> list[Check]:
 def check(file: Path, timeout_seconds: float) -> list[Check]:
     why = runs_here()
     if why:
-        return [Check("FSDP2 runs here", False, why, "run the check on a machine with GPUs, or torch > 2.6")]
+        return [Check("FSDP2 runs here", FAILED, why, "run the check on a machine with GPUs, or torch > 2.6")]
     return judge(measure(file, timeout_seconds))
 
 
 def _not_measured(name: str, run: Run) -> Check | None:
     if run.ok and run.ranks and all(r.events for r in run.ranks):
         return None
-    return Check(name, False, f"not measured: {run.how_it_ended()}")
+    return Check(name, NOT_RUN, f"not measured: {run.how_it_ended()}")
 
 
 def _holds_the_others(models: list[dict[str, Any]]) -> bool:
@@ -113,7 +114,7 @@ def sharded(run: Run) -> Check:
         in_ddp = all(r.has("ddp") for r in run.ranks)
         return Check(
             name,
-            False,
+            FAILED,
             f"no fully_shard on rank {', '.join(map(str, without))}" + (" (the model is in DDP)" if in_ddp else ""),
             "from torch.distributed.fsdp import fully_shard; call it on each Linear, then on the whole model, in "
             "place of DDP, and build the optimizer after",
@@ -123,13 +124,13 @@ def sharded(run: Run) -> Check:
     if not _holds_the_others(run.ranks[0].models()):
         return Check(
             name,
-            False,
+            FAILED,
             f"fully_shard on {units}, each a unit, and none on the model that holds them",
             "call fully_shard(model) on the root after its layers: it takes the parameters no unit holds and is "
             "the one FSDP root that runs the units' all-gathers and reduce-scatters in order (each unit otherwise "
             "acts as a root of its own)",
         )
-    return Check(name, True, f"on every rank: {len(events)} units ({units}), the root last")
+    return Check(name, HELD, f"on every rank: {len(events)} units ({units}), the root last")
 
 
 def _state_bytes(run: Run) -> int | None:
@@ -145,7 +146,7 @@ def less_state(m: Measured) -> Check:
         return missing
     ours, theirs = _state_bytes(m.run), _state_bytes(m.reference)
     if ours is None or theirs is None:
-        return Check(name, False, "no optimizer step on some rank", "keep the training loop: step every batch")
+        return Check(name, FAILED, "no optimizer step on some rank", "keep the training loop: step every batch")
     ratio = ours / theirs
     measured = (
         f"{ours / 1024:.0f} KiB of parameters, gradients and AdamW state per rank vs DDP's {theirs / 1024:.0f} KiB "
@@ -154,13 +155,13 @@ def less_state(m: Measured) -> Check:
     if ratio >= MEMORY_RATIO:
         return Check(
             name,
-            False,
+            FAILED,
             measured.replace("below", "not below"),
             f"each rank still holds the whole model: under fully_shard on all {WORLD} ranks (the default mesh, "
             "every rank one shard) each keeps 1/N of the parameters, gradients and optimizer state; DDP, or a "
             "mesh that replicates, keeps all of them",
         )
-    return Check(name, True, measured)
+    return Check(name, HELD, measured)
 
 
 def same_curve(m: Measured) -> Check:
@@ -173,7 +174,7 @@ def same_curve(m: Measured) -> Check:
         if len(ours.losses) != len(theirs.losses):
             return Check(
                 name,
-                False,
+                FAILED,
                 f"rank {ours.rank}: {len(ours.losses)} losses, DDP's {len(theirs.losses)}",
                 "keep the training loop, its batches and epochs, as they are",
             )
@@ -186,10 +187,10 @@ def same_curve(m: Measured) -> Check:
     if worst > CURVE_TOLERANCE:
         return Check(
             name,
-            False,
+            FAILED,
             measured + f", more than {CURVE_TOLERANCE:g}",
             "build the optimizer after fully_shard: it replaces every parameter with its sharded DTensor, and an "
             "optimizer made before holds the old ones, which no longer train; every parameter must be in a "
             "unit, or its gradient is never reduced across ranks",
         )
-    return Check(name, True, measured + f", within {CURVE_TOLERANCE:g}")
+    return Check(name, HELD, measured + f", within {CURVE_TOLERANCE:g}")

@@ -22,9 +22,12 @@ lab.measure.bench.comm.collective_perf's, the all-reduce itself lab.measure.benc
 
 from __future__ import annotations
 
+import argparse
+
 from lab.measure.bench.comm import collective_perf
 from lab.measure.bench.comm.collective import COLLECTIVES
-from lab.measure.bench.comm.collective_perf import LINKS, algbw
+from lab.measure.bench.comm.collective_perf import algbw
+from lab.measure.bench.comm.collective_plan import LINKS
 
 __all__ = [
     "LINKS",
@@ -38,6 +41,6 @@ def busbw(algbw_gbps: float, world_size: int) -> float:
     return algbw_gbps * COLLECTIVES["all_reduce"].factor(world_size)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """One rank of `lab bench allreduce`; returns the exit code (3 when --min-busbw is missed)."""
     return collective_perf.run(args, "allreduce")

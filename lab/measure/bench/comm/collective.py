@@ -46,7 +46,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from lab.errors import LabError
 from lab.measure.bench.comm.collective_data import (
@@ -63,15 +64,18 @@ from lab.measure.bench.comm.collective_data import (
     reduction_input,
 )
 
+if TYPE_CHECKING:  # for the checker only: torch comes in as Setup.torch, so this module imports without it
+    from torch import Tensor
+
 ALIGN_BYTES = 16  # nccl-tests rounds a per-rank count down to whole 16-byte blocks
 
 
-def _all_gather_call(tdist):
+def _all_gather_call(tdist: ModuleType) -> Callable[..., object]:
     # torch 2.14 renamed all_gather_into_tensor to all_gather_single (the old name warns); 2.6 has the old only
     return getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_tensor
 
 
-def _reduce_scatter_call(tdist):
+def _reduce_scatter_call(tdist: ModuleType) -> Callable[..., object]:
     return getattr(tdist, "reduce_scatter_single", None) or tdist.reduce_scatter_tensor
 
 
@@ -86,7 +90,7 @@ def _all_reduce_bodies(s: Setup) -> Bodies:
     return (lambda: (recv.copy_(send), s.tdist.all_reduce(recv, op=op)), lambda: s.tdist.all_reduce(send, op=op))
 
 
-def _all_reduce_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
+def _all_reduce_check(s: Setup, out_of_place: bool, corrupt_rank: int | None) -> Tensor:
     x = filled(s, s.count, lambda i: reduction_input(s, i))
     corrupt(s, x, corrupt_rank)
     result = s.torch.empty_like(x).copy_(x) if out_of_place else x
@@ -101,7 +105,7 @@ def _all_gather_bodies(s: Setup) -> Bodies:
     return lambda: gather(recv, send), lambda: gather(recv, s.mine(recv))
 
 
-def _all_gather_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
+def _all_gather_check(s: Setup, out_of_place: bool, corrupt_rank: int | None) -> Tensor:
     out = s.unwritten(s.world_size * s.count)
     x = s.torch.empty(s.count, dtype=s.dtype, device=s.device) if out_of_place else s.mine(out)
     fill(s, x, lambda i: rank_values(s, i, s.rank))
@@ -118,7 +122,7 @@ GLOO_RING = (
 )
 
 
-def _ring_reduce_scatter(s: Setup, out, x, work, received) -> None:
+def _ring_reduce_scatter(s: Setup, out: Tensor | None, x: Tensor, work: Tensor, received: Tensor) -> None:
     """Reduce-scatter of `x` (n blocks) into `out` (this rank's block) by the ring: at step k rank r sends
     block (r-k-1) mod n, the one it reduced at step k-1 (its own at k=0), to rank r+1, and reduces block
     (r-k-2) mod n received from rank r-1 into `work`; after n-1 steps its own block r holds every rank's.
@@ -127,7 +131,7 @@ def _ring_reduce_scatter(s: Setup, out, x, work, received) -> None:
         work.copy_(x)
     n, r = s.world_size, s.rank
 
-    def block(b: int):
+    def block(b: int) -> Tensor:
         return work[b * s.count : (b + 1) * s.count]
 
     for k in range(n - 1):
@@ -153,7 +157,7 @@ def _reduce_scatter_bodies(s: Setup) -> Bodies:
     return lambda: scatter(recv, send, op=op), lambda: scatter(s.mine(send), send, op=op)
 
 
-def _reduce_scatter_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
+def _reduce_scatter_check(s: Setup, out_of_place: bool, corrupt_rank: int | None) -> Tensor:
     # block by block another phase: a block sent to the wrong rank is counted
     x = filled(s, s.world_size * s.count, lambda p: reduction_input(s, p + p // s.count))
     corrupt(s, x, corrupt_rank)
@@ -173,7 +177,7 @@ ROOT = 0  # nccl-tests' default root (-r 0)
 def _broadcast_bodies(s: Setup) -> Bodies:
     send, recv = s.zeros(s.count), s.zeros(s.count)
 
-    def out_of_place():
+    def out_of_place() -> None:
         if s.rank == ROOT:
             recv.copy_(send)
         s.tdist.broadcast(recv, src=ROOT)
@@ -181,7 +185,7 @@ def _broadcast_bodies(s: Setup) -> Bodies:
     return out_of_place, lambda: s.tdist.broadcast(send, src=ROOT)
 
 
-def _broadcast_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
+def _broadcast_check(s: Setup, out_of_place: bool, corrupt_rank: int | None) -> Tensor:
     # every rank starts with its own data: only the root's may remain
     x = filled(s, s.count, lambda i: rank_values(s, i, s.rank))
     corrupt(s, x, corrupt_rank)
@@ -197,7 +201,7 @@ def _alltoall_bodies(s: Setup) -> Bodies:
     return lambda: s.tdist.all_to_all_single(recv, send), lambda: s.tdist.all_to_all_single(send, send)
 
 
-def _alltoall_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
+def _alltoall_check(s: Setup, out_of_place: bool, corrupt_rank: int | None) -> Tensor | None:
     if not out_of_place:
         return None  # one buffer as input and output: no defined result to check (nccl-tests: N/A)
     # block j of rank r's input goes to rank j; its data names both: (i + 31 r + 7 j) % 256
@@ -211,7 +215,7 @@ def _alltoall_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
     return count_wrong(s, out, lambda p: ((p % s.count + 31 * (p // s.count) + 7 * s.rank) % VALUES).to(s.dtype))
 
 
-def _ring_exchange(s: Setup, send, recv) -> None:
+def _ring_exchange(s: Setup, send: Tensor, recv: Tensor) -> None:
     """Send to rank+1 and receive from rank-1 as one group (separate NCCL send and recv calls could wait on
     each other); wait() makes the current stream wait on a GPU, and returns when done on gloo."""
     tdist, n = s.tdist, s.world_size
@@ -226,7 +230,7 @@ def _sendrecv_bodies(s: Setup) -> Bodies:
     return lambda: _ring_exchange(s, send, recv), lambda: _ring_exchange(s, send, send)
 
 
-def _sendrecv_check(s: Setup, out_of_place: bool, corrupt_rank: int | None):
+def _sendrecv_check(s: Setup, out_of_place: bool, corrupt_rank: int | None) -> Tensor | None:
     if not out_of_place:
         return None  # sent from and received into one buffer: no defined result (nccl-tests: N/A)
     x = filled(s, s.count, lambda i: rank_values(s, i, s.rank))
@@ -252,7 +256,7 @@ class Collective:
     in_place: str  # what in-place means here, one line
     in_place_checked: bool  # False: in-place is timed, its #wrong N/A
     bodies: Callable[[Setup], Bodies]
-    check: Callable[[Setup, bool, int | None], Any]  # elements wrong on this rank (a tensor), or None: N/A
+    check: Callable[[Setup, bool, int | None], Tensor | None]  # elements wrong on this rank, or None: N/A
     root: int = -1
     on_gloo: str | None = None  # how the op runs on gloo, where that is not torch's call of the same name
 

@@ -1,6 +1,6 @@
-"""nccl-tests' table over torch.distributed: sizes, timing, columns, the check and the JSON that `lab bench
-allreduce` and `lab bench collective` share (each op's size, factor, buffers and result:
-lab.measure.bench.comm.collective).
+"""nccl-tests' table over torch.distributed: timing, columns, the check and the JSON that `lab bench allreduce` and
+`lab bench collective` share (what to run: lab.measure.bench.comm.collective_plan; each op's size, factor, buffers
+and result: lab.measure.bench.comm.collective).
 
     lab bench collective all_gather -b 8 -e 256M -f 2 --nproc-per-node 8     # one op, one node
     lab bench collective all -b 1K -e 4M --nproc-per-node 2                   # the six, one torchrun job
@@ -17,71 +17,25 @@ busbw, the gate's figure, is nccl-tests' '# Avg bus bandwidth': every size, out-
 
 With several ops, `--json PATH` writes one file per op, PATH with `-OP` before its suffix; each holds the
 same document as one op's PATH would (allreduce's keys plus "collective").
-
->>> parse_size("256M"), parse_size("8"), parse_size("1G")
-(268435456, 8, 1073741824)
->>> json_paths("out/c.json", ["all_gather"]), json_paths("out/c.json", ["all_gather", "sendrecv"])["sendrecv"]
-({'all_gather': 'out/c.json'}, 'out/c-sendrecv.json')
 """
 
 from __future__ import annotations
 
-import os
+import argparse
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lab.errors import LabError
-from lab.measure.bench.comm.collective import COLLECTIVES, Collective, parse_names
+from lab.measure.bench.comm.collective import COLLECTIVES, Collective
 from lab.measure.bench.comm.collective_data import Setup
+from lab.measure.bench.comm.collective_plan import LINKS, corrupt_rank, json_paths, one_rank, plan
 
-SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}  # nccl-tests' parsesize: binary multiples
+if TYPE_CHECKING:  # imported where used: the parent of --nproc-per-node runs without torch
+    from lab.run.cluster.dist import DistContext
+
 # dtype name -> nccl-tests' type column
 TYPE_NAMES = {"float32": "float", "float16": "half", "bfloat16": "bfloat16"}
-REDOPS = ("sum", "avg", "max")
-# The test hook of each command: global rank R sends one wrong element, so #wrong must not be 0. "R" for
-# every op, "R:OP" for that op alone (one job can then show clean results and a corrupted one).
-CORRUPT_ENV = {"allreduce": "LAB_ALLREDUCE_CORRUPT_RANK", "collective": "LAB_COLLECTIVE_CORRUPT_RANK"}
-
-# Unidirectional bandwidth of common links, GB/s: what a ring's busbw can at best approach. The "% of link" figure
-# keeps this reference, the number NVIDIA states and the validate role's floors cite, rather than a measured
-# peak; where NVLS (NCCL's in-switch reduction on NVSwitch, e.g. all-reduce on 8 H100s: ~480 GB/s busbw) passes
-# it, the figure says why instead of being capped (link_share).
-LINKS: dict[str, tuple[float, str]] = {
-    "nvlink4": (450.0, "NVLink 4 (H100/H200 SXM), per GPU per direction"),
-    "nvlink3": (300.0, "NVLink 3 (A100 SXM), per GPU per direction"),
-    "ndr-ib": (50.0, "InfiniBand NDR 400 Gb/s, per NIC"),
-    "hdr-ib": (25.0, "InfiniBand HDR 200 Gb/s, per NIC"),
-    "pcie5": (64.0, "PCIe Gen5 x16, per direction"),
-    "pcie4": (32.0, "PCIe Gen4 x16, per direction"),
-    "100gbe": (12.5, "100 Gb Ethernet"),
-}
-
-
-def parse_size(text: str) -> int:
-    value = text.strip().upper()
-    number, suffix = (value[:-1], value[-1]) if value and value[-1] in SUFFIX else (value, "")
-    try:
-        size = int(float(number) * SUFFIX[suffix])
-    except ValueError:
-        raise LabError(f"size {text!r}: expected bytes with an optional K, M or G suffix, e.g. 8, 64K, 256M") from None
-    if size < 1:
-        raise LabError(f"size {text!r}: must be at least 1 byte")
-    return size
-
-
-def size_steps(begin: int, end: int, factor: float) -> list[int]:
-    """-b, -e, -f: begin, end and multiplication factor, as in nccl-tests."""
-    if end < begin:
-        raise LabError(f"-e {end} is below -b {begin}; the largest size must not be smaller than the smallest")
-    if factor <= 1:
-        raise LabError(f"-f {factor}: the step factor must be above 1")
-    sizes, size = [], begin
-    while size <= end:
-        sizes.append(size)
-        size = int(size * factor)
-    return sizes
 
 
 def algbw(nbytes: float, seconds: float) -> float:
@@ -111,70 +65,18 @@ def average_busbw(rows: list[Row]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-# ----------------------------------------------------------------------------- what to run
-
-
-@dataclass(frozen=True)
-class Request:
-    names: list[str]  # the collectives, in the order they run
-    sizes: list[int]
-    op: str  # the reduction of the ops that reduce
-
-
-def expected_backend() -> str:
-    """The backend lab.run.cluster.dist will choose for this process with DistConfig's defaults: nccl on CUDA, else
-    gloo."""
-    from lab.run.cluster import dist
-    from lab.run.config import DistConfig
-
-    cfg = DistConfig()
-    return dist.choose_backend(cfg.backend, dist.choose_device(cfg.device, 0))
-
-
-def plan(args, benchmark: str) -> Request:
-    """What `args` ask of `lab bench allreduce` or `lab bench collective`, refused here when it cannot be run:
-    the parent of --nproc-per-node calls it too, so bad input is one line and exit 2, not a worker's failure.
-    torch is imported (to know the backend) only when the answer depends on it."""
-    sizes = size_steps(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
-    if args.link and args.link not in LINKS:
-        raise LabError(f"--link {args.link}: unknown; known links: {', '.join(LINKS)}")
-    if args.op is not None and args.op not in REDOPS:
-        raise LabError(f"--op {args.op}: expected one of {', '.join(REDOPS)}")
-    names = ["all_reduce"] if benchmark == "allreduce" else parse_names(args.collectives)
-    backend = expected_backend() if args.op == "avg" else None
-    reducing = [n for n in names if COLLECTIVES[n].reduces]
-    if args.op is not None and not reducing:
-        raise LabError(
-            f"--op {args.op}: {', '.join(names)} reduce nothing; --op is the reduction of all_reduce and reduce_scatter"
-        )
-    if args.op == "avg" and backend == "gloo" and reducing:
-        raise LabError("--op avg: the gloo backend has no AVG reduction; use --op sum (or NCCL on GPUs)")
-    return Request(names, sizes, args.op or "sum")
-
-
-def one_rank(benchmark: str) -> LabError:
-    what = "an all-reduce" if benchmark == "allreduce" else "a collective"
-    # One rank sends nothing: the "collective" is a no-op, its time ~0 and its algbw meaningless
-    # (thousands of GB/s on a CPU; a division by a zero event time on CUDA).
-    return LabError(
-        f"lab bench {benchmark}: 1 rank: {what} over one process moves no data, so there is nothing to "
-        f"measure; use --nproc-per-node 2 or more, or torchrun over several nodes"
-    )
-
-
-def json_paths(path: str, names: list[str]) -> dict[str, str]:
-    """Where each op's JSON goes: `path` for one op; with several, `path` with -OP before its suffix."""
-    if len(names) == 1:
-        return {names[0]: path}
-    p = Path(path)
-    return {name: str(p.with_name(f"{p.stem}-{name}{p.suffix}")) for name in names}
-
-
 # ----------------------------------------------------------------------------- measuring
 
 
 def measure(
-    ctx, coll: Collective, size: int, dtype_name: str, op: str, iters: int, warmup: int, corrupt_rank: int | None
+    ctx: DistContext,
+    coll: Collective,
+    size: int,
+    dtype_name: str,
+    op: str,
+    iters: int,
+    warmup: int,
+    corrupt_rank: int | None,
 ) -> Row | None:
     """One row: `coll` at `size` out-of-place then in-place, timed, then checked. None when `size` holds no
     element (or, for ops per rank, no whole 16-byte block per rank)."""
@@ -189,7 +91,7 @@ def measure(
         return None
     setup = Setup(torch, ctx.global_rank, ctx.world_size, ctx.device, dtype, count, op if coll.reduces else "none")
 
-    def timed(body) -> float:
+    def timed(body: Callable[[], object]) -> float:
         for _ in range(warmup):
             body()
         dist.barrier(ctx)
@@ -296,7 +198,7 @@ def link_share(busbw: float, link_gbps: float) -> str:
     return f"{share:.1%} of it{note}"
 
 
-def guess_link(ctx) -> str | None:
+def guess_link(ctx: DistContext) -> str | None:
     """The link an intra-node GPU collective runs over, when the devices say it; None when unknown."""
     if ctx.device.type != "cuda" or ctx.local_world_size != ctx.world_size:
         return None
@@ -311,7 +213,7 @@ def guess_link(ctx) -> str | None:
 # ----------------------------------------------------------------------------- the commands
 
 
-def run(args, benchmark: str) -> int:
+def run(args: argparse.Namespace, benchmark: str) -> int:
     """One rank of `lab bench allreduce` (benchmark "allreduce") or `lab bench collective`; returns the exit
     code (3 when an op's average busbw is below --min-busbw)."""
     from lab.run.cluster import torchrun_env
@@ -376,18 +278,12 @@ def run(args, benchmark: str) -> int:
         return 3 if missed and not args.gate_in_parent else 0
 
 
-def corrupt_rank(benchmark: str, name: str) -> int | None:
-    """The test hook's rank for op `name`, or None (CORRUPT_ENV)."""
-    rank, _, only = os.environ.get(CORRUPT_ENV[benchmark], "").partition(":")
-    return int(rank) if rank and only in ("", name) else None
-
-
 def result(
-    ctx,
-    ranks: list[dict],
+    ctx: DistContext,
+    ranks: list[dict[str, Any]],
     coll: Collective,
     rows: list[Row],
-    args,
+    args: argparse.Namespace,
     benchmark: str,
     op: str,
     link: str | None,

@@ -28,13 +28,18 @@ the node's facts. "method" is always "torch": nvbandwidth is not run (no GPU hos
 
 from __future__ import annotations
 
+import argparse
 import functools
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lab.errors import LabError
+
+if TYPE_CHECKING:  # imported where used: `lab bench --help` must not wait for torch
+    import torch
 
 DEFAULT_SIZE = "256M"
 DEFAULT_ITERS = 20
@@ -68,14 +73,14 @@ class TorchDevices:
         self.names = [torch.cuda.get_device_name(i) for i in range(count)] if self.kind == "cuda" else ["cpu"]
         self.uuids: list[str | None] = [_uuid(torch, i) for i in range(count)] if self.kind == "cuda" else [None]
 
-    def host_buffer(self, nbytes: int):
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
         return self.torch.ones(nbytes, dtype=self.torch.uint8, pin_memory=self.kind == "cuda")
 
-    def device_buffer(self, index: int, nbytes: int):
+    def device_buffer(self, index: int, nbytes: int) -> torch.Tensor:
         device = self.torch.device("cuda", index) if self.kind == "cuda" else self.torch.device("cpu")
         return self.torch.ones(nbytes, dtype=self.torch.uint8, device=device)
 
-    def copy(self, dst, src) -> None:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)  # asynchronous from and to pinned memory: the copy engines alone
 
     def synchronize(self) -> None:
@@ -89,11 +94,11 @@ class TorchDevices:
         n = len(self.names)
         return [[i == j or bool(self.torch.cuda.can_device_access_peer(i, j)) for j in range(n)] for i in range(n)]
 
-    def pinned(self, buffer) -> bool:
+    def pinned(self, buffer: torch.Tensor) -> bool:
         return bool(buffer.is_pinned()) if self.kind == "cuda" else False
 
 
-def _uuid(torch, index: int) -> str | None:
+def _uuid(torch: ModuleType, index: int) -> str | None:
     try:
         return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
     except Exception:
@@ -171,8 +176,8 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    from lab.measure.bench.comm.collective_perf import parse_size
+def run(args: argparse.Namespace) -> int:
+    from lab.measure.bench.comm.collective_plan import parse_size
     from lab.run.training import runs
 
     try:

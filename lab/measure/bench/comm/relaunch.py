@@ -14,7 +14,7 @@ import os
 import tempfile
 
 from lab.errors import EXIT_FAILED, EXIT_GATE_MISSED, EXIT_OK
-from lab.measure.bench.comm import collective_perf
+from lab.measure.bench.comm import collective_perf, collective_plan
 
 
 def allreduce(args: argparse.Namespace) -> int:
@@ -36,9 +36,9 @@ def _relaunch_collectives(args: argparse.Namespace, benchmark: str) -> int:
     from lab.run.cluster import launch
 
     launch.check_not_nested()
-    request = collective_perf.plan(args, benchmark)
+    request = collective_plan.plan(args, benchmark)
     if args.nproc_per_node < 2:
-        raise collective_perf.one_rank(benchmark)
+        raise collective_plan.one_rank(benchmark)
     tail = [*without_option(args.argv, "--nproc-per-node"), "--gate-in-parent"]
     with tempfile.TemporaryDirectory() as tmp:
         result_path = args.json or os.path.join(tmp, "result.json")
@@ -48,7 +48,7 @@ def _relaunch_collectives(args: argparse.Namespace, benchmark: str) -> int:
         if launch.run(command, args.nproc_per_node) != 0:
             return EXIT_FAILED
         gate_missed = False
-        for path in collective_perf.json_paths(result_path, request.names).values():
+        for path in collective_plan.json_paths(result_path, request.names).values():
             with open(path) as f:
                 gate_missed |= bool(json.load(f).get("gate_missed"))
         return EXIT_GATE_MISSED if gate_missed else EXIT_OK

@@ -12,6 +12,7 @@ record's own per-call work, with nothing to hide it behind).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -20,7 +21,7 @@ from typing import Any
 GOAL = 1.01  # ratio of step times, on / off
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from lab.measure.bench.train import harness
     from lab.run import config
     from lab.run.cluster import flight, jobs, launch
@@ -56,7 +57,7 @@ def run(args) -> int:
     return 0
 
 
-def summarize(sides: dict[bool, list[dict[str, Any]]], args, nproc: int) -> dict[str, Any]:
+def summarize(sides: dict[bool, list[dict[str, Any]]], args: argparse.Namespace, nproc: int) -> dict[str, Any]:
     on, off = sides[True], sides[False]
 
     def ratio(key: str) -> float:

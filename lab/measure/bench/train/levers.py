@@ -48,6 +48,7 @@ torchrun starts, and the tables. The rest lives beside it:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,7 +160,7 @@ def derive(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- the parent
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from lab.run import config
     from lab.run.cluster import cores, jobs, runner
     from lab.run.training import runs
@@ -202,7 +203,7 @@ def run(args) -> int:
     return 0
 
 
-def check_request(args, world_size: int) -> None:
+def check_request(args: argparse.Namespace, world_size: int) -> None:
     """Refuse, before torchrun starts, what a worker would fail on: one line naming the option or key. The
     variants checked are the GPU's, a superset of the CPU's."""
     from lab.run import config
@@ -240,7 +241,9 @@ def check_request(args, world_size: int) -> None:
             raise LabError(f"the {v.label} lever: {exc}") from None
 
 
-def summarize(measured: dict[str, Any], nccl: dict[str, Any], args, width: int, threads: int) -> dict[str, Any]:
+def summarize(
+    measured: dict[str, Any], nccl: dict[str, Any], args: argparse.Namespace, width: int, threads: int
+) -> dict[str, Any]:
     """The result the command prints, writes and plots, from the worker's measurements and the NCCL sweep."""
     rows = derive(measured["rows"])
     by_group: dict[str, list[dict[str, Any]]] = {}

@@ -20,7 +20,9 @@ import torch
 from lab.measure.bench.train.levers import EXACT, PLAIN, merged, variants
 
 if TYPE_CHECKING:
+    from lab.run.cluster.dist import DistContext
     from lab.run.config import Config
+    from lab.run.data import Dataset
     from lab.run.training.trainer import Trainer
 
 
@@ -56,7 +58,7 @@ class Timed:
     trainer: Trainer
     accum: int
     communicate: bool
-    batches: Iterator = field(init=False)
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = field(init=False)
     block_seconds: list[float] = field(default_factory=list)
     peak_bytes: int | None = None
     step_peak_bytes: int | None = None
@@ -73,7 +75,7 @@ class Timed:
         return work
 
 
-def _block(ctx, entry: Timed, steps: int) -> None:
+def _block(ctx: DistContext, entry: Timed, steps: int) -> None:
     """One timed block of `entry`, its peak memory on CUDA and its mean loss (every rank calls it in turn)."""
     from lab.measure.bench.train import harness
 
@@ -92,7 +94,7 @@ def _block(ctx, entry: Timed, steps: int) -> None:
     entry.loss = interval.loss if interval is not None else None
 
 
-def _slowest_rank(ctx, entry: Timed, steps: int) -> list[float]:
+def _slowest_rank(ctx: DistContext, entry: Timed, steps: int) -> list[float]:
     """Seconds per step of each of `entry`'s blocks on the rank that was slowest in that block: every rank's
     clock counts, since the slowest sets the pace."""
     from lab.run.cluster import dist
@@ -111,7 +113,7 @@ def _activations(trainer: Trainer) -> int:
     return saved_activation_bytes(forward, trainer.model.parameters())
 
 
-def _equivalence(ctx, cfg: Config, dataset, accum: int, steps: int) -> dict[str, Any]:
+def _equivalence(ctx: DistContext, cfg: Config, dataset: Dataset, accum: int, steps: int) -> dict[str, Any]:
     """One batch of B against `accum` micro-batches of B/accum, `steps` optimizer steps in float64 from the
     same weights on the same samples: the largest parameter difference over all ranks."""
     from lab.run import config

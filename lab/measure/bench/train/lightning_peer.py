@@ -29,9 +29,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.errors import EXIT_FAILED, EXIT_OK, LabError
+
+if TYPE_CHECKING:  # imported where used: `lab bench --help` must not wait for torch
+    from lab.run.config import Config
 
 LIGHTNING_VERSION = "2.6.6"  # the GPU machines' release, pinned in constraints.txt
 DEFAULT_WARMUP = 5
@@ -131,7 +134,7 @@ def prepare(args: argparse.Namespace) -> Peer:
     )
 
 
-def _check_devices(cfg, nproc: int) -> None:
+def _check_devices(cfg: Config, nproc: int) -> None:
     """More processes than GPUs would fail in every worker; say it once, before anything starts."""
     import torch
 

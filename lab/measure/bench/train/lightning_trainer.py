@@ -7,14 +7,27 @@ as a Lightning user would, and timing its steady state the way the lab side is t
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # imported where used: the lab imports without Lightning, `lab bench --help` without torch
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.utilities.types import STEP_OUTPUT, OptimizerLRSchedulerConfig
+    from torch import nn
+
+    from lab.run.cluster.torchrun_env import Layout
+    from lab.run.config import Config
+    from lab.run.data import DeviceLoader
 
 
 def worker(argv: list[str]) -> None:
     from lab.run.cluster import jobs
 
     job = jobs.this_job(argv)
+    assert job.config is not None  # the parent (lab.measure.bench.train.lightning_peer) hands its checked config down
     result = train_with_lightning(
         job.config, job.params["steps"], job.params["warmup"], job.params["lightning_ddp"], job.folder
     )
@@ -22,11 +35,11 @@ def worker(argv: list[str]) -> None:
         job.report(0, result)
 
 
-def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: Path) -> dict[str, Any] | None:
+def train_with_lightning(cfg: Config, steps: int, warmup: int, ddp_settings: str, root: Path) -> dict[str, Any] | None:
     """Train `cfg` for `steps` steps under Lightning; the result on global rank 0, None on the others."""
     import warnings
 
-    import lightning  # here only: the lab imports without it
+    import lightning  # in the functions only: the lab imports without it
     import torch
 
     # Lightning 2.6.6 calls a torch pytree API that newer torch deprecates: one line per rank, nothing to act on.
@@ -64,12 +77,12 @@ def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: 
         channels_last=cfg.model.channels_last,
         keep_partial=plan.join,
     )
-    clock = _clock(lightning, device, warmup, steps)
+    clock, timing = _clock(device, warmup, steps)
     trainer = lightning.Trainer(
         accelerator="gpu" if device.type == "cuda" else "cpu",
         devices=layout.local_world_size,
         num_nodes=layout.world_size // layout.local_world_size,
-        strategy=_strategy(lightning, cfg, layout, ddp_settings),
+        strategy=_strategy(cfg, layout, ddp_settings),
         precision=precision(amp, dtype),
         max_steps=steps,
         logger=False,
@@ -85,8 +98,8 @@ def train_with_lightning(cfg, steps: int, warmup: int, ddp_settings: str, root: 
         callbacks=[clock],
         default_root_dir=str(root),
     )
-    trainer.fit(_module(lightning, net, cfg, steps), train_dataloaders=_Forever(loader))
-    measured = clock.result(cfg.train.global_batch_size)  # every rank: it may reduce over them
+    trainer.fit(_module(net, cfg, steps), train_dataloaders=_Forever(loader))
+    measured = timing(cfg.train.global_batch_size)  # every rank: it may reduce over them
     _leave_process_group()
     if layout.global_rank != 0:
         return None
@@ -134,7 +147,7 @@ def _leave_process_group() -> None:
         tdist.destroy_process_group()
 
 
-def precision(amp, dtype) -> Literal["bf16-mixed", "16-mixed", "64-true", "32-true"]:
+def precision(amp: torch.dtype | None, dtype: torch.dtype) -> Literal["bf16-mixed", "16-mixed", "64-true", "32-true"]:
     """Lightning's name for the lab's resolved precision.
 
     >>> import torch
@@ -148,17 +161,19 @@ def precision(amp, dtype) -> Literal["bf16-mixed", "16-mixed", "64-true", "32-tr
     return "64-true" if dtype == torch.float64 else "32-true"
 
 
-def _strategy(lightning, cfg, layout, ddp_settings: str):
+def _strategy(cfg: Config, layout: Layout, ddp_settings: str) -> str | DDPStrategy:
     """One process: Lightning's own choice (one device, no DDP, as the lab's world size 1). More: DDP on the
     lab's backend and timeout, with the lab's DDP settings unless `ddp_settings` is "default"."""
     if layout.world_size == 1:
         return "auto"
     import datetime
 
+    import lightning
+
     from lab import compat
 
     d = cfg.dist
-    knobs = (
+    knobs: dict[str, Any] = (  # DDP's keyword arguments, of several types
         {}
         if ddp_settings == "default"
         else {
@@ -179,15 +194,16 @@ class _Forever:
     """The lab's device loader as Lightning's training data: batches without end, `max_steps` stops them.
     (Not a DataLoader, so Lightning adds no sampler: the loader shards by rank itself.)"""
 
-    def __init__(self, loader) -> None:
+    def __init__(self, loader: DeviceLoader) -> None:
         self.loader = loader
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self.loader.forever()
 
 
-def _module(lightning, net, cfg, total_steps: int):
+def _module(net: nn.Module, cfg: Config, total_steps: int) -> pl.LightningModule:
     """A LightningModule around the lab's model, loss, optimizer and schedule."""
+    import lightning
     import torch
     from torch import nn
 
@@ -200,11 +216,11 @@ def _module(lightning, net, cfg, total_steps: int):
             self.forward_net = torch.compile(net) if cfg.model.compile else net
             self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.train.label_smoothing)
 
-        def training_step(self, batch, batch_idx):
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
             inputs, labels = batch
             return self.criterion(self.forward_net(inputs), labels)
 
-        def configure_optimizers(self):
+        def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
             optimizer = optim.build_optimizer(self.net, cfg.train, self.device)
             schedule = optim.build_schedule(optimizer, cfg.train, total_steps, cfg.origin)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
@@ -212,11 +228,13 @@ def _module(lightning, net, cfg, total_steps: int):
     return LabResNet()
 
 
-def _clock(lightning, device, warmup: int, steps: int):
-    """A callback timing steps warmup+1..steps, the device finished at both ends (CUDA runs asynchronously);
-    losses are summed on the device, read once at the end, so the loop never waits for them."""
+def _clock(device: torch.device, warmup: int, steps: int) -> tuple[pl.Callback, Callable[[int], dict[str, Any]]]:
+    """A callback timing steps warmup+1..steps, the device finished at both ends (CUDA runs asynchronously), and
+    its result for a global batch; losses are summed on the device, read once at the end, so the loop never waits
+    for them."""
     import time
 
+    import lightning
     import torch
 
     class Clock(lightning.Callback):
@@ -225,7 +243,15 @@ def _clock(lightning, device, warmup: int, steps: int):
             self.started: float | None = None  # the clock after the warm-up's last step
             self.stopped: float | None = None  # and after the last
 
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        def on_train_batch_end(
+            self,
+            trainer: pl.Trainer,
+            module: pl.LightningModule,
+            outputs: STEP_OUTPUT,
+            batch: tuple[torch.Tensor, torch.Tensor],
+            batch_idx: int,
+        ) -> None:
+            assert isinstance(outputs, Mapping)  # Lightning hands training_step's loss back as {"loss": loss}
             step = trainer.global_step  # optimizer steps done, this one included
             self.losses[0 if step <= warmup else 1] += outputs["loss"].detach().to(torch.float64)
             if step == warmup:
@@ -253,10 +279,11 @@ def _clock(lightning, device, warmup: int, steps: int):
                 "timed_loss": timed / (steps - warmup),
             }
 
-    return Clock()
+    clock = Clock()
+    return clock, clock.result
 
 
-def _device_name(device) -> str:
+def _device_name(device: torch.device) -> str:
     import torch
 
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -11,13 +11,14 @@ overhead. Goal: at most 1% (ratio <= 1.01).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import threading
 import urllib.request
 from typing import Any
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from lab.measure.bench.train import harness
     from lab.run import config
     from lab.run.observability import metrics
@@ -58,7 +59,9 @@ def run(args) -> int:
     return 0
 
 
-def summarize(on: list[float], off: list[float], args, scrapes: int, failures: int) -> dict[str, Any]:
+def summarize(
+    on: list[float], off: list[float], args: argparse.Namespace, scrapes: int, failures: int
+) -> dict[str, Any]:
     ratio = statistics.mean(on) / statistics.mean(off)
     return {
         "benchmark": "metrics-overhead",

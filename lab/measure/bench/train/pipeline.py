@@ -14,30 +14,40 @@ lab's data path at least 10x the DataLoader's at equal batch size.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
 import time
-from typing import Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # imported where used: `lab bench --help` must not wait for torch
+    import torch
+    from PIL import Image
 
 
 class _PilDataset:
     """CIFAR-10 as torchvision's CIFAR10 class serves it: HWC uint8 arrays -> PIL -> transforms."""
 
-    def __init__(self, images, labels, transform) -> None:
+    def __init__(
+        self, images: torch.Tensor, labels: torch.Tensor, transform: Callable[[Image.Image], torch.Tensor]
+    ) -> None:
         self.images = images.permute(0, 2, 3, 1).contiguous().numpy()
-        self.labels = labels.tolist()
+        self.labels: list[int] = labels.tolist()
         self.transform = transform
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         from PIL import Image
 
         return self.transform(Image.fromarray(self.images[index])), self.labels[index]
 
 
-def torchvision_loader(images, labels, batch_size: int, num_workers: int, pin_memory: bool, seed: int):
+def torchvision_loader(
+    images: torch.Tensor, labels: torch.Tensor, batch_size: int, num_workers: int, pin_memory: bool, seed: int
+) -> torch.utils.data.DataLoader[Any]:
     import torch
     from torchvision import transforms
 
@@ -64,7 +74,7 @@ def torchvision_loader(images, labels, batch_size: int, num_workers: int, pin_me
     )
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     import torch
 
     from lab.measure.bench.train import harness
@@ -91,7 +101,7 @@ def run(args) -> int:
             "torchvision": itertools.chain.from_iterable(itertools.repeat(tv_loader)),
         }
 
-        def next_batch(path: str):
+        def next_batch(path: str) -> tuple[torch.Tensor, torch.Tensor]:
             inputs, labels = next(streams[path])
             if path == "torchvision":  # the copy to the device is part of this path's cost
                 inputs = inputs.to(device, dtype=dtype, memory_format=memory_format, non_blocking=True)
@@ -125,7 +135,7 @@ def run(args) -> int:
     return 0
 
 
-def summarize(samples: dict[str, list[float]], args, device: str) -> dict[str, Any]:
+def summarize(samples: dict[str, list[float]], args: argparse.Namespace, device: str) -> dict[str, Any]:
     median = {k: statistics.median(v) for k, v in samples.items()}
     return {
         "benchmark": "pipeline",

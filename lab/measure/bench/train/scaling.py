@@ -24,15 +24,20 @@ and projects both to 8, 64 and 512 workers.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab import scaling_laws
 from lab.errors import LabError
 from lab.run.cluster import cores
+
+if TYPE_CHECKING:  # imported where used: `lab bench --help` must not wait for torch
+    from lab.run.cluster.dist import DistContext
+    from lab.run.config import Config
 
 
 def derive(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -156,7 +161,13 @@ def describe_fit(fitted: dict[str, Any]) -> str:
 
 
 def measure(
-    sizes: list[int], cfg, env: dict[str, str], steps: int, warmup: int, global_batch: Callable[[int], int], who: str
+    sizes: list[int],
+    cfg: Config,
+    env: dict[str, str],
+    steps: int,
+    warmup: int,
+    global_batch: Callable[[int], int],
+    who: str,
 ) -> list[dict[str, Any]] | None:
     """Each world size its own torchrun job of this module's worker, one after another; None (its output's tail and
     which size printed) when one fails. `lab predict` measures the same way."""
@@ -174,7 +185,7 @@ def measure(
     return results
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from lab import plots
     from lab.run import config
     from lab.run.cluster import runner
@@ -262,7 +273,7 @@ def world_sizes(largest: int) -> list[int]:
     return sizes if sizes[-1] == largest else [*sizes, largest]
 
 
-def _global_batch(args, n: int) -> int:
+def _global_batch(args: argparse.Namespace, n: int) -> int:
     return args.batch_per_rank * n if args.mode == "weak" else args.global_batch
 
 
@@ -339,7 +350,7 @@ def worker(argv: list[str]) -> None:
             )
 
 
-def _allreduce_seconds(ctx, gradient_bytes: int, calls: int = 9) -> dict[str, float]:
+def _allreduce_seconds(ctx: DistContext, gradient_bytes: int, calls: int = 9) -> dict[str, float]:
     """This job's all-reduce alone: one the size of all the gradients and one of 4 bytes, the bandwidth and latency a
     prediction reads (lab.measure.prediction.measured). Each call timed on its own, every rank starting together; the
     median

@@ -26,11 +26,15 @@ them they say so.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.errors import LabError
+
+if TYPE_CHECKING:  # imported where used: `lab bench --help` must not wait for torch
+    from lab.run.training.strategies.base import Strategy
 
 
 def strategy_rows() -> list[tuple[str, str, int, str]]:
@@ -71,7 +75,7 @@ def relative_gap(reference: dict[int, float], other: dict[int, float]) -> float:
     return max(abs(reference[s] - other[s]) / abs(reference[s]) for s in reference.keys() & other.keys())
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from lab import plots
     from lab.run import config
     from lab.run.cluster import cores, jobs, runner
@@ -264,7 +268,7 @@ def worker(argv: list[str]) -> None:
             )
 
 
-def held_bucket_bytes(strategy) -> int:
+def held_bucket_bytes(strategy: Strategy) -> int:
     """Bytes of DeepSpeed's IPG bucket buffers this rank holds now (stage 1/2: a list of buffers per dtype, emptied
     at the end of the backward at stage 2, in the step at stage 1; stage 3: one buffer per dtype, kept): 0 for DDP
     and FSDP, which have no such engine."""

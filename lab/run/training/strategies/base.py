@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ class Strategy(ABC):
         }
 
 
-def tensor_bytes(tensors) -> int:
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of `tensors` on this rank: a DTensor (FSDP2's sharded parameter) counts its local shard."""
     total = 0
     for t in tensors:

@@ -36,7 +36,7 @@ import logging
 import os
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -300,13 +300,13 @@ def _folder(path: Path) -> Path:
     return path.parent if path.name == POINTER else path
 
 
-def _tensors(*items) -> list[torch.Tensor]:
+def _tensors(*items: Any) -> list[torch.Tensor]:
     """The tensors in `items`, which may be lists and dicts of them (DeepSpeed keeps one entry per group)."""
     inner = [v for i in items if isinstance(i, (dict, list, tuple)) for v in (i.values() if isinstance(i, dict) else i)]
     return [i for i in items if torch.is_tensor(i)] + (_tensors(*inner) if inner else [])
 
 
-def _region_bytes(tensors) -> int:
+def _region_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of memory `tensors` cover, overlaps counted once (views of one flat buffer, a parameter and
     the shard it was gathered from are separate regions)."""
     spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors if t.numel())
