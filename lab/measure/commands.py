@@ -30,9 +30,9 @@ def memory(args: argparse.Namespace) -> int:
 
 
 def choose(args: argparse.Namespace) -> int:
-    from lab.measure.sizing import choose as tree
+    from lab.measure.sizing import choose_output
 
-    return tree.run(args)
+    return choose_output.run(args)
 
 
 def benchmarks() -> tuple[Command, ...]:

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab.errors import LabError
-from lab.measure.sizing import choose_output
 from lab.measure.sizing.memory import DEVICES_GB, activation_bytes, estimate
 from lab.run.config import strategies
 
@@ -349,14 +348,3 @@ def request(args: argparse.Namespace) -> tuple[Request, str]:
         f"{gb:g} GB{said}, {_gb(req.usable_bytes)} usable after {req.headroom:.0%} headroom; "
         f"{req.optimizer}, {req.precision}"
     )
-
-
-def run(args: argparse.Namespace) -> int:
-    from lab.run.training import runs
-
-    req, summary = request(args)
-    choice = decide(req)
-    if args.json:  # before printing: a closed pipe (| head) must not lose the file
-        runs.write_json(args.json, choose_output.record(req, args.interconnect, choice))
-    print(f"{summary}\n{choose_output.render(choice)}")
-    return 0

@@ -3,11 +3,11 @@ the choice, and the JSON record (the tree itself: lab.measure.sizing.choose)."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # the tree imports this module to print its choice
-    from lab.measure.sizing.choose import Choice, Request
+from lab.measure.sizing.choose import Choice, Request, decide, request
 
 # Horovod's memory is DDP's (a whole replica per GPU, gradients averaged): it fits exactly where step 1 does.
 HOROVOD_STATUS = (
@@ -73,3 +73,15 @@ def record(req: Request, interconnect: str, choice: Choice) -> dict[str, Any]:
             "notes": choice.notes,
         },
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    """`lab choose`: the tree walked for the request, printed (and written with --json)."""
+    from lab.run.training import runs
+
+    req, summary = request(args)
+    choice = decide(req)
+    if args.json:  # before printing: a closed pipe (| head) must not lose the file
+        runs.write_json(args.json, record(req, args.interconnect, choice))
+    print(f"{summary}\n{render(choice)}")
+    return 0
