@@ -13,10 +13,14 @@ setup: $(STAMP)
 
 # Second step: the [deepspeed] extra (dist.strategy=deepspeed). PyPI has its sdist only: built against the torch of
 # the first step (no build isolation), without its C++ ops (DS_BUILD_OPS=0: they JIT-build when used); ~20 s here.
-$(STAMP): pyproject.toml constraints.txt
+# The constraints are constraints.txt's, with the torch this host's NVIDIA driver runs where it is too old for the
+# pinned one (scripts/torch_for_driver.py: driver 525-579 gets torch 2.10.0, built for CUDA 12; older, one line
+# naming what to do, and make stops).
+$(STAMP): pyproject.toml constraints.txt scripts/torch_for_driver.py lab/machine/health/driver.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,notebook,room,lint]'
-	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -c constraints.txt -e '.[test,notebook,room,lint,deepspeed]'
+	$(PYTHON) scripts/torch_for_driver.py constraints.txt > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install --quiet -c $(VENV)/constraints.txt -e '.[test,notebook,room,lint]'
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -c $(VENV)/constraints.txt -e '.[test,notebook,room,lint,deepspeed]'
 	@touch $(STAMP)
 
 lab: $(STAMP)

@@ -16,7 +16,7 @@ import pytest
 
 from lab.run.cluster import hang
 
-SCRIPT = Path(__file__).parents[2] / "lab" / "pitfalls" / "planted_hang.py"
+SCRIPT = Path(__file__).parents[2] / "lab" / "course" / "pitfalls" / "planted_hang.py"
 TIMEOUT = 8.0  # dist.timeout_seconds of the planted runs
 HANG = 2.0  # dist.hang_seconds: the watchdog speaks this long into the stall
 GUARD = 180  # a hang must fail the test, not CI. Not a speed check.

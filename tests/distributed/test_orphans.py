@@ -103,6 +103,9 @@ def test_a_signal_to_lab_launch_leaves_no_worker_of_a_plain_script_running(tmp_p
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # as a terminal's job: the signal reaches the lab process alone
+        # and with SIGINT as a terminal gives it: a suite run as a background job (`cmd &` in a script, as CI's)
+        # passes SIGINT on ignored, and Ctrl-C would then be a no-op for the lab and its children
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         _wait_ready(tmp_path, lab)

@@ -128,17 +128,22 @@ def test_gpu_check_runs_its_steps_at_toy_sizes_on_a_bare_cpu_interpreter(tmp_pat
     # tests/infra/test_prometheus.py, tests/distributed/test_lightning_peer.py): the check is incomplete.
     assert status["metrics"] == "not run" and "prometheus_client" in details["metrics"], details["metrics"]
     assert status["Lightning peer"] == "not run" and "lightning" in details["Lightning peer"]
-    # Those not asked for are not run, saying so; the CUDA-only ones do not apply on a CPU
-    for step in set(status) - set(BARE_STEPS) - {"resume"}:
+    # The CUDA-only ones do not apply on a CPU, asked for or not; the others not asked for are not run, saying so
+    cuda_only = {s.name for s in gpu_check.STEPS if s.gpus}
+    for step in set(status) - set(BARE_STEPS) - {"resume"} - cuda_only:
         assert (status[step], details[step]) == ("not run", "not asked for (--only)"), (step, details[step])
+    assert {status[step] for step in cuda_only} == {"not applicable"}
     lines = proc.stdout.strip().splitlines()
     # The plan first, within the --quick budget, before any step starts; the table last.
     assert lines[0].startswith("gpu-check plan: ") and lines.index(
         next(x for x in lines if x.startswith("gpu-check: doctor"))
     ) > len(gpu_check.STEPS)
     assert int(lines[0].split("about ")[1].split(" s")[0]) == result["expected_seconds"] < 180
-    not_run = len(status) - len(ran)
-    assert lines[-2] == f"gpu-check: incomplete ({len(ran)} held, {not_run} not run of {len(status)} step(s))"
+    not_run = sum(v == "not run" for v in status.values())
+    n_a = sum(v == "not applicable" for v in status.values())
+    assert lines[-2] == (
+        f"gpu-check: incomplete ({len(ran)} held, {not_run} not run, {n_a} not applicable of {len(status)} step(s))"
+    )
     assert lines[-1].startswith(f"gpu-check: incomplete: {not_run} step(s) not run, so the check does not pass (")
     assert lines[-len(status) - 3].startswith("# lab gpu-check")
     assert result["finished"] and result["deadline_seconds"] <= 540

@@ -194,7 +194,7 @@ def _accepted_as_a_cpu_cluster_and_refused_once_broken(job: Path, output: str, t
     applies (CPU nodes), and fails as soon as validate.json says not ok, a node's recap failed, or the nodes are
     asked to be DGX H100s."""
     verdict = acceptance.judge(job, recap_text=output)
-    assert verdict["ok"] and verdict["reasons"] == [], verdict
+    assert verdict["verdict"] == "held" and verdict["reasons"] == [], verdict
     assert verdict["notes"] == [f"{node} has no GPU (platform cpu): no device check to run" for node in NODES]
     assert acceptance.judge(job, platform="h100-sxm-8")["reasons"][0].startswith("127.0.0.1: platform cpu, not")
     broken = tmp_path / "broken"
@@ -237,7 +237,8 @@ def test_validate_alone_fails_naming_the_node_below_its_floor_and_the_slow_node_
     assert not (tmp_path / "controller" / "job1" / "manifest.json").exists()  # validation only: nothing trained
     # docs/acceptance.md's pass rule on this real failing run: each problem, and each failed node's recap
     verdict = acceptance.judge(tmp_path / "controller" / "job1", recap_text=proc.stdout)
-    assert not verdict["ok"] and verdict["reasons"] == [f"validate.json: {p}" for p in validate["problems"]] + [
+    assert verdict["verdict"] == "failed"
+    assert verdict["reasons"] == [f"validate.json: {p}" for p in validate["problems"]] + [
         "127.0.0.2: PLAY RECAP failed=1 unreachable=0",
         "127.0.0.3: PLAY RECAP failed=1 unreachable=0",
     ]

@@ -239,7 +239,7 @@ def test_lesson_one_runs_in_three_seats_own_kernels_at_once(room):
     # where the lesson looks for its work), the others run the starter the cell copies, as a learner's first try.
     done = Path(pwd.getpwnam(SEATS[0]).pw_dir) / "exercises" / "convert.py"
     done.parent.mkdir(exist_ok=True)
-    shutil.copyfile(ROOT / "lab" / "exercises" / "convert" / "solution.py", done)
+    shutil.copyfile(ROOT / "lab" / "course" / "exercises" / "convert" / "solution.py", done)
     for path in (done.parent, done):
         shutil.chown(path, SEATS[0], SEATS[0])
 

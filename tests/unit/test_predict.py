@@ -144,3 +144,27 @@ def test_validate_command_prints_every_row_and_writes_json(tmp_path, capsys):
 def test_check_up_to_must_pass_measure_up_to(capsys):
     assert cli.main(["predict", "--measure-up-to", "3", "--check-up-to", "3"]) == 2
     assert "must be above --measure-up-to 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_bare_lab_predict_on_one_or_two_gpus_plans_only_what_they_allow(gpus, monkeypatch, capsys):
+    """No GPU here: the host's GPU count is faked (cores.gpu_count) and the measuring job replaced by a stand-in
+    that records what it was asked (say so). One rank a GPU: 1 or 2 GPUs cannot hold a world of 3, so a bare
+    `lab predict` measures and checks on CPU processes, with the GPUs hidden from them, and says so; a
+    --check-up-to past the GPUs is refused in one line."""
+    from lab.measure.bench.train import scaling
+    from lab.run.cluster import cores
+
+    asked = {}
+
+    def stand_in(sizes, cfg, env, steps, warmup, batch, label):
+        asked.update(sizes=sizes, hidden=env.get("CUDA_VISIBLE_DEVICES"))
+        return None  # as a job that failed: the command ends there
+
+    monkeypatch.setattr(cores, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(scaling, "measure", stand_in)
+    assert cli.main(["predict"]) == 1
+    assert asked["sizes"] == [1, 2, 3, 4] and asked["hidden"] == ""  # not ranks 2..4 on GPUs 0..1 (before: failed)
+    assert f"this host has {gpus} GPU(s), too few" in capsys.readouterr().out
+    assert cli.main(["predict", "--check-up-to", "3"]) == 2
+    assert f"--check-up-to 3: this host has {gpus} GPU(s), one a rank" in capsys.readouterr().err

@@ -68,6 +68,22 @@ COLLECTIVES = (
 )
 
 
+def _tensors(args: tuple[Any, ...]) -> list[Any]:
+    import torch
+
+    found: list[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):  # a list of tensors, or batch_isend_irecv's P2POps (each holds one)
+            found.extend(
+                x if isinstance(x, torch.Tensor) else x.tensor
+                for x in a
+                if hasattr(x, "tensor") or isinstance(x, torch.Tensor)
+            )
+    return found
+
+
 def _shapes(args: tuple[Any, ...]) -> list[list[int]]:
     import torch
 
@@ -96,7 +112,7 @@ def _patch_collectives(rec: Recorder) -> None:
                 result = original(*args, **kwargs)
             finally:
                 rec.inside.depth = depth
-            rec.write("coll", phase="exit", seq=seq, op=name)
+            rec.left(seq, name, _tensors(args), work=result)  # on NCCL: when the device is done, not at return
             return result
 
         return recorded
@@ -219,7 +235,7 @@ def _counting_allreduce(rec: Recorder) -> Any:
         # Held here too: a tensor Python has seen keeps its Python object, and where gloo's worker thread drops the
         # last reference it needs the GIL to free it, which torch 2.6's exit, joining that thread, holds.
         rec.buckets[bucket.index()] = tensor
-        rec.write("coll", phase="exit", seq=seq, op="ddp_allreduce")
+        rec.left(seq, "ddp_allreduce", [tensor])  # on NCCL the wait above orders the stream: done when it is
         finished: Any = torch.futures.Future()
         finished.set_result(tensor)
         return finished
@@ -283,13 +299,14 @@ def _patch_training(rec: Recorder) -> None:
     def cross_entropy(*args: Any, **kwargs: Any) -> Any:
         loss = original_ce(*args, **kwargs)
         if torch.is_grad_enabled() and loss.dim() == 0:
-            rec.write("loss", v=float(loss.detach()))
+            rec.loss(loss.detach())  # on CUDA read later, not here: no host sync in the learner's step loop
         return loss
 
     F.cross_entropy = cross_entropy
     torch.nn.modules.loss.F.cross_entropy = cross_entropy  # nn.CrossEntropyLoss calls it through its module
 
     def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+        rec.settle()
         rec.write("step", state_bytes=state_bytes(optimizer), peak_bytes=peak_bytes())
 
     register_optimizer_step_post_hook(after_step)

@@ -11,10 +11,13 @@ import os
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 HERE = os.path.dirname(__file__)  # the observer's own frames (its wrappers) are never "where" a call came from
 MAX_VALUES = 4096  # a tensor recorded element by element up to this many; beyond, its sum and norm only
+PENDING_LOSSES = 512  # device losses held unread at most: then read together (one host sync per this many steps)
 
 
 class Recorder:
@@ -30,11 +33,57 @@ class Recorder:
         self.models: list[Any] = []  # modules wrapped in DDP / DataParallel / fully_shard, for "end"
         self.inside = threading.local()  # depth of recorded collectives on this thread
         self.buckets: dict[int, Any] = {}  # each DDP bucket's latest tensor, held to the end (see _counting_allreduce)
+        self.pending: list[Any] = []  # the device's losses not read yet: reading one is a host sync
+        self.unfinished: deque[tuple[int, str, Any]] = deque()  # device collectives returned but not done yet
+        self.losses_read = 0  # device losses read so far (the index of pending[0])
 
     def write(self, event: str, **fields: Any) -> None:
         line = json.dumps({"e": event, "t": round(time.time(), 6), **fields}, default=str)
         with self._lock:
             self._file.write(line + "\n")
+
+    def loss(self, value: Any) -> None:
+        """A training loss, recorded in its place among the events. A CUDA loss is not read here: float() would make
+        the learner's step loop wait for the device at every forward. It is kept, its event says its index, and the
+        values are read together at the rank's end (or every PENDING_LOSSES), where a sync costs nothing."""
+        if not getattr(value, "is_cuda", False):
+            self.write("loss", v=float(value))
+            return
+        self.write("loss", i=self.losses_read + len(self.pending))
+        self.pending.append(value)
+        self.settle()
+        if len(self.pending) >= PENDING_LOSSES:
+            self.read_losses()
+
+    def read_losses(self) -> None:
+        """The device losses kept so far, read at once: one event {"e": "loss_values", "first": i, "v": [...]}."""
+        if not self.pending:
+            return
+        import torch
+
+        values = torch.stack([v.float() for v in self.pending]).cpu().tolist()
+        self.write("loss_values", first=self.losses_read, v=values)
+        self.losses_read += len(self.pending)
+        self.pending = []
+
+    def left(self, seq: int, op: str, tensors: Iterable[Any], work: Any = None) -> None:
+        """A recorded collective returned to the learner's code. On the CPU (gloo) that is when it is done: its exit
+        is written now. On CUDA (NCCL) a call returns when it is enqueued (barrier excepted), so a rank stuck in an
+        all-reduce would look as if it had left it: its exit waits for the device instead (the async call's Work,
+        else an event on the current stream, which a synchronous call has made wait for the collective) and is
+        written once that is done, in order, whenever the observer next looks (settle)."""
+        marker = finished_marker(tensors, work)
+        if marker is None and not self.unfinished:
+            self.write("coll", phase="exit", seq=seq, op=op)
+            return
+        self.unfinished.append((seq, op, marker))
+        self.settle()
+
+    def settle(self) -> None:
+        """The exits of the device collectives that are done now (they complete in the order they were enqueued)."""
+        while self.unfinished and done(self.unfinished[0][2]):
+            seq, op, _ = self.unfinished.popleft()
+            self.write("coll", phase="exit", seq=seq, op=op)
 
     def next_sequence(self) -> int:
         with self._lock:
@@ -53,6 +102,26 @@ class Recorder:
                 fallback = f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
             frame = frame.f_back
         return fallback or "?"
+
+
+def finished_marker(tensors: Iterable[Any], work: Any = None) -> Any:
+    """What says a collective on these tensors is done: None on the CPU (it is, when it returns); on CUDA the async
+    call's Work, else an event recorded on the current stream."""
+    if not any(getattr(t, "is_cuda", False) for t in tensors):
+        return None
+    if work is not None and hasattr(work, "is_completed"):
+        return work
+    import torch
+
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def done(marker: Any) -> bool:
+    if marker is None:
+        return True
+    return bool(marker.is_completed() if hasattr(marker, "is_completed") else marker.query())
 
 
 def local(tensor: Any) -> Any:
@@ -89,6 +158,8 @@ def values(tensor: Any) -> dict[str, Any]:
 
 
 def end(rec: Recorder) -> None:
+    rec.read_losses()  # reads the device: what was enqueued before it is done
+    rec.settle()
     models: list[dict[str, Any]] = []
     for model in rec.models:
         try:

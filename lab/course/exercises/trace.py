@@ -45,7 +45,22 @@ class Rank:
 
     @property
     def losses(self) -> list[float]:
-        return [e["v"] for e in self.events if e["e"] == "loss"]
+        """Each training loss in order: its value where the observer read it at once (CPU), else by its index from
+        the values read together later (CUDA: lab.course.exercises.recorder.Recorder.loss). A device loss whose
+        value was never read (the rank was killed first) is left out.
+
+        >>> Rank(0, [{"e": "loss", "i": 0}, {"e": "loss", "i": 1}, {"e": "loss_values", "first": 0, "v": [2.5, 2.25]},
+        ...          {"e": "loss", "i": 2}]).losses
+        [2.5, 2.25]
+        """
+        read = {e["first"] + k: v for e in self.events if e["e"] == "loss_values" for k, v in enumerate(e["v"])}
+        found = []
+        for e in self.events:
+            if e["e"] == "loss" and "v" in e:
+                found.append(e["v"])
+            elif e["e"] == "loss" and e.get("i") in read:
+                found.append(read[e["i"]])
+        return found
 
     @property
     def steps(self) -> int:

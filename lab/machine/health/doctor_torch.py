@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from lab.machine.health import fabric_manager
+from lab.machine.health import driver, fabric_manager
 from lab.run.cluster import cores, nvml
 from lab.verdict import FAILED, HELD, Check
 
@@ -45,8 +45,8 @@ def check_unusable_gpus(
     fabric = read_fabric()
     facts = {"cuda_error": init_error, "fabric": asdict(fabric)}
     said = f"torch (CUDA build {cuda_build}) cannot start CUDA: {init_error or 'no error given'}"
-    driver = fabric.driver or nvml.driver_version()
-    start = fabric_manager.start_advice(driver)
+    found_driver = fabric.driver or nvml.driver_version()
+    start = fabric_manager.start_advice(found_driver)
     # Error 802 (cudaErrorSystemNotReady) is the fabric's: it names the manager even where no switch is seen.
     not_ready = bool(re.search(r"\b802\b|not yet initialized", init_error))
     where = f"this is an NVSwitch system ({fabric.nvswitch})" if fabric.nvswitch else "error 802 is the fabric's"
@@ -66,6 +66,9 @@ def check_unusable_gpus(
             f"on the host (not in a container): systemctl status {fabric_manager.SERVICE}; if it is not "
             f"active, {start}",
         ), facts
+    mismatch = driver_mismatch(cuda_build, found_driver)
+    if mismatch:
+        return Check("devices", FAILED, f"{said}; {mismatch[0]}", mismatch[1]), facts
     return Check(
         "devices",
         FAILED,
@@ -73,6 +76,32 @@ def check_unusable_gpus(
         "check nvidia-smi; a driver older than torch's CUDA build needs a newer "
         "driver or a torch built for the driver's CUDA; a container needs --gpus all",
     ), facts
+
+
+def driver_mismatch(cuda_build: str, driver_version: str | None) -> tuple[str, str] | None:
+    """(what is wrong, what to do) when this driver is older than torch's CUDA build needs, else None.
+
+    >>> driver_mismatch("13.0", "550.54.15")[0]
+    'driver 550.54.15 is older than CUDA 13.0 needs (580.65.6 or newer)'
+    >>> driver_mismatch("13.0", "580.95.05"), driver_mismatch("12.8", "550.54.15"), driver_mismatch("13.0", None)
+    (None, None, None)
+    """
+    major = driver.version(cuda_build)[:1]
+    if not driver_version or not major or major[0] not in driver.DRIVER_MINIMUM:
+        return None
+    if driver.cuda_major_runs(driver_version, major[0]):
+        return None
+    wheel = driver.wheel_for(driver_version)
+    fix = (
+        f"install torch {wheel[0]} (built for CUDA {wheel[2]}, which this driver runs; make setup picks it), "
+        f"or upgrade the driver"
+        if wheel
+        else "upgrade the driver, or use the lab image (its NGC base matches its driver)"
+    )
+    return (
+        f"driver {driver_version} is older than CUDA {cuda_build} needs ({driver.minimum_text(major[0])} or newer)",
+        fix,
+    )
 
 
 def check_torch(

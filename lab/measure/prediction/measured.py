@@ -167,6 +167,29 @@ def render(rows: list[dict[str, Any]], inputs: model.Inputs, projected: list[dic
     return "\n".join(lines)
 
 
+def world(gpus: int, check_up_to: int | None, measure_up_to: int) -> tuple[int, int, bool]:
+    """(GPUs used, the largest world, whether the GPUs are hidden): one rank a GPU, so a prediction checked on
+    GPUs needs a GPU for each rank up to --check-up-to. A host with fewer GPUs than a bare `lab predict` checks on
+    (measure_up_to + 1) predicts on CPU processes instead, saying so; --check-up-to past the GPUs is refused.
+
+    >>> world(8, None, 2), world(2, None, 2), world(1, None, 2), world(0, None, 2), world(0, 6, 2)
+    ((8, 8, False), (0, 4, True), (0, 4, True), (0, 4, False), (0, 6, False))
+    """
+    if check_up_to is not None and check_up_to <= measure_up_to:
+        raise LabError(
+            f"--check-up-to {check_up_to}: must be above --measure-up-to {measure_up_to} "
+            "(the ranks to predict and measure)"
+        )
+    if gpus and check_up_to is not None and check_up_to > gpus:
+        raise LabError(
+            f"--check-up-to {check_up_to}: this host has {gpus} GPU(s), one a rank; use at most "
+            f"--check-up-to {gpus}, or predict on CPU processes: CUDA_VISIBLE_DEVICES= lab predict"
+        )
+    if gpus > measure_up_to:
+        return gpus, check_up_to or gpus, False
+    return 0, check_up_to or 4, gpus > 0
+
+
 def run(args: argparse.Namespace) -> int:
     from lab import plots
     from lab.measure.bench.train import scaling
@@ -176,12 +199,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.plot:
         plots.require()
-    gpus = cores.gpu_count()
-    largest = args.check_up_to or (gpus if gpus > 2 else 4)
-    if largest <= args.measure_up_to:
-        raise LabError(
-            f"--check-up-to {largest}: must be above --measure-up-to {args.measure_up_to} "
-            "(the ranks to predict and measure)"
+    present = cores.gpu_count()
+    gpus, largest, hide_gpus = world(present, args.check_up_to, args.measure_up_to)
+    if hide_gpus:
+        print(
+            f"lab predict: this host has {present} GPU(s), too few to measure 1..{args.measure_up_to} and check a "
+            f"larger world on GPUs (a rank a GPU): measured and checked on CPU processes over gloo instead",
+            flush=True,
         )
     runner.check_processes(largest, f"--check-up-to {largest}")
     cfg = config.load(args.config or ("workshop-gpu" if gpus else "smoke"), list(args.overrides))
@@ -190,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     for n in sizes:
         config.check_layout(config.with_overrides(cfg, train={"global_batch_size": batch * n}), n)
     threads = cores.threads_per_process(largest)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **({"CUDA_VISIBLE_DEVICES": ""} if hide_gpus else {})}
     results = scaling.measure(sizes, cfg, env, args.steps, args.warmup, lambda n: batch * n, "predict")
     if results is None:
         return 1

@@ -4,15 +4,19 @@ the lab's own; read as one snapshot (the analysis of a hang, lab.run.cluster.han
 The Flight Recorder (torch >= 2.8 on gloo, NCCL since 2.4) keeps a ring of every collective a process group
 enqueued: its sequence number, operation, sizes and the Python frames that called it, and per group the last
 sequence number enqueued and completed. It must be on before the first process group is made
-(TORCH_FR_BUFFER_SIZE); on gloo it dumps nothing by itself, so the lab reads it (`_dump_fr_trace`) when a rank
-stalls or a collective raises. torch 2.6 and 2.7 have it for NCCL only (`_dump_nccl_trace`): there the lab wraps
-torch.distributed's collectives in Python instead, which sees the calls made from Python (a DDP bucket's
-all-reduce, made in C++, is not among them).
+(TORCH_FR_BUFFER_SIZE); it dumps nothing by itself, so the lab reads it when a rank stalls or a collective raises.
+There are two recorders: the CPU-event one that gloo writes, dumped by `_dump_fr_trace`, and NCCL's own, dumped by
+`_dump_nccl_trace` (torch's distributed/debug/_debug_handlers.py serves the same as dump_nccl_trace_json). Each
+dump says nothing of the other's groups (a gloo group's collectives are not in NCCL's dump, and an NCCL group's
+not in the CPU one), so a snapshot reads both and keeps each group from the one that holds it. torch 2.6 and 2.7
+have NCCL's only: for gloo there the lab wraps torch.distributed's collectives in Python instead, which sees the
+calls made from Python (a DDP bucket's all-reduce, made in C++, is not among them).
 
     flight.enable()                 # before init_process_group
     flight.snapshot(reason="...")   # this rank's record: {"source", "groups", "entries", "stack"}
 
-LAB_FLIGHT_RECORDER=0 turns recording off (the benchmark's "without" side); its cost is in BENCHMARKS.md.
+LAB_FLIGHT_RECORDER=0 turns recording off (the benchmark's "without" side): TORCH_FR_BUFFER_SIZE=0, since torch
+2.14 records 2000 entries by default when the variable is unset. Its cost is in BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import torch
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 SWITCH_ENV = "LAB_FLIGHT_RECORDER"  # 0: no record at all
 BUFFER_ENTRIES = 512  # collectives kept per process: many steps of DDP buckets; a dump reads them all (~0.1 s)
+# The recorders a snapshot reads: the CPU-event one (gloo; torch >= 2.8) and NCCL's own (torch >= 2.4)
+DUMPS = ("_dump_fr_trace", "_dump_nccl_trace")
 ENTRIES_KEPT = 6  # per group in a snapshot: the one in flight and the few before it
 # Frames that are not the line a reader wants: torch's own, and the lab's thin wrappers of a collective.
 NOT_THE_CALLER = (
@@ -67,10 +73,11 @@ def on() -> bool:
 
 
 def recording() -> str | None:
-    """What records this process's collectives now: 'flight recorder', 'lab record' or None."""
+    """What records this process's collectives now: 'flight recorder', 'lab record' or None. Unset, the buffer is
+    torch's default: recording, from torch 2.14 (enable() always sets it, on or off)."""
     if not on():
         return None
-    if has_flight_recorder() and int(os.environ.get(BUFFER_ENV) or 0) > 0:
+    if has_flight_recorder() and int(os.environ.get(BUFFER_ENV) or 2000) > 0:
         return "flight recorder"
     return "lab record" if _PythonRecord.installed else None
 
@@ -80,11 +87,13 @@ def has_flight_recorder() -> bool:
 
 
 def enable() -> str | None:
-    """Turn recording on for the groups this process will make: 'flight recorder', 'lab record' or None (off)."""
+    """Turn recording on for the groups this process will make: 'flight recorder', 'lab record' or None (off:
+    the buffer set to 0, which is off; unset would be torch's default, on)."""
     if not on():
+        os.environ[BUFFER_ENV] = "0"
         return None
+    os.environ.setdefault(BUFFER_ENV, str(BUFFER_ENTRIES))  # NCCL's recorder too, on torch 2.6 and 2.7
     if has_flight_recorder():
-        os.environ.setdefault(BUFFER_ENV, str(BUFFER_ENTRIES))
         return "flight recorder" if int(os.environ[BUFFER_ENV] or 0) > 0 else None
     _PythonRecord.install()
     return "lab record"
@@ -118,12 +127,13 @@ def snapshot(reason: str, failed: bool = False) -> dict[str, Any]:
     """This rank's record now: each group's last enqueued and completed collective, the last few entries, and
     where the main thread is (user frames first). `failed`: the last collective raised (the Flight Recorder
     counts it completed; for a hang it is the one this rank was in)."""
-    if has_flight_recorder() and int(os.environ.get(BUFFER_ENV) or 0) > 0:
-        groups, entries, source = _from_flight_recorder()
-    elif _PythonRecord.installed:
-        groups, entries, source = _PythonRecord.read()
-    else:
-        groups, entries, source = {}, [], None
+    groups, entries, source = _from_flight_recorder() if int(os.environ.get(BUFFER_ENV) or 0) > 0 else ({}, [], None)
+    if _PythonRecord.installed:  # torch < 2.8: a gloo group is the Python record's, an NCCL group the recorder's
+        python_groups, python_entries, python = _PythonRecord.read()
+        fresh = {g: s for g, s in python_groups.items() if g not in groups}
+        groups.update(fresh)
+        entries += [e for e in python_entries if e["group"] in fresh]
+        source = source or python
     if failed and entries:
         last = max(entries, key=lambda e: e.get("created", 0))
         status = groups.get(last["group"])
@@ -144,19 +154,35 @@ def snapshot(reason: str, failed: bool = False) -> dict[str, Any]:
     }
 
 
-def _from_flight_recorder() -> tuple[dict[str, Any], list[dict[str, Any]], str]:
-    dump = pickle.loads(torch._C._distributed_c10d._dump_fr_trace(True, True, False))  # type: ignore[attr-defined]
-    groups = {
-        str(pg): {
-            "enqueued": int(st.get("last_enqueued_collective", -1)),
-            "completed": int(st.get("last_completed_collective", -1)),
-        }
-        for pg, st in (dump.get("pg_status") or {}).items()
-    }
-    kept: dict[str, deque] = {}
-    for e in dump.get("entries") or []:
-        pg = str(e.get("pg_id", e.get("process_group", ("?",))[0]))
-        kept.setdefault(pg, deque(maxlen=ENTRIES_KEPT)).append(e)
+def _dump(name: str) -> dict[str, Any] | None:
+    """One recorder's dump (`_dump_fr_trace` or `_dump_nccl_trace`), None where this torch has none."""
+    function = getattr(torch._C._distributed_c10d, name, None)
+    if function is None:
+        return None
+    try:
+        dumped: dict[str, Any] = pickle.loads(function(True, True, False))
+    except Exception:  # a build without NCCL, or a recorder that cannot dump now: it holds nothing for the lab
+        return None
+    return dumped
+
+
+def _from_flight_recorder() -> tuple[dict[str, Any], list[dict[str, Any]], str | None]:
+    """Both recorders read (DUMPS): each group's status and entries from the dump that holds them."""
+    groups: dict[str, dict[str, int]] = {}
+    kept: dict[str, deque[dict[str, Any]]] = {}
+    for dump in filter(None, map(_dump, DUMPS)):
+        for pg, st in (dump.get("pg_status") or {}).items():
+            status = {
+                "enqueued": int(st.get("last_enqueued_collective", -1)),
+                "completed": int(st.get("last_completed_collective", -1)),
+            }
+            if str(pg) not in groups or status["enqueued"] > groups[str(pg)]["enqueued"]:
+                groups[str(pg)] = status  # an empty status of the other recorder does not hide this one's
+        for e in dump.get("entries") or []:
+            pg = str(e.get("pg_id", e.get("process_group", ("?",))[0]))
+            kept.setdefault(pg, deque(maxlen=ENTRIES_KEPT)).append(e)
+    if not groups and not kept:
+        return {}, [], None
     entries = []
     for pg, few in kept.items():
         for e in few:

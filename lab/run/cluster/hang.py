@@ -59,11 +59,14 @@ def _where(frame: dict[str, Any] | None) -> str:
 
 
 def _in_flight(snap: dict[str, Any], group: str) -> dict[str, Any] | None:
-    """The collective this rank enqueued on `group` and has not completed, with its entry where one was kept."""
+    """The collective this rank waits in on `group`, with its entry where one was kept: the first it enqueued and
+    has not completed, `completed + 1`. Not the last enqueued: NCCL enqueues asynchronously, so a rank that waits in
+    bucket all-reduce #5 may have queued #6 and #7 behind it (gloo and the Python record enqueue one at a time,
+    where the two are the same)."""
     status = (snap.get("groups") or {}).get(group)
     if not status or status["enqueued"] <= status["completed"]:
         return None
-    seq = status["enqueued"]
+    seq = status["completed"] + 1
     entry = next((e for e in snap.get("entries") or [] if e["group"] == group and e["seq"] == seq), None)
     return entry or {"group": group, "seq": seq, "op": "a collective", "sizes": None, "where": None}
 

@@ -155,12 +155,13 @@ def _likely_cause(
 
 
 def _sends_per_call(runs: dict[int, Run]) -> dict[int, int]:
-    """Rank 0's sends in its last graded call, per world size (where it made one)."""
+    """Rank 0's sends in its last graded call, per world size (where it made one): each send or isend, and each
+    batch_isend_irecv (a ring's step: one send to the right grouped with one receive from the left)."""
     found = {}
     for n, run in runs.items():
         calls = _inside_calls(run.ranks[0]) if run.ranks else []
-        if calls and not any(e["op"] == "batch_isend_irecv" for e in calls[-1]):
-            found[n] = sum(e["op"] in ("send", "isend") for e in calls[-1])
+        if calls:
+            found[n] = sum(e["op"] in ("send", "isend", "batch_isend_irecv") for e in calls[-1])
     return found
 
 
@@ -192,22 +193,25 @@ def only_point_to_point(runs: dict[int, Run]) -> Check:
                         FAILED,
                         f"on {n} ranks, rank {r.rank}'s ring_all_reduce called dist.{other[0]['op']} "
                         f"({other[0].get('where', '?')})",
-                        "the exercise is all-reduce built from point-to-point messages: dist.send/recv (or "
-                        "isend/irecv) only; a library collective inside does the work for you",
+                        "the exercise is all-reduce built from point-to-point messages: dist.batch_isend_irecv (or "
+                        "send/recv, isend/irecv) only; a library collective inside does the work for you",
                     )
                 if not call:
                     return Check(
                         name,
                         FAILED,
                         f"on {n} ranks, rank {r.rank}'s ring_all_reduce made no torch.distributed call",
-                        "the sum must travel round the ring through dist.send/recv (or isend/irecv); a call the "
+                        "the sum must travel round the ring through dist.batch_isend_irecv (or send/recv); a call the "
                         "check cannot see (a ProcessGroup's own methods, distributed_c10d's) does not count",
                     )
             if r.rank == 0 and calls:
                 sends = sum(e["op"] in ("send", "isend") for e in calls[-1])
                 receives = sum(e["op"] in ("recv", "irecv") for e in calls[-1])
                 batches = sum(e["op"] == "batch_isend_irecv" for e in calls[-1])
-                made = f"{sends} sends, {receives} receives" + (f", {batches} batches" if batches else "")
+                made = ", ".join(
+                    [f"{sends} sends, {receives} receives"] * bool(sends or receives or not batches)
+                    + [f"{batches} grouped send/receive steps"] * bool(batches)
+                )
                 counts.append(f"{n} ranks: {made} a call (a ring's 2(n-1) = {2 * (n - 1)} steps)")
     if not counts:
         run = next(iter(runs.values()))

@@ -20,12 +20,14 @@ def chunk_bounds(numel: int, world: int) -> list[tuple[int, int]]:
 
 
 def exchange(outgoing: torch.Tensor, incoming: torch.Tensor, right: int, left: int) -> None:
-    """Send to the right neighbour while receiving from the left one. isend first: if every rank sent with a
-    blocking send before receiving, each could wait on its neighbour's receive and the ring would stand still."""
-    sending = dist.isend(outgoing, right)
-    dist.recv(incoming, left)
-    assert sending is not None  # None only on a rank outside the group
-    sending.wait()
+    """Send to the right neighbour and receive from the left one, together, as one group of point-to-point
+    operations. Blocking sends on every rank before any receive would each wait on a neighbour's receive; and NCCL
+    runs a send and a receive that are in flight together only when they are grouped (ncclGroupStart/End, which
+    batch_isend_irecv does): an isend then a recv to the same peer completes only while the chunk fits NCCL's
+    buffers."""
+    ops = [dist.P2POp(dist.isend, outgoing, right), dist.P2POp(dist.irecv, incoming, left)]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
 
 
 def ring_all_reduce(tensor: torch.Tensor) -> None:

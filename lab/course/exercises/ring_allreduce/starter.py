@@ -7,7 +7,8 @@ the chunk that arrives from the left into this rank's own, until every rank hold
 all-gather: world_size - 1 steps passing those full sums on round the ring. Each rank sends 2 (n - 1) / n of the
 tensor in all, whatever the world size n: that is why the ring scales.
 
-Write ring_all_reduce below with dist.send / dist.recv (or dist.isend / dist.irecv) only, then try it:
+Write ring_all_reduce below with point-to-point operations only (dist.batch_isend_irecv; or dist.send /
+dist.recv), then try it:
 
     torchrun --standalone --nproc-per-node 3 ring_allreduce.py
 
@@ -31,8 +32,10 @@ def ring_all_reduce(tensor: torch.Tensor) -> None:
     # chunk may be empty when there are fewer elements than ranks). Views into it (flat[start:end]) let you
     # write the sums in place.
     # TODO(ring): your neighbours: send to the right, (rank + 1) % world; receive from the left, (rank - 1) % world.
-    # A blocking dist.send on every rank before any receives can leave each waiting on the next: start the send
-    # with dist.isend, dist.recv into a fresh buffer, then wait on the send.
+    # Each step sends and receives together, as one group: dist.batch_isend_irecv([dist.P2POp(dist.isend, chunk,
+    # right), dist.P2POp(dist.irecv, buffer, left)]), then .wait() on each request it returns. (A blocking
+    # dist.send on every rank before any receive leaves each waiting on the next; and NCCL runs a send and a
+    # receive in flight together only when they are grouped like this.)
     # TODO(ring): reduce-scatter, world - 1 steps: at step s send chunk (rank - s) % world, receive chunk
     # (rank - s - 1) % world's partial sum and add it into yours. After the last step this rank holds the full sum
     # of chunk (rank + 1) % world.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from typing import Any
 
 GOAL = 1.01  # ratio of step times, on / off
@@ -114,11 +113,14 @@ def worker(argv: list[str]) -> None:
 
         step_seconds = harness.timed(ctx, train, barrier=True) / steps
         tiny = torch.ones(1, device=ctx.device)
-        dist.barrier(ctx)
-        started = time.perf_counter()
-        for _ in range(calls):
-            dist.all_reduce_sum(ctx, tiny)
-        allreduce_seconds = (time.perf_counter() - started) / calls
+
+        def reduce() -> None:
+            for _ in range(calls):
+                dist.all_reduce_sum(ctx, tiny)
+
+        # timed to the device's end: on NCCL a call returns when enqueued, so the host's clock alone would time
+        # the launches, not the all-reduces
+        allreduce_seconds = harness.timed(ctx, reduce, barrier=True) / calls
         gathered = dist.all_gather_object(ctx, (step_seconds, allreduce_seconds))
         slowest = (max(g[0] for g in gathered), max(g[1] for g in gathered))  # the slowest rank sets the pace
         if ctx.is_primary:
