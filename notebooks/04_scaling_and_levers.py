@@ -152,8 +152,10 @@ validation = lesson.results(folder / "predict-validate.json")
 # - The prediction: every input printed with its source (measured here on 1 and 2 ranks, a platform table, or
 #   assumed), then the step predicted and measured at 3 ranks and its error. On a 2-core CPU the 3 processes take
 #   turns on the cores, which the model counts (compute grows by 3/2): about 9-10% off on an idle machine, tens of
-#   percent on a busy one. The validation's rows stay within their stated bound (every row's error in the output);
-#   its MLPerf row is the limit of any throughput model: larger global batches need more epochs.
+#   percent on a busy one. The validation prints each row's signed error and side (optimistic or pessimistic):
+#   neither side holds more than two thirds, and the bound, set on half of the rows, is checked on the other half
+#   (17 of 18 within it); its MLPerf row is the limit of any throughput model: larger global batches need more
+#   epochs.
 #
 # **Ask:** your strong-scaling fit says s = 0.25. How fast can this job ever get, and what does Gustafson say about
 # the same s at 8 processes?
@@ -213,10 +215,12 @@ lesson.expect(predicted and all(r["predicted_step_seconds"] > 0 and r["measured_
                   f"{r['world_size']} ranks predicted {r['predicted_step_seconds'] * 1e3:.0f} ms, measured "
                   f"{r['measured_step_seconds'] * 1e3:.0f} ms ({r['error']:.0%} off)" for r in predicted)
               + ", each input with its source")
-checked = [r for r in validation["rows"] if r.get("error") is not None]
-lesson.expect(checked and all(r["error"] <= validation["bound"] for r in checked),
-              f"lab predict --validate: {len(checked)} published rows reproduced, the largest error "
-              f"{max(r['error'] for r in checked):.1%} within the stated bound {validation['bound']:.0%}")
+sides, held = validation["bias"], validation["halves"]["held_out"]
+lesson.expect(max(sides["optimistic"], sides["pessimistic"]) <= 2 / 3 * sides["rows"]
+              and held["within_bound"] >= 0.8 * held["rows"],
+              f"lab predict --validate: {sides['rows']} published rows, {sides['optimistic']} predicted optimistic and "
+              f"{sides['pessimistic']} pessimistic; {held['within_bound']} of the {held['rows']} held out within the "
+              f"{validation['bound']:.0%} bound set on the other half")
 
 # %% [markdown]
 # ## Your turn: accumulate gradients, one all-reduce per step

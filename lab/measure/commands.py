@@ -14,7 +14,7 @@ from lab.measure.sizing import arguments as sizing_arguments
 
 
 def predict(args: argparse.Namespace) -> int:
-    if args.validate:
+    if args.validate or args.rows:
         from lab.measure.prediction import validate
 
         return validate.run(args)

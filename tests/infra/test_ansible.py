@@ -134,6 +134,7 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
         assert (job / "validate" / f"facts-{node}" / "nvidia-smi-gpus.rc").read_text().strip() == "127"
         assert (job / "validate" / f"node-{node}.json").exists()
     _accepted_as_a_cpu_cluster_and_refused_once_broken(job, proc.stdout, tmp_path)
+    _predicted_from_its_own_links(job)
 
     # A run that succeeded leaves launch logs without pages of C++ stack: the roll call no longer polls the
     # head's store once every node arrived, and lab launch folds the stack c10d prints under a warning when
@@ -171,7 +172,7 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
 
     # the merged report, made on the controller by `lab report`
     report = (job / "report.md").read_text()
-    assert job.name in report and "## Fabric validation" in report and "Verdict: passed" in report
+    assert job.name in report and "## Fabric validation" in report and "Verdict: held" in report
     for png in re.findall(r"\]\(([^)]+\.png)\)", report):
         assert (job / png).stat().st_size > 0
 
@@ -187,6 +188,17 @@ def test_the_readme_two_node_command_as_typed_validates_trains_and_brings_the_re
     assert given.startswith("--config smoke") and ran.startswith(f"$ {torchrun} -m lab train --resolved /")
     assert ran.endswith("/config.json") and f"lab launch: -m lab train {given}: checked here" in "\n".join(log)
     print(f"two-node play: {seconds:.0f} s")
+
+
+def _predicted_from_its_own_links(job: Path) -> None:
+    """docs/prediction.md: `lab predict --calibration` takes the links this play's validate run measured (the two
+    CPU "nodes'" all-reduces) instead of the rows' own, and says which inputs came from it."""
+    table = ROOT / "lab" / "measure" / "prediction" / "tables" / "pytorch-ddp-25mb.yaml"
+    proc = run([PYTHON, "-m", "lab", "predict", "--rows", str(table), "--calibration", str(job / "validate.json")])
+    validate = json.loads((job / "validate.json").read_text())
+    node = min(n["pairs"][0]["busbw"] or n["pairs"][0]["avg_busbw"] for n in validate["nodes"].values())
+    assert f"links from {job / 'validate.json'}: a node {node:g} GB/s" in proc.stdout, proc.stdout[-2000:]
+    assert "1 rank(s) a node (measured: every row's own links replaced)" in proc.stdout
 
 
 def _accepted_as_a_cpu_cluster_and_refused_once_broken(job: Path, output: str, tmp_path: Path) -> None:

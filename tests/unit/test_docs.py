@@ -174,6 +174,10 @@ NOT_RUN_HERE = {
     "--timeout 20 --hang 4": "a planted hang of 20 s; tests/distributed/test_hang.py runs it (rank 2 of 4) with a "
     "shorter timeout",
     ".venv/bin/lab bench lightning --config workshop-cpu --steps 60": MINUTES,
+    ".venv/bin/lab predict --rows my-rows.yaml": "a file of your own: tests/unit/test_predict.py writes the page's "
+    "example rows and runs the command on them",
+    ".venv/bin/lab predict --rows my-rows.yaml --calibration runs/accept-1/validate.json": "a file of your own and an "
+    "acceptance run: tests/unit/test_predict.py and tests/infra/test_ansible.py run it on a real validate.json",
     ".venv/bin/lab report runs/<workshop id>": PLACEHOLDER,
     ".venv/bin/lab rerun runs/<run_id>": PLACEHOLDER,
     ".venv/bin/lab rerun runs/<run_id> --steps 40 --json rerun.json": PLACEHOLDER,

@@ -367,7 +367,7 @@ def test_the_predict_line_states_the_largest_error_and_refuses_what_tested_nothi
     assert argv[argv.index("--measure-up-to") + 1] == "2" and argv[argv.index("--config") + 1] == "workshop-gpu"
     assert outcome.verdict == "held" and outcome.figures["rows"][-1]["world_size"] == 8
     assert outcome.detail.startswith(
-        "8 GPUs: measured on 1 and 2, predicted then measured on 3-8: largest error 3.0% at 8 (within 20%, "
+        "8 GPUs: measured on 1 and 2, predicted then measured on 3-8: largest error 3.0% at 8 (within 10%, "
     )
     assert "bound: met); at 8 a step predicted 33.2 ms, measured 34.2 ms" in outcome.detail
     for doc, says in (

@@ -6,6 +6,16 @@ import argparse
 
 from lab.run.config.arguments import PROCESSES, at_least, config_args, output_file
 
+
+def readable_file(text: str) -> str:
+    """A file that exists and can be read: refused at parse time, in one line."""
+    import os
+
+    if not os.path.isfile(text) or not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text}: no such readable file")
+    return text
+
+
 PLATFORMS = ("h100-sxm-8", "h200-sxm-8", "a100-sxm-8")  # lab.measure.platforms' DGX rows: node and NIC figures
 
 
@@ -14,7 +24,19 @@ def predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--validate",
         action="store_true",
-        help="reproduce the published scaling tables from their inputs, each row with its error (no run)",
+        help="reproduce the published scaling tables from their inputs, each row with its signed error (no run)",
+    )
+    p.add_argument(
+        "--rows",
+        type=readable_file,
+        metavar="FILE",
+        help="predict the rows of this file (YAML or JSON: docs/prediction.md), each with its signed error (no run)",
+    )
+    p.add_argument(
+        "--calibration",
+        type=readable_file,
+        metavar="VALIDATE_JSON",
+        help="the links a `lab validate` run measured (its validate.json) instead of a platform table or the rows' own",
     )
     p.add_argument(
         "--measure-up-to",

@@ -28,6 +28,7 @@ from typing import Any
 from lab import scaling_laws
 from lab.errors import LabError
 from lab.measure.prediction import model
+from lab.measure.prediction import rows as rows_table
 from lab.measure.prediction.model import Assumption, Link
 
 
@@ -109,20 +110,34 @@ def compare(inputs: model.Inputs, measured: list[dict[str, Any]], from_ranks: in
     return rows
 
 
-def project(inputs: model.Inputs, platform_key: str) -> list[dict[str, Any]]:
-    """This step at 8, 64 and 512 GPUs on a platform's nodes (its node busbw and its NICs), per strategy."""
+def project(
+    inputs: model.Inputs, platform_key: str, calibration: rows_table.Calibration | None = None
+) -> list[dict[str, Any]]:
+    """This step at 8, 64 and 512 GPUs on a platform's nodes (its node busbw and its NICs), per strategy; or, with a
+    calibration, on the nodes a `lab validate` run measured (its node's and all nodes' all-reduce bus bandwidth)."""
     from lab.measure import platforms
 
-    platform = platforms.BY_KEY[platform_key]
-    assert platform.node_healthy_gbps is not None and platform.ib is not None and platform.gpu_count
-    count, rate, _ = platform.ib
-    on = replace(
-        inputs,
-        intra=Link(model.ASSUMED_INTRA_LATENCY_SECONDS, platform.node_healthy_gbps * 1e9),
-        inter=Link(model.ASSUMED_INTER_LATENCY_SECONDS, platforms.NIC_EFFICIENCY * count * rate / 8 * 1e9),
-        gpus_per_node=platform.gpu_count,
-        cores=None,
-    )
+    if calibration is not None:
+        node = calibration.node_gbytes * 1e9
+        across = (calibration.nodes_gbytes or calibration.node_gbytes) * 1e9
+        on = replace(
+            inputs,
+            intra=Link(model.ASSUMED_INTRA_LATENCY_SECONDS, node),
+            inter=Link(model.ASSUMED_INTER_LATENCY_SECONDS, across),
+            gpus_per_node=calibration.ranks_per_node,
+            cores=None,
+        )
+    else:
+        platform = platforms.BY_KEY[platform_key]
+        assert platform.node_healthy_gbps is not None and platform.ib is not None and platform.gpu_count
+        count, rate, _ = platform.ib
+        on = replace(
+            inputs,
+            intra=Link(model.ASSUMED_INTRA_LATENCY_SECONDS, platform.node_healthy_gbps * 1e9),
+            inter=Link(model.ASSUMED_INTER_LATENCY_SECONDS, platforms.NIC_EFFICIENCY * count * rate / 8 * 1e9),
+            gpus_per_node=platform.gpu_count,
+            cores=None,
+        )
     return [
         model.predict(model.with_strategy(on, strategy), n)
         for n in scaling_laws.PROJECT_AT
@@ -130,7 +145,13 @@ def project(inputs: model.Inputs, platform_key: str) -> list[dict[str, Any]]:
     ]
 
 
-def render(rows: list[dict[str, Any]], inputs: model.Inputs, projected: list[dict[str, Any]], context: str) -> str:
+def render(
+    rows: list[dict[str, Any]],
+    inputs: model.Inputs,
+    projected: list[dict[str, Any]],
+    context: str,
+    calibration: rows_table.Calibration | None = None,
+) -> str:
     lines = [
         f"Predicted from 1..{max(r['world_size'] for r in rows if r['input'])} ranks, then measured: {context}.",
         "",
@@ -148,11 +169,18 @@ def render(rows: list[dict[str, Any]], inputs: model.Inputs, projected: list[dic
             f" | {error} | {r['predicted_samples_per_second']:.1f} | {r['measured_samples_per_second']:.1f} |"
         )
     if projected:
+        where = (
+            f"node and all nodes' bus bandwidth measured by `lab validate` ({calibration.source}: "
+            f"{calibration.node_gbytes:g} and {calibration.nodes_gbytes or calibration.node_gbytes:g} GB/s, "
+            f"{calibration.ranks_per_node} rank(s) a node)"
+            if calibration
+            else "node and NIC bus bandwidth from a platform table (lab.measure.platforms)"
+        )
         lines += [
             "",
-            "This step projected past this machine (weak scaling): node and NIC bus bandwidth from a platform table "
-            f"(lab.measure.platforms), latency per ring step assumed {model.ASSUMED_INTRA_LATENCY_SECONDS * 1e6:g} us "
-            f"in a node, {model.ASSUMED_INTER_LATENCY_SECONDS * 1e6:g} us between nodes:",
+            f"This step projected past this machine (weak scaling): {where}, latency per ring step assumed "
+            f"{model.ASSUMED_INTRA_LATENCY_SECONDS * 1e6:g} us in a node, "
+            f"{model.ASSUMED_INTER_LATENCY_SECONDS * 1e6:g} us between nodes:",
             "",
         ]
         lines += [
@@ -222,11 +250,12 @@ def run(args: argparse.Namespace) -> int:
     on_cpu = results[0]["device"] == "cpu"
     inputs = inputs_from(measured[0], measured[args.measure_up_to - 1], cores.available() if on_cpu else None, threads)
     rows = compare(inputs, measured, args.measure_up_to)
-    projected = project(inputs, args.platform)
+    calibration = rows_table.Calibration.read(args.calibration) if args.calibration else None
+    projected = project(inputs, args.platform, calibration)
     context = f"{results[0]['data']}, ResNet-18 width {cfg.model.width}, {results[0]['device']}, batch {batch} a rank"
     if on_cpu:
         context += f", {threads} thread(s) a rank on {cores.available()} cores"
-    print(render(rows, inputs, projected, context), flush=True)
+    print(render(rows, inputs, projected, context, calibration), flush=True)
     result = {
         "benchmark": "predict",
         "context": context,
@@ -234,7 +263,11 @@ def run(args: argparse.Namespace) -> int:
         "rows": rows,
         "measured": measured,
         "assumptions": [a.__dict__ for a in inputs.assumptions],
-        "projection": {"platform": args.platform, "rows": projected},
+        "projection": {
+            "platform": None if calibration else args.platform,
+            "calibration": calibration.source if calibration else None,
+            "rows": projected,
+        },
     }
     if args.json:
         runs.write_json(args.json, result)

@@ -5,6 +5,8 @@ Collectives, the alpha-beta cost of each (alpha: one step's latency, B: the bus 
 
     ring all-reduce      2(n-1) alpha + 2(n-1)/n S / B       (reduce-scatter then all-gather, n-1 steps each)
     tree all-reduce      2 log2(n) alpha + 2 S / B           (pipelined binary trees: up, then down)
+    hierarchical         a ring reduce-scatter in each node, the nodes' all-reduce of S/g between them, an
+                         all-gather in each node (g GPUs a node; Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE)
     reduce-scatter, all-gather (ring)   (n-1) alpha + (n-1)/n S / B
 
 2(n-1)/n is nccl-tests' all-reduce busbw factor (lab.measure.bench.comm.collective): with B the measured busbw, the
@@ -20,8 +22,11 @@ backward time W, bucket i ready at W x (bytes up to i) / S:
 
 so when the communication is faster than the backward pass only the last bucket's all-reduce shows, and when it is
 slower the excess shows as well. A step is then compute + the rest + what shows + the wrapper's own cost (DDP's
-hooks and copies: measured, never hidden, the same at every N). `overlap` in [0, 1] says how much of what could hide
-does (1: DDP's design; a CPU whose all-reduce takes cores from the backward pass hides less: measured by `lab
+hooks and copies: measured, never hidden, the same at every N) + the ranks' spread: every collective waits for the
+slowest rank, so a step of N ranks is the slowest of N step times. With each rank's step time spread by a relative
+sigma, the slowest of N is E[max of N] sigma longer, E[max of N] the expected largest of N standard normal draws
+(Blom's approximation: 0 at N = 1, 0.59 at 2, 1.43 at 8, 3.03 at 512). `overlap` in [0, 1] says how much of what
+could hide does (1: DDP's design; a CPU whose all-reduce takes cores from the backward pass hides less: measured by `lab
 predict`).
 
 Strategies, bytes a rank moves per step for P parameters (ZeRO paper, section 7; lab.measure.sizing.choose):
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 from typing import Any
 
 MIB = 2**20
@@ -97,6 +103,8 @@ class Inputs:
     cores: int | None = None  # CPU ranks: processors on the node (ranks beyond them share), None: a device each
     threads_per_rank: int = 1
     strategy: str = "ddp"
+    hierarchical: bool = False  # across nodes: reduce-scatter in the node, all-reduce between nodes, all-gather
+    spread: float = 0.0  # the ranks' step times' relative spread (sigma): the slowest of N sets the pace
     assumptions: tuple[Assumption, ...] = field(default_factory=tuple)
 
 
@@ -122,6 +130,34 @@ def ring_half_seconds(nbytes: float, n: int, link: Link) -> float:
 def allreduce_seconds(nbytes: float, n: int, link: Link) -> float:
     """The faster of ring and tree, as NCCL's tuner picks per size."""
     return min(ring_allreduce_seconds(nbytes, n, link), tree_allreduce_seconds(nbytes, n, link))
+
+
+def hierarchical_allreduce_seconds(nbytes: float, n: int, inputs: Inputs) -> float:
+    """Over several nodes, in three phases: a reduce-scatter within each node, an all-reduce of each GPU's 1/g share
+    between the nodes, an all-gather within each node (g GPUs a node).
+
+    >>> nodes = Inputs(1.0, 0.0, 8e9, 1, intra=Link(0.0, 100e9), inter=Link(0.0, 10e9), gpus_per_node=8)
+    >>> round(hierarchical_allreduce_seconds(8e9, 16, nodes), 4)   # 2 x 7/8 x 80 ms in the nodes, 1 GB over 2 nodes
+    0.24
+    """
+    g = min(n, inputs.gpus_per_node)
+    if n <= g or inputs.inter is None:
+        return allreduce_seconds(nbytes, n, inputs.intra)
+    nodes = math.ceil(n / g)
+    within = 2 * ring_half_seconds(nbytes, g, inputs.intra)
+    between = allreduce_seconds(nbytes / g, nodes, inputs.inter)
+    return within + between
+
+
+def expected_slowest(n: int) -> float:
+    """E[max of n standard normal draws], Blom's approximation: how many sigmas the slowest of n ranks is behind.
+
+    >>> [round(expected_slowest(n), 2) for n in (1, 2, 8, 512)]
+    [0.0, 0.59, 1.43, 3.03]
+    """
+    if n <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
 def path(inputs: Inputs, n: int) -> Link:
@@ -193,7 +229,10 @@ def predict(inputs: Inputs, n: int) -> dict[str, Any]:
     grads = inputs.gradient_bytes
     if inputs.strategy == "ddp":
         sizes = buckets(grads, inputs.bucket_bytes)
-        times = [allreduce_seconds(b, n, link) for b in sizes]
+        if inputs.hierarchical:
+            times = [hierarchical_allreduce_seconds(b, n, inputs) for b in sizes]
+        else:
+            times = [allreduce_seconds(b, n, link) for b in sizes]
         total = sum(times)
         exposed = _hidden(total, exposed_seconds(times, sizes, window), inputs.overlap)
     elif inputs.strategy in ("zero1", "zero2"):
@@ -212,7 +251,8 @@ def predict(inputs: Inputs, n: int) -> dict[str, Any]:
         backward_exposed = _hidden(sum(backward_times), exposed_seconds(backward_times, sizes, window), inputs.overlap)
         exposed = forward_exposed + backward_exposed
     wrapper = inputs.wrapper_seconds if n >= inputs.wrapped_from else 0.0
-    step = compute + other + exposed + wrapper
+    slowest = (compute + other) * inputs.spread * expected_slowest(n)  # every collective waits for the last rank
+    step = compute + other + exposed + wrapper + slowest
     alone = inputs.compute_seconds + inputs.other_seconds
     return {
         "world_size": n,
@@ -223,6 +263,7 @@ def predict(inputs: Inputs, n: int) -> dict[str, Any]:
         "communication_seconds": total,
         "exposed_communication_seconds": exposed,
         "wrapper_seconds": wrapper,
+        "slowest_rank_seconds": slowest,
         "step_seconds": step,
         "samples_per_second": n * inputs.samples_per_rank / step,
         "efficiency": alone / step,

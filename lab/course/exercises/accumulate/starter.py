@@ -12,9 +12,9 @@ the way it should under DDP:
 
 Do the two TODO(accumulate), run it
 
-    torchrun --standalone --nproc-per-node 2 accumulate.py --accumulate 4
+    torchrun --standalone --nproc-per-node 2 exercises/accumulate.py --accumulate 4
 
-and check it: `lab exercise check accumulate accumulate.py`. The check runs it on 2 ranks with its own sizes,
+and check it: `lab exercise check accumulate`. The check runs it on 2 ranks with its own sizes,
 counts DDP's all-reduces between optimizer steps, and compares the final weights with one process trained on the
 large batch (micro-batch x K x ranks samples a step). Keep the options, the model, the data and the seed.
 """

@@ -7,9 +7,9 @@ It runs as it is, on one device:
 
 Make it run as
 
-    torchrun --standalone --nproc-per-node 2 convert.py --epochs 2
+    torchrun --standalone --nproc-per-node 2 exercises/convert.py --epochs 2
 
-with every TODO(ddp) done, then check it: `lab exercise check convert convert.py`. The check runs it on 2 and on
+with every TODO(ddp) done, then check it: `lab exercise check convert`. The check runs it on 2 and on
 3 ranks with its own sizes and seeds and measures what each rank did. Keep the command-line options as they are:
 the check passes them. --batch-size stays the global batch (images per optimizer step, over all ranks).
 """

@@ -2,11 +2,11 @@
 
 Run it as
 
-    torchrun --standalone --nproc-per-node 2 starter.py
+    torchrun --standalone --nproc-per-node 2 exercises/fix_batchnorm.py
 
 It trains a small classifier with a BatchNorm layer under DDP, each rank on a shard that holds some classes only,
 then every rank evaluates the model on one shared test set. DDP keeps the weights identical, yet the ranks print
-different test losses. Fix the TODO, then check it: `lab exercise check fix-batchnorm starter.py` compares the
+different test losses. Fix the TODO, then check it: `lab exercise check fix-batchnorm` compares the
 BatchNorm running statistics every rank holds at the end. Keep the command-line options: the check passes its own.
 """
 

@@ -2,12 +2,12 @@
 
 Run it as
 
-    torchrun --standalone --nproc-per-node 2 starter.py --checkpoint /tmp/toy.pt
+    torchrun --standalone --nproc-per-node 2 exercises/fix_checkpoint.py --checkpoint /tmp/toy.pt
 
 It trains a small classifier under DDP, writes the weights to --checkpoint, and then every rank restores them
 into a fresh model, as a resumed run would, and reports its test loss. It fails, and it has two more mistakes
 that happen not to fail here every time. Fix the three TODOs, then check it:
-`lab exercise check fix-checkpoint starter.py` watches every torch.save and torch.load of every rank.
+`lab exercise check fix-checkpoint` watches every torch.save and torch.load of every rank.
 Keep the command-line options: the check passes its own.
 """
 

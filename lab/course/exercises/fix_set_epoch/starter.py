@@ -2,11 +2,11 @@
 
 Run it as
 
-    torchrun --standalone --nproc-per-node 2 starter.py
+    torchrun --standalone --nproc-per-node 2 exercises/fix_set_epoch.py
 
 It trains a small classifier under DDP for a few epochs, a DistributedSampler giving each rank its share of
 a shuffled data set. The shuffle is not doing what it should: fix the TODO, then check it with
-`lab exercise check fix-set-epoch starter.py`, which counts the samples each rank reads in each epoch.
+`lab exercise check fix-set-epoch`, which counts the samples each rank reads in each epoch.
 Keep the command-line options: the check passes its own.
 """
 

@@ -2,12 +2,12 @@
 
 Run it as
 
-    torchrun --standalone --nproc-per-node 2 starter.py
+    torchrun --standalone --nproc-per-node 2 exercises/fix_uneven.py
 
 and it trains a small classifier under DDP, each rank over its own slice of the data, as when a data set comes
 split into files of different lengths: rank 0's slice has a few samples more, so one batch more. Watch it hang
 after the last full batch. Make it end, with every rank holding the same weights, then check it:
-`lab exercise check fix-uneven starter.py`. Keep the command-line options: the check passes its own.
+`lab exercise check fix-uneven`. Keep the command-line options: the check passes its own.
 """
 
 import argparse

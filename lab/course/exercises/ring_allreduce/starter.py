@@ -10,9 +10,9 @@ tensor in all, whatever the world size n: that is why the ring scales.
 Write ring_all_reduce below with point-to-point operations only (dist.batch_isend_irecv; or dist.send /
 dist.recv), then try it:
 
-    torchrun --standalone --nproc-per-node 3 ring_allreduce.py
+    torchrun --standalone --nproc-per-node 3 exercises/ring_allreduce.py
 
-and check it: `lab exercise check ring-allreduce ring_allreduce.py`. The check calls your ring_all_reduce itself
+and check it: `lab exercise check ring-allreduce`. The check calls your ring_all_reduce itself
 on 2, 3 and 4 ranks, with tensors of its own (sizes that do not divide by the world size among them), compares
 each result with dist.all_reduce's, records which torch.distributed calls yours made, and times it beside the
 library's.

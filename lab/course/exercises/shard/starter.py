@@ -8,9 +8,9 @@ the same loss at every step as DDP's, up to float rounding.
 
 Do the TODO(shard), run it
 
-    torchrun --standalone --nproc-per-node 2 shard.py
+    torchrun --standalone --nproc-per-node 2 exercises/shard.py
 
-and check it: `lab exercise check shard shard.py`. The check runs it and this script's DDP twin on 2 ranks and
+and check it: `lab exercise check shard`. The check runs it and this script's DDP twin on 2 ranks and
 compares what every rank did: fully_shard's calls, the bytes of model state each rank holds at each optimizer
 step, and the loss at each step. Keep the options, the model, the data, the optimizer and the seed.
 (fully_shard is public in torch.distributed.fsdp from torch 2.6; on torch 2.6 it needs GPUs.)
