@@ -101,8 +101,9 @@ test-fast: $(STAMP)
 # config and strong scaling (DDP's no_sync, unchanged since torch 1.x; FSDP's accumulation stays), a BatchNorm run
 # learning, the disk-space checks, and the process runner (process groups and signals are the kernel's, not
 # torch's), and of the exercises the grading of each planted mistake (the observer's patches of torch, which do
-# depend on its version, are proved by the convert solution, the hang and the comm exercises), and the hang record's
-# cost benchmark (its record there, the Python one, is proved by the planted hangs), and `lab predict`'s run (its
+# depend on its version, are proved by the convert solution, the hang and the comm exercises, and own-ddp's
+# solution proves its hooks and async handles; its starter, --class and plants are the grader's logic), and the hang
+# record's cost benchmark (its record there, the Python one, is proved by the planted hangs), and `lab predict`'s run (its
 # jobs are the scaling benchmark's worker, left out above; its model is torch-free). The course scripts
 # stay: NGC 25.01's torch is this one. About 4 minutes of CI's time.
 # From PyPI, whose x86_64 torch wheels are CUDA builds (~3 GB with their nvidia-* libraries, about 2 minutes
@@ -127,7 +128,9 @@ LOWEST_SKIPS := --ignore=tests/distributed/test_rerun.py --ignore=tests/distribu
                 $(addprefix --deselect=tests/distributed/test_exercise_convert.py::test_,the_unchanged_starter \
                   each_planted_mistake a_share_of_the_batch a_resume_that start_copies) \
                 $(addprefix --deselect=tests/distributed/test_exercise_comm.py::test_,each_ the_ring_starter \
-                  the_accumulate_starter the_shard_starter)
+                  the_accumulate_starter the_shard_starter) \
+                $(addprefix --deselect=tests/distributed/test_exercise_own_ddp.py::test_,the_starter each_mistake \
+                  a_frozen_parameter a_class_written class_is_refused)
 
 $(LOWEST_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)

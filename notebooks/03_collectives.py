@@ -157,3 +157,27 @@ path = lesson.exercise("ring-allreduce")
 
 # %%
 result = lesson.check_exercise("ring-allreduce")
+
+# %% [markdown]
+# ## Your turn: DDP itself, and its overlap
+# DDP is the all-reduce you just wrote, used well: it broadcasts rank 0's weights once, then, in every backward, puts
+# the gradients in buckets (the last layer's first: the backward makes them first) and launches each bucket's
+# all-reduce *while the backward is still computing the earlier layers*. That overlap is why DDP scales. In
+# `exercises/own_ddp.py` you write `MyDDP(module, bucket_mb)`: the broadcast, a hook per parameter
+# (`register_post_accumulate_grad_hook`), buckets, `dist.all_reduce(..., async_op=True)` from the hook, and a
+# `finish()` that waits, averages and copies back before the optimizer step. First with `bucket_mb=0` (an
+# all-reduce per parameter), then with buckets. The places are marked `TODO(own-ddp)`; this one is `own-ddp` (about
+# 40 minutes).
+
+# %%
+path = lesson.exercise("own-ddp")
+
+# %% [markdown]
+# Do the `TODO(own-ddp)`s, then run the next cell. The check builds its own model (with a frozen first layer), gives
+# every rank different weights, and on 2, 3 and 4 ranks measures from outside your code: that rank 0's weights
+# reached every rank, your weights after 3 steps against one process on the whole batch, the all-reduces a step
+# against the parameters (stage 1) and the buckets 0.3 MiB makes (stage 2), how many of them were in flight while the
+# backward computed more gradients (the overlap), and your step time beside torch's DDP on the same model.
+
+# %%
+result = lesson.check_exercise("own-ddp")

@@ -104,6 +104,7 @@ def option_cases(words: tuple[str, ...], parser: argparse.ArgumentParser, folder
 # Options whose value is text the command reads itself (a size, a list, an address): one wrong value each, as a
 # user would mistype it. A new free-text option gets a row here, or test_every_free_text_option_has_a_bad_value fails.
 FREE_TEXT = {
+    "--class": "not a class",
     "--minbytes": "lots",
     "--maxbytes": "-1M",
     "--size": "big",

@@ -378,3 +378,45 @@ def test_the_predict_line_states_the_largest_error_and_refuses_what_tested_nothi
         monkeypatch.setattr(gpu_check.Harness, "lab", writes(doc))
         with pytest.raises(gpu_check.StepFailed, match=says):
             gpu_check.predict(check)
+
+
+def _own_ddp_result(backends: dict[int, str]) -> dict:
+    """The shape `lab exercise check own-ddp --json` writes, each world size over the backend given."""
+    checks = [
+        {"name": f"runs on {n} ranks", "verdict": "held", "detail": f"{n} ranks over {b} ended cleanly in 9 s"}
+        for n, b in backends.items()
+    ]
+    checks.append(
+        {
+            "name": "stage 2 (bucket_mb=0.3): all-reduces overlap the backward",
+            "verdict": "held",
+            "detail": "54 of 81 all-reduces (67%) in flight while the backward computed more gradients",
+        }
+    )
+    return {"exercise": "own-ddp", "verdict": "held", "seconds": 40.0, "checks": checks}
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_the_own_ddp_line_refuses_a_world_that_fell_back_to_gloo_on_gpus(tmp_path, monkeypatch, gpus):
+    # No GPU here: `lab exercise check own-ddp` is replaced by the JSON it writes (say so); what is checked is that
+    # the step holds only where every world size the GPUs allow ran over NCCL, and says which did.
+    check = gpu_check.Harness(out=tmp_path, quick=False, gpu=True, gpus=gpus)
+    from lab.machine.devicecheck import train_steps
+
+    def written(backends: dict[int, str]) -> None:
+        monkeypatch.setattr(
+            gpu_check.Harness,
+            "lab",
+            lambda self, log, *args: (tmp_path / "exercise-own-ddp.json").write_text(
+                json.dumps(_own_ddp_result(backends))
+            ),
+        )
+
+    right = {n: "nccl" if gpus >= n else "gloo" for n in (2, 3, 4)}
+    written(right)
+    line, _ = train_steps.own_ddp(check)
+    nccl = ", ".join(str(n) for n in (2, 3, 4) if gpus >= n)
+    assert f"{nccl} ranks over nccl" in line and "54 of 81 all-reduces (67%)" in line
+    written({n: "gloo" for n in (2, 3, 4)})  # the GPUs hidden from every rank: a CPU run, not the NCCL path
+    with pytest.raises(harness.StepFailed, match="did not use nccl"):
+        train_steps.own_ddp(check)

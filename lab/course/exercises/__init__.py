@@ -38,6 +38,7 @@ EXERCISES: dict[str, Exercise] = {
         Exercise("fix-batchnorm", "02", "BatchNorm statistics that agree across ranks", 10),
         Exercise("fix-uneven", "02", "uneven shards that no longer leave a rank waiting in all-reduce", 10),
         Exercise("ring-allreduce", "03", "all-reduce from send and recv around a ring, any size, any world", 25),
+        Exercise("own-ddp", "03", "DDP itself: broadcast, gradient hooks, buckets, async all-reduce, overlap", 40),
         Exercise("accumulate", "04", "gradient accumulation with no_sync: one all-reduce per optimizer step", 15),
         Exercise("shard", "05", "the model under FSDP2's fully_shard: less memory per rank, the same curve", 15),
     )

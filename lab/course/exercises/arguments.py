@@ -41,3 +41,10 @@ def check_args(p: argparse.ArgumentParser) -> None:
         "seconds, but a room's seats share the cores)",
     )
     p.add_argument("--json", type=output_file, metavar="PATH", help="write the checklist as JSON")
+    p.add_argument(
+        "--class",
+        dest="class_name",
+        metavar="NAME|MODULE:NAME",
+        help="own-ddp only: the class to grade, NAME in FILE (default MyDDP), or NAME in an importable MODULE (a "
+        "class written for another course's adapter, such as Stanford CS336's DDPBucketed)",
+    )

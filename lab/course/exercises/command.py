@@ -13,11 +13,14 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import importlib.util
 import json
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from lab import atomic
 from lab.course.exercises import EXERCISES, folder, module_name
@@ -77,18 +80,43 @@ def learner_file(name: str, given: Path | None, directory: Path | None) -> Path:
     return path.resolve()
 
 
+def graded(args: argparse.Namespace, class_name: str | None, tmp: Path) -> tuple[Path, dict[str, str]]:
+    """The file to run and the check's options. `--class MODULE:NAME` grades NAME imported from MODULE (from the
+    current folder, as Python finds it): a file of one import line stands in for the learner's."""
+    if not class_name:
+        return learner_file(args.name, args.file, args.dir), {}
+    module, _, name = class_name.rpartition(":")
+    if not name.isidentifier() or (module and not all(part.isidentifier() for part in module.split("."))):
+        raise LabError(f"--class {class_name}: not a class name (NAME, or MODULE:NAME such as cs336_systems.ddp:DDP)")
+    if not module:
+        return learner_file(args.name, args.file, args.dir), {"class_name": name}
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        raise LabError(f"--class {class_name}: no module {module.split('.')[0]} here (run from the folder above it)")
+    stand_in = tmp / "graded_class.py"
+    stand_in.write_text(f"from {module} import {name}  # lab exercise check --class {class_name}\n")
+    return stand_in, {"class_name": name}
+
+
+def _grade(grade: Any, path: Path, timeout: float, options: dict[str, str]) -> list[Check]:
+    try:
+        return list(grade(path, timeout, **options))
+    except Exception as exc:  # the grader's own run (a reference) failed: said, recorded, never a traceback
+        return [Check("the grader's own runs", FAILED, f"could not grade: {exc}".splitlines()[0][:300])]
+
+
 def check(args: argparse.Namespace) -> int:
     from lab.course import records
     from lab.course.exercises import grading
 
-    path = learner_file(args.name, args.file, args.dir)
-    grade = importlib.import_module(module_name(args.name)).check
-    print(f"lab exercise check {args.name}: running {path} under torchrun, watched ...", file=sys.stderr, flush=True)
-    started = time.time()
-    try:
-        checks = grade(path, args.timeout)
-    except Exception as exc:  # the grader's own run (a reference) failed: said, recorded, never a traceback
-        checks = [Check("the grader's own runs", FAILED, f"could not grade: {exc}".splitlines()[0][:300])]
+    class_name = getattr(args, "class_name", None)
+    if class_name and args.name != "own-ddp":
+        raise LabError(f"--class: {args.name} grades a file, not a class (--class is own-ddp's)")
+    with tempfile.TemporaryDirectory(prefix="lab-class-") as tmp:
+        path, options = graded(args, class_name, Path(tmp))
+        grade = importlib.import_module(module_name(args.name)).check
+        print(f"lab exercise check {args.name}: running {path} under torchrun, watched ...", file=sys.stderr)
+        started = time.time()
+        checks = _grade(grade, path, args.timeout, options)
     seconds = time.time() - started
     records.write(args.name, checks, started)
     verdict = overall(c.verdict for c in checks)
@@ -96,7 +124,7 @@ def check(args: argparse.Namespace) -> int:
     if args.json:
         doc = {
             "exercise": args.name,
-            "file": str(path),
+            "file": class_name if class_name and ":" in class_name else str(path),
             "verdict": verdict,
             "seconds": round(seconds, 1),
             "checks": [c.record() for c in checks],

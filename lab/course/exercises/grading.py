@@ -69,8 +69,9 @@ class Run:
         if self.timed_out:
             return f"{self.label} did not end within {self.timeout_seconds:g} s and was stopped: {hang(self)}"
         error = child_output.last_error_line(self.output) or "no error line"
-        stuck = hang(self) if any(r.waiting() for r in self.ranks) else ""
-        return f"{self.label} exited {self.returncode}: {error}" + (f" ({stuck})" if stuck else "")
+        if any(r.waiting() for r in self.ranks):  # the collectives first: the error is the backend's on the hang
+            return f"{self.label} exited {self.returncode}: {hang(self)} (then: {error[:160]})"
+        return f"{self.label} exited {self.returncode}: {error}"
 
 
 def hang(run: Run) -> str:

@@ -17,7 +17,9 @@ DIR/rank-R.jsonl, one JSON object a line, flushed at once so a rank that hangs o
     epoch        a DataLoader began an iteration (its sampler's type, and its epoch where it has one)
     batch        the dataset indices a batch fetched (the samples this rank really read)
     coll         a collective entered ("enter", its sequence number on this rank, op, shapes, the learner's line)
-                 and left ("exit"); a bucket all-reduce of DDP counts as op "ddp_allreduce"
+                 and left ("exit"); an async call (async_op=True) is marked "async", "wait" is written when the
+                 learner waits on its handle and "exit" when that returns; a bucket all-reduce of DDP counts as op
+                 "ddp_allreduce"
     save, load   torch.save / torch.load: the path, and a saved state dict's keys' "module." prefix
     loss         the value of each F.cross_entropy computed with gradients on
     step         an optimizer step, with the bytes of model state this rank holds (parameters, gradients,
@@ -41,7 +43,7 @@ import runpy
 import sys
 from typing import Any
 
-from lab.course.exercises.recorder import Recorder, Tee, end, peak_bytes, state_bytes
+from lab.course.exercises.recorder import Handle, Recorder, Tee, end, peak_bytes, state_bytes
 
 # Collectives a learner calls through torch.distributed: recorded once each (a collective torch runs inside
 # another, all_gather_object's all_gather, is not counted twice).
@@ -106,12 +108,17 @@ def _patch_collectives(rec: Recorder) -> None:
             if depth:
                 return original(*args, **kwargs)
             seq = rec.next_sequence()
-            rec.write("coll", phase="enter", seq=seq, op=name, shapes=_shapes(args), where=rec.where())
+            in_flight = {"async": True} if kwargs.get("async_op") else {}
+            rec.write("coll", phase="enter", seq=seq, op=name, shapes=_shapes(args), where=rec.where(), **in_flight)
             rec.inside.depth = depth + 1
             try:
                 result = original(*args, **kwargs)
             finally:
                 rec.inside.depth = depth
+            # In flight until the caller waits on its handle; torch's own callers (DDP's join, ...) hand their Work
+            # to its C++, which takes nothing else: theirs stays torch's, left at return as before.
+            if kwargs.get("async_op") and result is not None and not _from_torch(sys._getframe(1)):
+                return Handle(result, rec, seq, name, _tensors(args))
             rec.left(seq, name, _tensors(args), work=result)  # on NCCL: when the device is done, not at return
             return result
 
@@ -132,6 +139,10 @@ def _patch_collectives(rec: Recorder) -> None:
         return result
 
     dist.init_process_group = init_process_group
+
+
+def _from_torch(frame: Any) -> bool:
+    return f"{os.sep}torch{os.sep}" in frame.f_code.co_filename
 
 
 def _let_p2p_ops_take_recorded(dist: Any) -> None:
@@ -164,6 +175,8 @@ def _patch_wrappers(rec: Recorder) -> None:
         original_ddp_init(self, *args, **kwargs)
         rec.models.append(self.module)
         rec.write("ddp", where=rec.where())
+        if not rec.count_ddp:  # a grader's own DDP (own-ddp's comparison) keeps torch's hook, or one of its own
+            return
         try:
             self.register_comm_hook(None, _counting_allreduce(rec))
         except Exception as exc:  # a hook the learner set already, or a backend without hooks: counted as unknown

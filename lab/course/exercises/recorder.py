@@ -36,6 +36,7 @@ class Recorder:
         self.pending: list[Any] = []  # the device's losses not read yet: reading one is a host sync
         self.unfinished: deque[tuple[int, str, Any]] = deque()  # device collectives returned but not done yet
         self.losses_read = 0  # device losses read so far (the index of pending[0])
+        self.count_ddp = True  # DDP's buckets counted through a comm hook of the observer's (a probe may say no)
 
     def write(self, event: str, **fields: Any) -> None:
         line = json.dumps({"e": event, "t": round(time.time(), 6), **fields}, default=str)
@@ -102,6 +103,54 @@ class Recorder:
                 fallback = f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
             frame = frame.f_back
         return fallback or "?"
+
+
+class Handle:
+    """What an async collective (async_op=True) hands the learner: torch's Work, whose wait() also records the
+    collective's exit. Until the learner waits, the collective is in flight: a rank that never waits, or waits on a
+    peer that never came, is seen waiting in it; and the own-ddp check reads whether the backward went on computing
+    while it was in flight (its exit after the next gradient) or waited for it at once."""
+
+    def __init__(self, work: Any, rec: Recorder, seq: int, op: str, tensors: list[Any]) -> None:
+        self._work, self._rec, self._seq, self._op, self._tensors = work, rec, seq, op, tensors
+        self._left = False
+
+    def _waiting(self) -> None:
+        if not self._left:
+            self._rec.write("coll", phase="wait", seq=self._seq, op=self._op, where=self._rec.where())
+
+    def _done(self) -> None:
+        if not self._left:
+            self._left = True
+            self._rec.left(self._seq, self._op, self._tensors, work=self._work)
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._waiting()
+        result = self._work.wait(*args, **kwargs)
+        self._done()
+        return result
+
+    def get_future(self) -> Any:
+        return _Future(self._work.get_future(), self)
+
+    def __getattr__(self, name: str) -> Any:  # is_completed, exception, source_rank, ...: torch's Work's own
+        return getattr(self._work, name)
+
+
+class _Future:
+    """A Handle's get_future(): waiting on it is waiting on the collective."""
+
+    def __init__(self, future: Any, handle: Handle) -> None:
+        self._future, self._handle = future, handle
+
+    def wait(self) -> Any:
+        self._handle._waiting()
+        result = self._future.wait()
+        self._handle._done()
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._future, name)
 
 
 def finished_marker(tensors: Iterable[Any], work: Any = None) -> Any:

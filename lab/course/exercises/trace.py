@@ -79,13 +79,22 @@ class Rank:
         return [e for e in self.events if e["e"] == "coll" and e["phase"] == "enter" and (op is None or e["op"] == op)]
 
     def waiting(self) -> dict[str, Any] | None:
-        """The collective this rank entered and never left (where it was when stopped), or None."""
-        left = {e["seq"] for e in self.events if e["e"] == "coll" and e["phase"] == "exit"}
-        open_ = [e for e in self.collectives() if e["seq"] not in left]
+        """The collective this rank entered and never left (where it was when stopped), or None. An async one
+        (async_op=True) holds the rank only once it waits on its handle: there, at the line of the wait.
+
+        >>> Rank(0, [{"e": "coll", "phase": "enter", "seq": 1, "op": "all_reduce", "async": True, "where": "f.py:3"},
+        ...          {"e": "coll", "phase": "enter", "seq": 2, "op": "barrier", "where": "f.py:5"}]).waiting()["seq"]
+        2
+        """
+        events = [e for e in self.events if e["e"] == "coll"]
+        left = {e["seq"] for e in events if e["phase"] == "exit"}
+        waits = {e["seq"]: e for e in events if e["phase"] == "wait"}
+        open_ = [e for e in self.collectives() if e["seq"] not in left and (not e.get("async") or e["seq"] in waits)]
         if not open_:
             return None
         first = open_[0]
-        return {"seq": first["seq"], "op": first["op"], "where": first.get("where", "?")}
+        where = waits[first["seq"]] if first["seq"] in waits else first
+        return {"seq": first["seq"], "op": first["op"], "where": where.get("where", "?")}
 
     @property
     def ended(self) -> bool:

@@ -131,10 +131,38 @@ def exercise(c: Harness) -> Outcome:
         raise StepFailed(f"the solution's ranks did not use {expected}: {runs}")
     held = sum(check["verdict"] == HELD for check in doc["checks"])
     why = "" if c.gpus >= 3 else f" ({c.gpus} GPU here: 3 ranks need 3, so the CPU path)"
-    return Outcome(
-        "exercise",
-        HELD,
-        f"the convert solution: {held} of {len(doc['checks'])} checks held over {expected}{why}, "
-        f"{doc['seconds']:.0f} s",
-        figures=doc,
+    detail = f"the convert solution: {held} of {len(doc['checks'])} checks held over {expected}{why}, " + (
+        f"{doc['seconds']:.0f} s"
+    )
+    figures = {"convert": doc}
+    if c.gpus >= OWN_DDP_GPUS:
+        own, figures["own-ddp"] = own_ddp(c)
+        detail += f"; {own}"
+    return Outcome("exercise", HELD, detail, figures=figures)
+
+
+OWN_DDP_GPUS = 2  # own-ddp's check runs 2, 3 and 4 ranks: with 2 GPUs its 2-rank run is NCCL's; with 1, none is
+
+
+def own_ddp(c: Harness) -> tuple[str, dict[str, Any]]:
+    """`lab exercise check own-ddp` on the reference solution, on a host with GPUs for its NCCL runs: every check
+    held (the overlap read from the learner's waits, which on NCCL are the compute stream's order), each world size
+    over the backend its GPUs allow. A CPU host leaves it to the CPU tests (gloo), which grade it there."""
+    from lab.course.exercises import folder
+
+    result = c.out / "exercise-own-ddp.json"
+    c.lab("own-ddp", "exercise", "check", "own-ddp", str(folder("own-ddp") / "solution.py"), "--json", str(result))
+    doc = json.loads(result.read_text())
+    checks = {check["name"]: check for check in doc["checks"]}
+    for n in (2, 3, 4):
+        backend = "nccl" if c.gpus >= n else "gloo"
+        if f"over {backend}" not in checks[f"runs on {n} ranks"]["detail"]:
+            raise StepFailed(f"own-ddp's {n} ranks did not use {backend}: {checks[f'runs on {n} ranks']['detail']}")
+    held = sum(check["verdict"] == HELD for check in doc["checks"])
+    overlap = next(v["detail"] for k, v in checks.items() if k.startswith("stage 2") and "overlap" in k)
+    on_nccl = [n for n in (2, 3, 4) if c.gpus >= n]
+    return (
+        f"own-ddp's solution: {held} of {len(checks)} held, {', '.join(map(str, on_nccl))} ranks over nccl; "
+        f"stage 2 overlap: {overlap.split(' in flight')[0]}",
+        doc,
     )
