@@ -2,11 +2,11 @@
 whole-buffer int64 index and its arithmetic beside the benchmark's own buffers (72 GiB of live tensors at 8 GiB, on
 an 80 GB GPU). Measured here on the CPU, on a real one-rank gloo group, by a dispatch mode that counts the bytes of
 the tensor storages alive after every op: one size of each collective, timed and checked as `lab bench collective`
-does, holds at most its benchmark's own buffers plus one buffer of the message size."""
+does, holds at most its benchmark's own buffers plus one buffer of the message size (and its checks'
+chunk-sized temporaries)."""
 
 from __future__ import annotations
 
-import gc
 import weakref
 
 import pytest
@@ -41,15 +41,8 @@ class LiveBytes(TorchDispatchMode):
                 self.tensors[key] = self.tensors.get(key, 0) + 1
                 self.nbytes[key] = storage.nbytes()
                 weakref.finalize(t, self._gone, key)
-        if self._alive() > self.peak:
-            # a tensor caught in a reference cycle lives until the collector runs, which is whenever the process's
-            # allocation count says so (another test's garbage can decide it): collect before calling it a peak
-            gc.collect(1)
-            self.peak = max(self.peak, self._alive())
+        self.peak = max(self.peak, sum(self.nbytes[k] for k, n in self.tensors.items() if n > 0))
         return out
-
-    def _alive(self) -> int:
-        return sum(self.nbytes[k] for k, n in self.tensors.items() if n > 0)
 
     def _gone(self, key: int) -> None:
         self.tensors[key] -= 1
@@ -93,7 +86,11 @@ def test_a_size_timed_and_checked_holds_its_buffers_and_at_most_one_more(one_ran
 
     peak = _peak(measured)
     assert row is not None and row.oop_wrong == 0 and row.ip_wrong in (0, None)  # it checked, and found it right
-    assert own >= nbytes and peak <= own + nbytes, (
+    # the checks' own temporaries, a few int64 chunks, may sit on top of that one buffer: a collective's work object
+    # holds its tensors until gloo's thread lets go of it, on loaded cores after the next op began (CI saw 12.4 MiB
+    # here: 8 + 4 + 0.4). The defect this guards against, a whole-buffer int64 index, is 8 MiB more
+    temporaries = 16 * CHUNK * 8
+    assert own >= nbytes and peak <= own + nbytes + temporaries, (
         f"{name}: {peak / 2**20:.1f} MiB alive at most while measuring a {nbytes / 2**20:.0f} MiB size whose "
         f"buffers take {own / 2**20:.1f} MiB"
     )
