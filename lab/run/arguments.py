@@ -80,6 +80,21 @@ def launch_args(p: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="with --slurm: the rendezvous port on the allocation's first node",
     )
+    p.add_argument(
+        "--hang-seconds",
+        type=at_least(0),
+        default=30,
+        metavar="S",
+        help="a script's ranks watched for hangs: a stall of S seconds with a rank in a collective is named (rank, "
+        "collective, line) in hang.json; 0: not watched (lab train watches itself: dist.hang_seconds)",
+    )
+    p.add_argument(
+        "--stop-seconds",
+        type=at_least(0),
+        default=300,
+        metavar="T",
+        help="end a named hang T seconds later if it still stands (0: leave it to the collective's timeout)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the torchrun command line and exit")
     p.add_argument(
         "target",

@@ -102,6 +102,7 @@ def check_training(cfg: Config, world_size: int | None) -> None:
 
 def launch(args: argparse.Namespace) -> int:
     from lab.run.cluster import launch as launching
+    from lab.run.cluster import watched
     from lab.run.training import runs
 
     target = args.target[1:] if args.target[:1] == ["--"] else args.target
@@ -124,6 +125,8 @@ def launch(args: argparse.Namespace) -> int:
     fixed_nodes = rdzv.nnodes.isdigit()  # an elastic job's world size is known only at the rendezvous
     world_size = args.nproc_per_node * int(rdzv.nnodes) if fixed_nodes else None
     cfg = _check_lab_train_target(target, world_size, args.parser)
+    if not watched.is_lab(target) and args.hang_seconds > 0:  # anyone's script: watched from outside it
+        target = watched.wrap(target, args.hang_seconds, args.stop_seconds)
     if args.dry_run:
         print(shlex.join(launching.torchrun_command(args.nproc_per_node, target, rdzv)))
         return EXIT_OK

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from lab.course.exercises import folder
+from lab.course.exercises import folder, grading
 from lab.course.exercises.accumulate import check as accumulate
 from lab.course.exercises.grading import Check
 from lab.course.exercises.ring_allreduce import check as ring
 from lab.course.exercises.shard import check as shard
+from lab.verdict import NOT_RUN
 
 TIMEOUT = 90.0  # a run that should end takes seconds; this is only the backstop for a loaded CI machine
 
@@ -55,6 +56,24 @@ def test_the_ring_starter_fails_where_ring_all_reduce_is_not_written():
     found = failed(ring.judge(ring.measure(folder("ring-allreduce") / "starter.py", TIMEOUT, worlds=(2,))))
     assert "NotImplementedError" in found["runs on 2 ranks"].detail
     assert "NotImplementedError" in found["equals dist.all_reduce for every size"].detail
+
+
+def test_a_ring_split_by_torch_chunk_is_told_why_it_breaks_and_nothing_later_blames_it(tmp_path):
+    """torch.chunk gives one piece of a 1-element tensor on 2 ranks: the crash's line names the split to use."""
+    path = planted(
+        tmp_path,
+        "ring-allreduce",
+        [
+            (
+                "chunks = [flat[start:end] for start, end in chunk_bounds(flat.numel(), world)]",
+                "chunks = list(flat.chunk(world))",
+            )
+        ],
+    )
+    checks = grading.not_measured_after_failure(ring.judge(ring.measure(path, TIMEOUT, worlds=(2,))))
+    found = failed(checks)
+    assert "torch.tensor_split(t, world_size)" in found["runs on 2 ranks"].fix
+    assert all(c.verdict == NOT_RUN for n, c in found.items() if n != "runs on 2 ranks"), found
 
 
 RING_MISTAKES = {

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from lab.course.exercises import folder
+from lab.course.exercises import folder, grading
 from lab.course.exercises.convert import check as convert
 from lab.course.exercises.grading import Check
+from lab.verdict import NOT_RUN
 from tests.conftest import lab, run
 
 SOLUTION = folder("convert") / "solution.py"
@@ -146,21 +147,48 @@ def test_a_resume_that_restarts_from_epoch_zero_fails_the_resume_check(tmp_path,
     assert "epochs_run" in found["a resume continues the curve"].fix
 
 
-def test_a_rank_left_waiting_in_a_collective_is_stopped_named_and_nothing_is_left(tmp_path, reference):
+def test_a_rank_left_waiting_in_a_collective_is_stopped_named_and_nothing_is_left(
+    tmp_path, reference, capsys, monkeypatch
+):
     path = planted(
         tmp_path,
         "    dist.destroy_process_group()",
         "    if dist.get_rank() == 1:\n        dist.barrier()  # rank 1 alone: rank 0 never comes\n"
+        "    else:\n        __import__('time').sleep(600)  # rank 0 alive, elsewhere\n"
         "    dist.destroy_process_group()",
     )
-    checks = grade(path, reference, timeout=20)
-    runs = {c.name: c for c in checks}["runs on 2 ranks"]
-    assert not runs.passes
+    monkeypatch.setattr(grading, "STALL_SECONDS", 5.0)  # the room's 30 s, shortened
+    checks = grade(path, reference, worlds=(2, 3), timeout=TIMEOUT)
+    by_name = {c.name: c for c in checks}
+    runs = by_name["runs on 2 ranks"]
+    assert not runs.passes and runs.fix == grading.HANG_HINT
+    # stopped when the traces stood still with a rank in a collective, not at the limit
+    assert runs.detail.startswith("2 ranks made no progress for 5 s and was stopped: "), runs.detail
+    # the next world size is not started: a hang is the learner's at any size, and would cost the limit again
+    assert by_name["runs on 3 ranks"].verdict == NOT_RUN
+    assert by_name["runs on 3 ranks"].detail == "not run: it hung on 2 ranks"
+    assert "SignalException" not in capsys.readouterr().err  # the grader's own stop is not the learner's error
     line = path.read_text().splitlines().index("        dist.barrier()  # rank 1 alone: rank 0 never comes") + 1
     assert "rank 1 waits in barrier #" in runs.detail and f"convert.py:{line} in main" in runs.detail
-    assert "rank 0 never came (had finished after" in runs.detail
+    asleep = path.read_text().splitlines().index("        __import__('time').sleep(600)  # rank 0 alive, elsewhere") + 1
+    assert f"rank 0 never came (at convert.py:{asleep} in main)" in runs.detail
     survivors = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True).stdout.split()
     assert survivors == [], f"processes of the hung run left: {survivors}"
+
+
+def test_a_sampler_given_shuffle_too_is_named_and_no_later_check_blames_a_consequence(tmp_path, reference):
+    """The crash's own line says what to do; the checks that could not be measured say so, not "DDP wrapped the
+    model on 0 of 2 ranks" or "rank 0 saved nothing"."""
+    path = planted(
+        tmp_path,
+        "DataLoader(dataset, batch_size=batch_size, sampler=sampler)",
+        "DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=True)",
+    )
+    checks = grading.not_measured_after_failure(grade(path, reference))
+    found = failed(checks)
+    assert "takes no shuffle=True" in found["runs on 2 ranks"].fix
+    later = {n: c for n, c in found.items() if n != "runs on 2 ranks"}
+    assert later and all(c.verdict == NOT_RUN and c.detail.startswith("not measured: ") for c in later.values())
 
 
 def test_start_copies_the_starter_once_and_check_refuses_bad_input_in_one_line(tmp_path):

@@ -85,13 +85,19 @@ def test_a_planted_hang_is_named_with_its_rank_collective_and_line(case, tmp_pat
     output = done.stdout + done.stderr
     assert done.returncode != 0, output[-3000:]
     diagnosis = json.loads((tmp_path / "hang.json").read_text())
-    assert ranks_by_state(diagnosis) == states, diagnosis["summary"]
+    # skip: gloo pairs rank 1's next all-reduce with rank 0's (same op, same size) and one side may complete before
+    # rank 1's exit barrier meets rank 0's next one: on loaded cores rank 0 was seen still in the first (CI,
+    # 2026-12-06). Undefined behaviour of a mismatch either way; both name rank 1 as the odd one.
+    also = [{"waiting": [0], "ahead": [1]}] if case == "skip" else []
+    assert ranks_by_state(diagnosis) in [states, *also], diagnosis["summary"]
     waiting = [r for r in diagnosis["ranks"] if r["state"] == "waiting"]
     assert {(r["op"], r["seq"]) for r in waiting} == {("all_reduce", diagnosis["collective"]["seq"])}
     assert {r["where"]["line"] for r in waiting} == {line_of("THE ALL-REDUCE")}
     assert all(r["where"]["file"].endswith("planted_hang.py") for r in waiting)
     odd = next(r for r in diagnosis["ranks"] if r["rank"] == rank)
-    if odd["state"] == "mismatch":
+    if odd["state"] == "ahead":
+        assert odd["last_seq"] > diagnosis["collective"]["seq"]
+    elif odd["state"] == "mismatch":
         assert odd["op"] == shown and odd["seq"] == diagnosis["collective"]["seq"]
     elif odd["state"] == "elsewhere":
         assert odd["where"]["line"] == line_of(shown)

@@ -116,7 +116,7 @@ def check(args: argparse.Namespace) -> int:
         grade = importlib.import_module(module_name(args.name)).check
         print(f"lab exercise check {args.name}: running {path} under torchrun, watched ...", file=sys.stderr)
         started = time.time()
-        checks = _grade(grade, path, args.timeout, options)
+        checks = grading.not_measured_after_failure(_grade(grade, path, args.timeout, options))
     seconds = time.time() - started
     records.write(args.name, checks, started)
     verdict = overall(c.verdict for c in checks)

@@ -24,16 +24,18 @@ lab exercise check demo
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lab.course.exercises import trace
+from lab.course.exercises import mistakes, trace
 from lab.run.cluster import child_output, cores, launch, runner
 from lab.run.cluster import hang as diagnosis
 from lab.verdict import FAILED, HELD, NOT_APPLICABLE, NOT_RUN, Check
@@ -51,6 +53,7 @@ class Run:
     output: str
     ranks: list[trace.Rank] = field(default_factory=list)
     timeout_seconds: float = 0.0
+    stalled: bool = False  # stopped before its limit: no rank's trace moved for STALL_SECONDS, one in a collective
 
     @property
     def ok(self) -> bool:
@@ -62,14 +65,28 @@ class Run:
         found = [e["backend"] for r in self.ranks for e in r.of("init")]
         return found[0] if found else None
 
+    @property
+    def hung(self) -> bool:
+        """Stopped at its limit, or a rank left inside a collective that not every rank reached (a peer that
+        finished or went elsewhere: the backend's error is the consequence). Every rank in the same collective,
+        which raised (a barrier after destroy_process_group), is that collective's error, not a hang."""
+        if self.timed_out:
+            return True
+        waits = [r.waiting() for r in self.ranks]
+        if not any(waits):
+            return False
+        return len({(w["seq"], w["op"]) if w else None for w in waits}) > 1  # one elsewhere, or in another
+
     def how_it_ended(self) -> str:
         if self.ok:
             over = f" over {self.backend}" if self.backend else ""
             return f"{self.label}{over} ended cleanly in {self.seconds:.1f} s"
+        if self.stalled:
+            return f"{self.label} made no progress for {STALL_SECONDS:g} s and was stopped: {hang(self)}"
         if self.timed_out:
             return f"{self.label} did not end within {self.timeout_seconds:g} s and was stopped: {hang(self)}"
         error = child_output.last_error_line(self.output) or "no error line"
-        if any(r.waiting() for r in self.ranks):  # the collectives first: the error is the backend's on the hang
+        if self.hung:  # the collectives first: the error is the backend's on the hang
             return f"{self.label} exited {self.returncode}: {hang(self)} (then: {error[:160]})"
         return f"{self.label} exited {self.returncode}: {error}"
 
@@ -132,6 +149,33 @@ def reference_limit(timeout_seconds: float) -> float:
     return max(timeout_seconds, REFERENCE_SECONDS)
 
 
+# A run is stopped as hung, before its limit, once no rank's trace has moved for this long while one of them waits in a
+# collective: the exercises' runs take seconds, so a hang is graded in half a minute, not at the limit.
+STALL_SECONDS = 30.0
+
+
+class Stall:
+    """runner.run's stop_when for a watched run: True once the traces in `folder` have not grown for `seconds` and
+    a rank is inside a collective (it entered and never left). A rank computing with no collective pending is never
+    a stall, however long it takes (the limit decides)."""
+
+    def __init__(self, folder: Path, world_size: int, seconds: float | None = None) -> None:
+        self.folder, self.world_size, self.seconds = folder, world_size, seconds or STALL_SECONDS
+        self.fired = False
+        self._size, self._since = -1, time.monotonic()
+
+    def __call__(self) -> bool:
+        size = sum(p.stat().st_size for p in self.folder.glob("rank-*.jsonl"))
+        now = time.monotonic()
+        if size != self._size:
+            self._size, self._since = size, now
+            return False
+        if now - self._since < self.seconds:
+            return False
+        self.fired = any(r.waiting() for r in trace.read(self.folder, self.world_size))
+        return self.fired
+
+
 def observed(
     file: Path,
     world_size: int | None,
@@ -149,6 +193,7 @@ def observed(
         env = device_env(n)
         env["PYTHONUNBUFFERED"] = "1"
         started = time.monotonic()
+        stall = Stall(Path(tmp), n)
         done = runner.run(
             command,
             env=env,
@@ -157,6 +202,7 @@ def observed(
             stderr=subprocess.STDOUT,
             timeout_seconds=timeout_seconds,
             echo=False,
+            stop_when=stall,
         )
         seconds = time.monotonic() - started
         ranks = trace.read(Path(tmp), n)
@@ -169,21 +215,69 @@ def observed(
         done.stdout,
         ranks,
         timeout_seconds,
+        stall.fired,
     )
 
 
+def each_world(worlds: tuple[int, ...], run_on: Callable[[int], Run]) -> tuple[dict[int, Run], list[Check]]:
+    """The learner's file on each world size in turn; after one that hung, the next are not started (a hang is the
+    learner's at any size, and each would cost the whole limit again): each is a "not run" line naming the hang."""
+    runs: dict[int, Run] = {}
+    skipped: list[Check] = []
+    for n in worlds:
+        hung = next((m for m, run in runs.items() if run.timed_out), None)
+        if hung is not None:
+            skipped.append(Check(f"runs on {n} ranks", NOT_RUN, f"not run: it hung on {hung} ranks"))
+            continue
+        runs[n] = run_on(n)
+    return runs, skipped
+
+
 OUTPUT_HINT = "read the first error in its output (its last lines are printed above the checklist)"
+HANG_HINT = (
+    "every rank must make the same collectives, in the same order, with the same sizes: the line above names the "
+    "rank that waited, in which collective and on which line, and where the one that never came was"
+)
 
 
 def ended(run: Run, name: str = "ends cleanly") -> Check:
-    if not run.ok:
-        show_output(run)
-    return Check(name, HELD if run.ok else FAILED, run.how_it_ended(), "" if run.ok else OUTPUT_HINT)
+    if run.ok:
+        return Check(name, HELD, run.how_it_ended())
+    show_output(run)
+    fix = mistakes.hint(run.output) or (HANG_HINT if run.hung else OUTPUT_HINT)
+    return Check(name, FAILED, run.how_it_ended(), fix)
+
+
+RUN_LINES = ("runs on ", "ends cleanly")  # the checklist's lines of a run's own end (ended()'s names)
+
+
+def not_measured_after_failure(checks: list[Check]) -> list[Check]:
+    """Where no run of the learner's file ended cleanly, a later check that failed measured the consequence of that
+    failure ("DDP wrapped the model on 0 of 5 ranks" after a crash before DDP), not the learner's choice: it is
+    "not measured", naming the first cause, whose own line carries the hint."""
+    ends = [c for c in checks if c.name.startswith(RUN_LINES)]
+    failed = [c for c in ends if c.verdict == FAILED]
+    if not failed or any(c.verdict == HELD for c in ends):
+        return checks
+    cause = f"not measured: {failed[0].detail}"
+    return [
+        replace(c, verdict=NOT_RUN, detail=cause, fix="") if c.verdict == FAILED and c not in ends else c
+        for c in checks
+    ]
 
 
 def show_output(run: Run, lines: int = 30) -> None:
-    """The last lines of a learner's run that failed, on stderr before the checklist: where its error is."""
-    tail = (run.output or "").splitlines()[-lines:]
+    """The last lines of a learner's run that failed, on stderr before the checklist: where its error is. The
+    traceback torchrun prints of the grader's own stop (a hang's time limit) is left out: it is not the learner's."""
+    text = run.output or ""
+    if run.timed_out:
+        kept = io.StringIO()
+        folder = child_output.StackFolder(kept)
+        for line in text.splitlines(keepends=True):
+            folder.relay(line)
+        folder.flush()
+        text = kept.getvalue()
+    tail = text.splitlines()[-lines:]
     print(f"--- {run.label}: the last {len(tail)} lines of its output ---", file=sys.stderr)
     print("\n".join(tail), file=sys.stderr, flush=True)
 

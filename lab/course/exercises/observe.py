@@ -40,6 +40,7 @@ import functools
 import importlib
 import os
 import runpy
+import signal
 import sys
 from typing import Any
 
@@ -335,6 +336,13 @@ def install(folder: str, learner_file: str | None) -> Recorder:
     _patch_training(rec)
     sys.stdout = Tee(sys.stdout, rec)
     atexit.register(end, rec)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # the learner's own handler, set later, wins
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            rec.stopped(frame)
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
     return rec
 
 

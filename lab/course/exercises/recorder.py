@@ -91,9 +91,19 @@ class Recorder:
             self.sequence += 1
             return self.sequence
 
+    def stopped(self, frame: Any) -> None:
+        """Stopped from outside (SIGTERM: the grader's limit, or torchrun after another rank failed): where the main
+        thread was, the line of a rank that never came. Written past the lock and the file's buffer (the signal may
+        have come while this thread held them), on a line of its own."""
+        line = json.dumps({"e": "stopped", "t": round(time.time(), 6), "where": self.where_in(frame)}, default=str)
+        os.write(self._file.fileno(), f"\n{line}\n".encode())
+
     def where(self) -> str:
         """The learner's line that led here: the innermost frame in their file, else the innermost outside torch."""
-        frame: Any = sys._getframe(2)
+        return self.where_in(sys._getframe(2))
+
+    def where_in(self, frame: Any) -> str:
+        """where() from `frame` outwards."""
         fallback = None
         while frame is not None:
             filename = frame.f_code.co_filename

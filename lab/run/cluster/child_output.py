@@ -57,6 +57,7 @@ class StackFolder:
         self.warnings = 0  # c10d warnings seen
         self.folded = 0  # stack lines left out
         self._under_warning = False
+        self._held: list[str] = []  # a traceback of torchrun's own, until its last line
 
     def keep(self, line: str) -> bool:
         if self.WARNING.match(line):
@@ -70,8 +71,34 @@ class StackFolder:
         return True
 
     def relay(self, line: str) -> None:
-        """One line of the child's stderr (with its newline) to the sink, unless it is a folded stack line."""
-        if self.keep(line.rstrip("\n")):
+        """One line of the child's stderr (with its newline) to the sink, unless it is a folded stack line or in
+        the traceback torchrun prints of its own stop by a signal (SignalException: Ctrl-C, or the lab's own stop
+        of a run that hung), which says nothing the lab does not say better. A traceback is held until its last
+        line says which it is."""
+        text = line.rstrip("\n")
+        if self._held:
+            self._held.append(line)
+            if text.startswith((" ", "\t")):
+                return
+            held, self._held = self._held, []
+            if "SignalException" in text:
+                self.folded += len(held)
+            else:
+                self._write(held)
+            return
+        if text == "Traceback (most recent call last):":  # torchrun's own; a worker's lines carry [rankN]:
+            self._held = [line]
+            return
+        if self.keep(text):
+            self._write([line])
+
+    def flush(self) -> None:
+        """What is still held when the child has ended."""
+        held, self._held = self._held, []
+        self._write(held)
+
+    def _write(self, lines: list[str]) -> None:
+        if lines:
             sink = self.sink or sys.stderr
-            sink.write(line)
+            sink.write("".join(lines))
             sink.flush()

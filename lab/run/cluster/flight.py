@@ -172,9 +172,10 @@ def _from_flight_recorder() -> tuple[dict[str, Any], list[dict[str, Any]], str |
     kept: dict[str, deque[dict[str, Any]]] = {}
     for dump in filter(None, map(_dump, DUMPS)):
         for pg, st in (dump.get("pg_status") or {}).items():
+            # sequence numbers start at 1; the recorder says -1 for none yet (a rank stuck in its group's first)
             status = {
-                "enqueued": int(st.get("last_enqueued_collective", -1)),
-                "completed": int(st.get("last_completed_collective", -1)),
+                "enqueued": max(0, int(st.get("last_enqueued_collective", -1))),
+                "completed": max(0, int(st.get("last_completed_collective", -1))),
             }
             if str(pg) not in groups or status["enqueued"] > groups[str(pg)]["enqueued"]:
                 groups[str(pg)] = status  # an empty status of the other recorder does not hide this one's

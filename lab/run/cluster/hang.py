@@ -250,8 +250,10 @@ def after_failure(folder: Path, world_size: int, output_lines: list[str]) -> tup
         return None
     seen = bool(earlier and earlier.get("seen_by"))  # a watchdog named it while the collective waited
     world = max([world_size, *(int(s.get("world_size") or 0) for s in snapshots.values()), *(r + 1 for r in exits)])
-    # read again: a rank slower to write than the watchdog's gathering is in it now, and a dead rank's exit too
-    diagnosis = diagnose(snapshots, world, {r: why for r, why in exits.items() if r not in snapshots})
+    # read again: a rank slower to write than the watchdog's gathering is in it now, and a dead rank's exit too,
+    # with where a fatal signal found it (lab.run.cluster.fault: gloo's abort on a mismatch runs no Python)
+    dead = {r: _with_fault(folder, r, why) for r, why in exits.items() if r not in snapshots}
+    diagnosis = diagnose(snapshots, world, dead)
     if not any(r["state"] in ("waiting", "mismatch", "dead") for r in diagnosis["ranks"]):
         return (earlier, True) if seen and earlier else None  # no rank was in a collective: an error, not a hang
     if seen and earlier:
@@ -294,3 +296,10 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         atomic.write_text(Path(args.json), json.dumps(diagnosis, indent=1, default=str) + "\n")
     return 0
+
+
+def _with_fault(folder: Path, rank: int, why: str) -> str:
+    from lab.run.cluster import fault
+
+    where = fault.read(Path(folder) / SNAPSHOTS, rank) if why.startswith("Signal") else None
+    return f"{why}, {where}" if where else why

@@ -197,7 +197,14 @@ def run(
             stderr=subprocess.PIPE,  # torchrun's failure table names a rank killed by a signal
             each_line=relay,
         ).returncode  # line by line: the log keeps its order
+    except KeyboardInterrupt:  # Ctrl-C, or the runner's Stopped: a stalled run's diagnosis before the exit
+        folder.flush()
+        said = hang.say_after_failure(diagnosis_folder, nproc_per_node, tail, "lab launch")
+        if said:
+            print(said, file=sys.stderr, flush=True)
+        raise
     finally:
+        folder.flush()
         if roll_call is not None:
             roll_call.stop()
     said = hang.say_after_failure(diagnosis_folder, nproc_per_node, tail, "lab launch") if status != 0 else None

@@ -161,6 +161,7 @@ def run(
     stop_grace_seconds: float = STOP_GRACE_SECONDS,
     user: int | None = None,
     group: int | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> Finished:
     """Run `command` to its end in a process group of its own; return its Finished.
 
@@ -169,6 +170,7 @@ def run(
     PIPE is read line by line as it comes, each line given to `each_line` where there is one, else kept in
     Finished. `timeout_seconds`: stopped after that long (Finished.timed_out). `echo`: print `$ command` first.
     `user`, `group`: run as that uid and gid, without root's supplementary groups (a workshop seat's check).
+    `stop_when`: asked every STOP_POLL_SECONDS while it runs; True stops it as the timeout would (timed_out).
     """
     check_processes(processes)
     if echo:
@@ -195,7 +197,7 @@ def run(
     try:
         with _signals_to_group(proc) as forwarded:
             try:
-                proc.wait(timeout=timeout_seconds)
+                _wait(proc, timeout_seconds, stop_when)
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:  # whichever way the wait ended: nothing of the run outlives it
@@ -204,6 +206,25 @@ def run(
         for reader in readers:
             reader.join(timeout=KILL_GRACE_SECONDS)
     return Finished(command, proc.returncode, "".join(kept["stdout"]), "".join(kept["stderr"]), timed_out)
+
+
+STOP_POLL_SECONDS = 1.0
+
+
+def _wait(proc: subprocess.Popen, timeout_seconds: float | None, stop_when: Callable[[], bool] | None) -> None:
+    """proc.wait(timeout), also ended (TimeoutExpired) once `stop_when` says so."""
+    if stop_when is None:
+        proc.wait(timeout=timeout_seconds)
+        return
+    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    while True:
+        left = STOP_POLL_SECONDS if deadline is None else min(STOP_POLL_SECONDS, deadline - time.monotonic())
+        try:
+            proc.wait(timeout=max(left, 0.0))
+            return
+        except subprocess.TimeoutExpired:
+            if stop_when() or (deadline is not None and time.monotonic() >= deadline):
+                raise
 
 
 def start(command: list[str], *, env: dict[str, str] | None = None, processes: int = 1) -> subprocess.Popen:

@@ -35,6 +35,8 @@ from lab import atomic
 from lab.run.cluster import flight, hang
 
 REQUEST = "request"  # in <folder>/hang/: a rank stalled; every rank writes its snapshot
+STOP = "stop"  # in <folder>/hang/: a named hang outlived its stop time (a watched script's); every rank ends
+STOPPED_EXIT = 3  # the exit of a rank ended that way
 POLL_SECONDS = 1.0
 GATHER_SECONDS = 5.0  # how long the asking rank waits for the others' snapshots
 
@@ -52,14 +54,18 @@ class Watchdog:
         stall_seconds: float,
         folder: Path | None = None,
         on_diagnosis: Callable[[dict[str, Any]], None] | None = None,
+        knob: str = "dist.hang_seconds",  # what set stall_seconds, in the diagnosis' words
     ) -> None:
         self.rank, self.world_size, self.stall_seconds = rank, world_size, stall_seconds
         given = folder or os.environ.get(hang.FOLDER_ENV)
         self.folder: Path | None = Path(given) if given else None
         self.on_diagnosis = on_diagnosis
+        self.knob = knob
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dumped_at = 0.0
+        self._started_at = 0.0
+        self._stopping = False  # this rank asked every rank to end: it ends last
         self._dumping = threading.Lock()
         self._wakeup: tuple[int, int] | None = None  # the pipe SIGTERM's byte arrives on
         self._restore: tuple[Any, int] | None = None  # SIGTERM's handler and the wakeup fd before ours
@@ -71,14 +77,19 @@ class Watchdog:
         return self.folder
 
     def _request(self) -> Path:
-        return self.where() / hang.SNAPSHOTS / REQUEST
+        return self._asked(REQUEST)
 
     # ------------------------------------------------------------------ lifecycle
+    def _asked(self, name: str) -> Path:
+        return self.where() / hang.SNAPSHOTS / name
+
     def start(self) -> Watchdog:
+        self._started_at = time.time()
         if self.folder is not None:  # an earlier attempt's records in the same run directory
             hang.snapshot_path(self.folder, self.rank).unlink(missing_ok=True)
             if self.rank == 0:
                 self._request().unlink(missing_ok=True)
+                self._asked(STOP).unlink(missing_ok=True)
         self._watch_sigterm()
         self._thread = threading.Thread(target=self._run, name="lab-watchdog", daemon=True)
         self._thread.start()
@@ -116,6 +127,14 @@ class Watchdog:
         self._restore = (signal.SIG_DFL, previous_fd)
         signal.signal(signal.SIGTERM, _terminated)
 
+    def stop_every_rank(self) -> None:
+        """Every rank that shares the folder ends within a poll (STOPPED_EXIT, its record kept); this one, which
+        asked, is left for its caller to end after them, so the others leave before a closed connection raises."""
+        self._stopping = True
+        path = self._asked(STOP)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
     def dump(self, reason: str, overwrite: bool = True, failed: bool = False) -> Path | None:
         """This rank's snapshot into the folder; never raises (it runs on the way out of a failure).
         `overwrite=False`: kept where this rank already wrote one (a stall's is the one that says where)."""
@@ -149,7 +168,10 @@ class Watchdog:
     def _run(self) -> None:
         last_key, since, stalled = None, time.monotonic(), False
         while self._wait():
-            key = _main_position()
+            if not self._stopping and _mtime(self._asked(STOP)) > self._started_at:
+                self.dump("ended with the hang named above", overwrite=False)
+                os._exit(STOPPED_EXIT)
+            key = main_position()
             now = time.monotonic()
             if key != last_key:
                 last_key, since, stalled = key, now, False
@@ -158,12 +180,7 @@ class Watchdog:
                 self.dump(f"no progress for {self.stall_seconds:g} s")
                 self._lead()
                 continue
-            request = self._request()
-            try:
-                asked = request.stat().st_mtime
-            except OSError:
-                continue
-            if asked > self._dumped_at:
+            if _mtime(self._request()) > self._dumped_at:
                 self.dump("asked by a stalled rank")
 
     def _lead(self) -> None:
@@ -184,12 +201,20 @@ class Watchdog:
         diagnosis = hang.diagnose(hang.read_snapshots(self.where()), self.world_size)
         if not any(r["state"] == "waiting" for r in diagnosis["ranks"]):
             return  # a slow step, not a collective that waits: nothing to say
-        diagnosis["seen_by"] = f"rank {self.rank}'s watchdog after {self.stall_seconds:g} s (dist.hang_seconds)"
+        diagnosis["seen_by"] = f"rank {self.rank}'s watchdog after {self.stall_seconds:g} s ({self.knob})"
         path = hang.write(self.where(), diagnosis)
-        header = f"lab: no progress for {self.stall_seconds:g} s (dist.hang_seconds); {path}"
+        header = f"lab: no progress for {self.stall_seconds:g} s ({self.knob}); {path}"
         print(hang.render(diagnosis, header), file=sys.stderr, flush=True)
         if self.on_diagnosis is not None:
             self.on_diagnosis(diagnosis)
+
+
+def _mtime(path: Path) -> float:
+    """When the file was last written; 0 where it is not."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _terminated(signum: int, frame: Any) -> None:
@@ -198,7 +223,7 @@ def _terminated(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _main_position() -> tuple[int, int, int] | None:
+def main_position() -> tuple[int, int, int] | None:
     """Where the main thread is: its innermost frame and instruction (the same for as long as it waits)."""
     frame = sys._current_frames().get(threading.main_thread().ident or -1)
     return (id(frame.f_code), frame.f_lasti, id(frame)) if frame is not None else None

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.course.exercises import folder
-from lab.course.exercises.grading import Run, ended, observed, reference_limit
+from lab.course.exercises.grading import Run, each_world, ended, observed, reference_limit
 from lab.course.exercises.trace import Rank
 from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
@@ -48,6 +48,7 @@ class Measured:
     resumed: Run | None  # None: not asked for (tests), or the 2-rank run left no checkpoint
     resume_asked: bool
     work: Path  # where the checkpoints were (gone by the time the checks read the traces)
+    skipped: list[Check] = field(default_factory=list)  # world sizes not started after one hung
 
 
 def reference_run(work: Path, timeout_seconds: float) -> Run:
@@ -75,10 +76,9 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="lab-convert-") as tmp:
         work = Path(tmp)
         reference = reference or reference_run(work, timeout_seconds)
-        runs = {
-            n: observed(file, n, arguments(EPOCHS, work / f"ck-{n}.pt"), timeout_seconds=timeout_seconds)
-            for n in worlds
-        }
+        runs, skipped = each_world(
+            worlds, lambda n: observed(file, n, arguments(EPOCHS, work / f"ck-{n}.pt"), timeout_seconds=timeout_seconds)
+        )
         resumed = None
         if resume and 2 in runs and runs[2].ok and (work / "ck-2.pt").exists():
             resumed = observed(
@@ -88,7 +88,7 @@ def measure(
                 timeout_seconds=timeout_seconds,
                 label="the resume on 2 ranks",
             )
-    return Measured(reference, runs, resumed, resume and 2 in runs, work)
+    return Measured(reference, runs, resumed, resume and 2 in runs, work, skipped)
 
 
 def judge(m: Measured) -> list[Check]:
@@ -96,6 +96,7 @@ def judge(m: Measured) -> list[Check]:
     two = m.runs[min(m.runs)]
     checks = [
         *(ended(m.runs[n], f"runs on {n} ranks") for n in m.runs),
+        *m.skipped,
         wraps_in_ddp(m.runs),
         disjoint_shards(m.runs),
         new_order_each_epoch(two),

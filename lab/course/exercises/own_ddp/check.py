@@ -21,10 +21,10 @@ What each check reads from the traces (the probe's marks, and the collectives to
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab.course.exercises.grading import Run, ended, hang, observed
+from lab.course.exercises.grading import Run, each_world, ended, hang, observed
 from lab.course.exercises.own_ddp import probe
 from lab.course.exercises.own_ddp.traced import COLLECTIVES_IN_A_STEP, Stage, expected_buckets, stages
 from lab.course.exercises.trace import Rank
@@ -43,6 +43,7 @@ OVERLAP_AT_LEAST = 0.5  # the reference: 7 of 8 in stage 1, 2 of 3 in stage 2 (t
 @dataclass
 class Measured:
     runs: dict[int, Run]  # world size -> the probe's run
+    skipped: list[Check] = field(default_factory=list)  # world sizes not started after one hung
 
     def stage(self, n: int, number: int) -> list[Stage]:
         """Stage `number` of each rank of the run on n ranks (those that reached it)."""
@@ -53,12 +54,15 @@ class Measured:
 def measure(file: Path, timeout_seconds: float, worlds: tuple[int, ...] = WORLDS, class_name: str = "") -> Measured:
     """The probe on each world size (tests measure fewer)."""
     args = ["--class", class_name] if class_name else []
-    return Measured({n: observed(file, n, args, timeout_seconds=timeout_seconds, probe=PROBE) for n in worlds})
+    return Measured(
+        *each_world(worlds, lambda n: observed(file, n, args, timeout_seconds=timeout_seconds, probe=PROBE))
+    )
 
 
 def judge(m: Measured) -> list[Check]:
     return [
         *(runs_on(n, run) for n, run in m.runs.items()),
+        *m.skipped,
         broadcast(m),
         one_allreduce_each(m, 1),
         single_process_weights(m, 1),

@@ -13,12 +13,12 @@ What each check reads from the traces (the probe's findings and the collectives 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lab.course.exercises import grading
-from lab.course.exercises.grading import Run, ended, observed
+from lab.course.exercises.grading import Run, each_world, ended, observed
 from lab.course.exercises.ring_allreduce.probe import ATOL, FUNCTION, SIZES
 from lab.course.exercises.trace import Rank
 from lab.verdict import FAILED, HELD, NOT_RUN, Check
@@ -32,16 +32,18 @@ SHOWN = 3  # wrong results listed in `measured`, the rest counted
 @dataclass
 class Measured:
     runs: dict[int, Run]  # world size -> the probe's run
+    skipped: list[Check] = field(default_factory=list)  # world sizes not started after one hung
 
 
 def measure(file: Path, timeout_seconds: float, worlds: tuple[int, ...] = WORLDS) -> Measured:
     """The probe on each world size (tests measure fewer)."""
-    return Measured({n: observed(file, n, [], timeout_seconds=timeout_seconds, probe=PROBE) for n in worlds})
+    return Measured(*each_world(worlds, lambda n: observed(file, n, [], timeout_seconds=timeout_seconds, probe=PROBE)))
 
 
 def judge(m: Measured) -> list[Check]:
     return [
         *(ended(run, f"runs on {n} ranks") for n, run in m.runs.items()),
+        *m.skipped,
         equals_library(m.runs),
         only_point_to_point(m.runs),
         bus_bandwidth(m.runs),
