@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from lab.run.cluster import hang
+from tests.distributed.test_hang import left_running
 
 SCRIPT = Path(__file__).parent / "foreign" / "plain_hang.py"
 NAME = "plain_hang.py"
@@ -48,19 +49,6 @@ def command(nproc: int, plant: str, rank: int, stop_seconds: int = 2) -> list[st
 
 def environment(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", hang.FOLDER_ENV: str(tmp_path), "LAB_PLANT_MARK": str(tmp_path)}
-
-
-def left_running(mark: str) -> list[int]:
-    """Processes still alive whose environment carries this test's mark."""
-    alive = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if f"LAB_PLANT_MARK={mark}".encode() in (entry / "environ").read_bytes():
-                    alive.append(int(entry.name))
-            except OSError:
-                continue
-    return alive
 
 
 ALL_REDUCE = f"all_reduce #{{}} at {NAME}:{line_of('# every rank')} in main"

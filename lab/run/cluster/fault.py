@@ -28,6 +28,8 @@ import sysconfig
 import threading
 from pathlib import Path
 
+from lab.run.cluster import flight
+
 _kept: list[object] = []  # the open file faulthandler writes to lives as long as the process
 
 
@@ -78,13 +80,6 @@ def where(text: str, torch_dir: str) -> str | None:
         if file.startswith(torch_dir) and file.endswith("distributed_c10d.py"):
             op = function
         elif not file.startswith((torch_dir, stdlib, "<")):
-            caller = f"at {_short(file)}:{_line} in {function}"
+            caller = f"at {flight.short_path(file)}:{_line} in {function}"
             return f"in {op} {caller}" if op else caller
     return None
-
-
-def _short(file: str) -> str:
-    try:
-        return str(Path(file).relative_to(Path.cwd()))
-    except ValueError:
-        return file

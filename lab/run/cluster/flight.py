@@ -104,11 +104,11 @@ def user_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
     for f in frames:
         name = str(f.get("filename", ""))
         if name and not name.startswith(NOT_THE_CALLER) and not name.startswith("<"):
-            return {"file": _short(name), "line": int(f.get("line", 0)), "function": str(f.get("name", ""))}
+            return {"file": short_path(name), "line": int(f.get("line", 0)), "function": str(f.get("name", ""))}
     return None
 
 
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
     """A path under the working directory as the user typed it (tests/x.py), others whole."""
     try:
         return str(Path(path).relative_to(Path.cwd()))
