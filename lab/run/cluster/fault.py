@@ -56,11 +56,12 @@ def read(snapshots: Path, rank: int) -> str | None:
         return None
     import torch
 
-    return where(text, str(Path(torch.__file__).parent))
+    return where(text, str(Path(torch.__file__).parent), flight.NOT_THE_CALLER)
 
 
-def where(text: str, torch_dir: str) -> str | None:
-    """The main thread's collective and line in a faulthandler dump (None: no fatal error in it)."""
+def where(text: str, torch_dir: str, not_the_caller: tuple[str, ...] = ()) -> str | None:
+    """The main thread's collective and line in a faulthandler dump (None: no fatal error in it). Frames under
+    `not_the_caller` (the lab's own record of collectives on a torch without a Flight Recorder) are passed over."""
     if "Fatal Python error" not in text:
         return None
     main = re.match(r"main thread (0x[0-9a-f]+)", text)
@@ -79,7 +80,7 @@ def where(text: str, torch_dir: str) -> str | None:
     for file, _line, function in frames:  # innermost first: the public function is the last of torch's own
         if file.startswith(torch_dir) and file.endswith("distributed_c10d.py"):
             op = function
-        elif not file.startswith((torch_dir, stdlib, "<")):
+        elif not file.startswith((torch_dir, stdlib, "<", *not_the_caller)):
             caller = f"at {flight.short_path(file)}:{_line} in {function}"
             return f"in {op} {caller}" if op else caller
     return None
