@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from lab.course.exercises import folder
+from lab.course.exercises import folder, grading
 from lab.course.exercises.fix_batchnorm import check as batchnorm
 from lab.course.exercises.fix_checkpoint import check as checkpoint
 from lab.course.exercises.fix_set_epoch import check as set_epoch
 from lab.course.exercises.fix_uneven import check as uneven
 from lab.course.exercises.grading import Check
+from lab.verdict import NOT_RUN
 
 TIMEOUT = 90.0  # a run that should end takes seconds; this is only the backstop for a loaded CI machine
 HANG_TIMEOUT = 20.0  # the starter of fix-uneven hangs for good: long enough to start and reach the hang
@@ -134,6 +135,20 @@ def test_batchnorm_starter_keeps_each_ranks_own_statistics():
     assert "convert_sync_batchnorm" in c.fix
     largest = float(c.detail.split("between ranks ")[1].split()[0])
     assert largest > 100 * batchnorm.TOLERANCE, c.detail  # the broken spread sits far above the tolerance
+
+
+def test_the_textbook_sync_batchnorm_on_the_cpu_is_told_what_the_cpu_needs(tmp_path):
+    """SyncBatchNorm raises on CPU tensors: the crash's line says so and what to do there; the statistics check
+    says it measured nothing rather than blaming the statistics."""
+    path = planted(
+        "fix-batchnorm",
+        tmp_path,
+        "    model = DDP(model.to(device)",
+        "    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n    model = DDP(model.to(device)",
+    )
+    found = failing(grading.not_measured_after_failure(batchnorm.check(path, TIMEOUT)))
+    assert "SyncBatchNorm runs on GPUs only" in found["ends cleanly"].fix, found["ends cleanly"]
+    assert found["the same BatchNorm statistics on every rank"].verdict == NOT_RUN
 
 
 # ----------------------------------------------------------------------------- fix-uneven
