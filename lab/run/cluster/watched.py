@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -80,7 +81,13 @@ def main(argv: list[str] | None = None) -> None:
             # the collective it raised in is the one it was in (the recorder counts it completed); a stall's
             # record, written earlier, says more and is kept
             in_collective = any("torch/distributed" in f.filename for f in traceback.extract_tb(exc.__traceback__))
-            watching[0].dump(f"raised {type(exc).__name__}", overwrite=False, failed=in_collective)
+            # torchrun's SIGTERM (another rank failed too) would end the process inside the write: held until it
+            # is done, then delivered (CI lost a rank's record that way)
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                watching[0].dump(f"raised {type(exc).__name__}", overwrite=False, failed=in_collective)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
         raise
 
 
