@@ -125,7 +125,7 @@ LOWEST_SKIPS := --ignore=tests/distributed/test_rerun.py --ignore=tests/distribu
                 --deselect=tests/distributed/test_ddp_training.py::test_two_process_batchnorm_run_learns \
                 --deselect=tests/distributed/test_hang.py::test_the_record_cost_benchmark_measures_both_sides_in_one_run \
                 --ignore=tests/distributed/test_exercise_pitfalls.py --ignore=tests/distributed/test_predict.py \
-                $(addprefix --deselect=tests/distributed/test_exercise_convert.py::test_,the_unchanged_starter \
+                $(addprefix --deselect=tests/distributed/test_exercise_convert.py::test_,the_unchanged_starter the_documented \
                   each_planted_mistake a_share_of_the_batch a_resume_that start_copies) \
                 $(addprefix --deselect=tests/distributed/test_exercise_comm.py::test_,each_ the_ring_starter \
                   the_accumulate_starter the_shard_starter) \
