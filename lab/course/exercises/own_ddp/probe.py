@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
 import statistics
 import sys
 import time
@@ -41,6 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from lab.course.exercises import probe_rank
 
 CLASS = "MyDDP"
 BUCKET_MB = 0.3  # stage 2: 2 or 3 buckets of this model's 8 gradients, whichever rule and MB or MiB (check.py)
@@ -90,14 +91,6 @@ def batch(step: int, world: int, device: torch.device) -> tuple[torch.Tensor, to
 
 def sums(model: nn.Module) -> dict[str, list[float]]:
     return {n: [float(p.detach().sum()), float(p.detach().norm())] for n, p in model.named_parameters()}
-
-
-def _setup() -> torch.device:
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _learner_class(learner: dict[str, Any]) -> tuple[str, Any]:
@@ -272,7 +265,7 @@ def timing(cls: Any, device: torch.device, recorder: Any) -> None:
 
 
 def probe(learner: dict[str, Any], recorder: Any, trace_dir: str) -> None:
-    device = _setup()
+    device = probe_rank.setup()
     name, cls = _learner_class(learner)
     if cls is None:
         recorder.write("probe", what="missing", name=name)

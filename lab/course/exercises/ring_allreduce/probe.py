@@ -15,7 +15,6 @@ The learner's file is loaded as a module, not run: its __main__ block (its own t
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Any
@@ -23,19 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lab.course.exercises import probe_rank
+
 SIZES = (1, 7, 1200, 4099)  # 1200 divides by 2, 3 and 4; the others by none of them (1: fewer than the ranks)
 BANDWIDTH_NUMEL = 1 << 20  # 4 MiB of float32: large enough that the time is bandwidth more than latency
 REPEATS = 5  # timed calls of each, after one warm-up
 RTOL = ATOL = 1e-5  # float32 sums in another order: a few ulps apart, far below any wrong chunk
 FUNCTION = "ring_all_reduce"
-
-
-def _setup() -> torch.device:
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _synchronize(device: torch.device) -> None:
@@ -107,7 +100,7 @@ def _timing(function: Any, device: torch.device, recorder: Any) -> None:
 
 
 def probe(learner: dict[str, Any], recorder: Any, trace_dir: str) -> None:
-    device = _setup()
+    device = probe_rank.setup()
     function = learner.get(FUNCTION)
     if not callable(function):
         recorder.write("probe", what="missing")
