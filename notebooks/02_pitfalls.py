@@ -249,9 +249,10 @@ result = lesson.check_exercise("fix-checkpoint")
 
 # %% [markdown]
 # ### fix-batchnorm (about 10 minutes)
-# The same weights on every rank, and a different test loss on each: the `batchnorm` pitfall above. Make the
-# BatchNorm statistics agree across the ranks (`TODO(batchnorm)`). The next cell copies the starter to
-# `exercises/fix_batchnorm.py`.
+# The same weights on every rank, and a different test loss on each: the `batchnorm` pitfall above. Make every
+# rank keep the BatchNorm statistics of the global batch, all ranks' samples together (`TODO(batchnorm)`): making
+# the ranks agree is not enough, which is the Ask's half fix. SyncBatchNorm runs on GPUs only; on the CPU the
+# all-reduce is yours to write. The next cell copies the starter to `exercises/fix_batchnorm.py`.
 
 # %%
 path = lesson.exercise("fix-batchnorm")
@@ -259,7 +260,7 @@ path = lesson.exercise("fix-batchnorm")
 # %% [markdown]
 # Open `exercises/fix_batchnorm.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is
 # beside `notebooks/`), do its `TODO(batchnorm)`, then run the next cell. The check compares the BatchNorm running
-# statistics every rank holds at the end. Each `[ ]` in its checklist says what to change: edit, save, and run the
+# statistics every rank holds at the end with each other and with the global batch's. Each `[ ]` in its checklist says what to change: edit, save, and run the
 # cell again until every line is `[x]`.
 
 # %%

@@ -176,6 +176,22 @@ def test_a_rank_left_waiting_in_a_collective_is_stopped_named_and_nothing_is_lef
     assert survivors == [], f"processes of the hung run left: {survivors}"
 
 
+def test_a_rank_blocked_inside_ddps_forward_is_named_at_its_line(tmp_path, reference, monkeypatch):
+    """The loss all-reduced by rank 0 alone: rank 1 goes on to the next step, whose DDP forward blocks in torch's C++
+    (no Python runs there, so no record and no SIGTERM handler sees it). The grader asks each rank's stack first
+    (faulthandler on SIGUSR1, lab.course.exercises.stacks): rank 1 is named at its forward's line, not "unknown"."""
+    path = planted(
+        tmp_path,
+        "            dist.all_reduce(loss)  #",
+        "            if dist.get_rank() == 0:\n                dist.all_reduce(loss)  #",
+    )
+    monkeypatch.setattr(grading, "STALL_SECONDS", 5.0)  # the room's 30 s, shortened
+    runs = {c.name: c for c in grade(path, reference)}["runs on 2 ranks"]
+    forward = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "self.model(source)" in t)
+    assert "rank 0 waits in all_reduce #" in runs.detail, runs.detail
+    assert f"rank 1 never came (at convert.py:{forward} in _run_batch, inside torch's Distributed" in runs.detail
+
+
 def test_a_sampler_given_shuffle_too_is_named_and_no_later_check_blames_a_consequence(tmp_path, reference):
     """The crash's own line says what to do; the checks that could not be measured say so, not "DDP wrapped the
     model on 0 of 2 ranks" or "rank 0 saved nothing"."""
@@ -189,6 +205,34 @@ def test_a_sampler_given_shuffle_too_is_named_and_no_later_check_blames_a_conseq
     assert "takes no shuffle=True" in found["runs on 2 ranks"].fix
     later = {n: c for n, c in found.items() if n != "runs on 2 ranks"}
     assert later and all(c.verdict == NOT_RUN and c.detail.startswith("not measured: ") for c in later.values())
+
+
+def gloo_has_avg() -> bool:
+    """Whether this torch's gloo takes ReduceOp.AVG (later releases do), asked of a real one-rank gloo group."""
+    probe = (
+        "import tempfile, torch, torch.distributed as d\n"
+        "d.init_process_group('gloo', init_method='file://' + tempfile.mktemp(), rank=0, world_size=1)\n"
+        "try: d.all_reduce(torch.ones(1), op=d.ReduceOp.AVG); print('yes')\n"
+        "except RuntimeError: print('no')"
+    )
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "yes"
+
+
+def test_reduce_op_avg_passes_where_gloo_has_it_and_is_named_with_what_to_do_where_it_has_not(tmp_path, reference):
+    """The loss averaged with ReduceOp.AVG in place of sum-then-divide: right where gloo takes AVG (the pinned
+    torch), a crash on the lowest torch whose own line says what to do, and no later check blamed for it."""
+    path = planted(
+        tmp_path,
+        "dist.all_reduce(loss)  #",
+        "dist.all_reduce(loss, op=dist.ReduceOp.AVG)  #",
+        ("loss.item() / dist.get_world_size()", "loss.item()"),
+    )
+    found = failed(grading.not_measured_after_failure(grade(path, reference)))
+    if gloo_has_avg():
+        assert not found, found
+        return
+    assert "has no ReduceOp.AVG" in found["runs on 2 ranks"].fix, found["runs on 2 ranks"]
+    assert all(c.detail.startswith("not measured: ") for n, c in found.items() if n != "runs on 2 ranks"), found
 
 
 def test_start_copies_the_starter_once_and_check_refuses_bad_input_in_one_line(tmp_path):

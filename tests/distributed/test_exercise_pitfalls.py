@@ -129,12 +129,41 @@ def test_checkpoint_each_planted_mistake_fails_its_check_alone(tmp_path, old, ne
 # ----------------------------------------------------------------------------- fix-batchnorm
 
 
+GLOBAL = "the statistics of the global batch"
+
+
 def test_batchnorm_starter_keeps_each_ranks_own_statistics():
     checks = batchnorm.check(folder("fix-batchnorm") / "starter.py", TIMEOUT)
-    c = assert_fails_alone(checks, "the same BatchNorm statistics on every rank", "broadcast_buffers")
-    assert "convert_sync_batchnorm" in c.fix
+    failed = failing(checks)
+    assert set(failed) == {"the same BatchNorm statistics on every rank", GLOBAL}, failed
+    c = failed["the same BatchNorm statistics on every rank"]
+    assert "broadcast_buffers" in c.fix and "convert_sync_batchnorm" in c.fix and "all-reduces" in c.fix
     largest = float(c.detail.split("between ranks ")[1].split()[0])
     assert largest > 100 * batchnorm.TOLERANCE, c.detail  # the broken spread sits far above the tolerance
+    assert failed[GLOBAL].verdict == NOT_RUN and "the ranks' statistics differ" in failed[GLOBAL].detail
+
+
+MLP_LINE = '    model = mlp(args.seed, norm=nn.BatchNorm1d if device.type == "cuda" else GlobalBatchNorm1d)'
+
+
+def test_broadcast_buffers_alone_agrees_on_rank_0s_statistics_and_is_told_so(tmp_path):
+    """DDP's default copies rank 0's buffers: the ranks agree, on rank 0's shard's statistics (lesson 2's half
+    fix): the same-statistics check holds, the global batch's fails naming the copy."""
+    path = planted("fix-batchnorm", tmp_path, MLP_LINE, "    model = mlp(args.seed)")
+    c = assert_fails_alone(batchnorm.check(path, TIMEOUT), GLOBAL, "every rank holds rank 0's own statistics")
+    assert float(c.detail.split("by up to ")[1].split()[0]) > 100 * batchnorm.GLOBAL_TOLERANCE, c.detail
+
+
+def test_an_average_of_the_ranks_finished_statistics_is_told_its_variances_are_not_the_global_batchs(tmp_path):
+    """timm's distribute_bn way: every rank's statistics averaged after training. The means are the global
+    batch's (equal batches), the variances miss the spread between the ranks' means."""
+    path = planted("fix-batchnorm", tmp_path, MLP_LINE, "    model = mlp(args.seed)")
+    text = path.read_text().replace("else None)\n", "else None, broadcast_buffers=False)\n")
+    averaged = "    for name, b in model.module.named_buffers():\n        if 'running' in name:\n"
+    averaged += "            dist.all_reduce(b)\n            b /= world_size\n"
+    path.write_text(text.replace("    # Every rank evaluates", averaged + "    # Every rank evaluates"))
+    assert "broadcast_buffers=False" in path.read_text()
+    assert_fails_alone(batchnorm.check(path, TIMEOUT), GLOBAL, "the average of each rank's own statistics")
 
 
 def test_the_textbook_sync_batchnorm_on_the_cpu_is_told_what_the_cpu_needs(tmp_path):
@@ -148,7 +177,9 @@ def test_the_textbook_sync_batchnorm_on_the_cpu_is_told_what_the_cpu_needs(tmp_p
     )
     found = failing(grading.not_measured_after_failure(batchnorm.check(path, TIMEOUT)))
     assert "SyncBatchNorm runs on GPUs only" in found["ends cleanly"].fix, found["ends cleanly"]
+    assert "all-reduces its per-channel sum" in found["ends cleanly"].fix
     assert found["the same BatchNorm statistics on every rank"].verdict == NOT_RUN
+    assert found[GLOBAL].verdict == NOT_RUN
 
 
 # ----------------------------------------------------------------------------- fix-uneven

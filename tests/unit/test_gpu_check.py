@@ -420,3 +420,38 @@ def test_the_own_ddp_line_refuses_a_world_that_fell_back_to_gloo_on_gpus(tmp_pat
     written({n: "gloo" for n in (2, 3, 4)})  # the GPUs hidden from every rank: a CPU run, not the NCCL path
     with pytest.raises(harness.StepFailed, match="did not use nccl"):
         train_steps.own_ddp(check)
+
+
+def _fix_batchnorm_result(backend: str, gap: float) -> dict:
+    """The shape `lab exercise check fix-batchnorm --json` writes: over `backend`, `gap` from the global batch."""
+    held = "held" if gap <= 1e-4 else "failed"
+    detail = "1 BatchNorm layer(s), 20 training forwards each: the running statistics differ from the global batch's"
+    checks = [
+        {"name": "ends cleanly", "verdict": "held", "detail": f"2 ranks over {backend} ended cleanly in 9 s"},
+        {"name": "the same BatchNorm statistics on every rank", "verdict": "held", "detail": "largest 0"},
+        {"name": "the statistics of the global batch", "verdict": held, "detail": f"{detail} by up to {gap:g}"},
+    ]
+    return {"exercise": "fix-batchnorm", "verdict": held, "seconds": 15.0, "checks": checks}
+
+
+def test_the_fix_batchnorm_line_holds_only_for_syncbatchnorm_over_nccl_at_the_global_batchs_statistics(
+    tmp_path, monkeypatch
+):
+    # No GPU here: `lab exercise check fix-batchnorm` is replaced by the JSON it writes (say so); what is checked is
+    # that the step refuses a CPU run on a GPU host and a solution whose statistics are not the global batch's.
+    check = gpu_check.Harness(out=tmp_path, quick=False, gpu=True, gpus=2)
+    from lab.machine.devicecheck import train_steps
+
+    def written(doc: dict) -> None:
+        path = tmp_path / "exercise-fix-batchnorm.json"
+        monkeypatch.setattr(gpu_check.Harness, "lab", lambda self, log, *args: path.write_text(json.dumps(doc)))
+
+    written(_fix_batchnorm_result("nccl", 3e-7))
+    line, _ = train_steps.fix_batchnorm(check)
+    assert line.startswith("fix-batchnorm's solution (SyncBatchNorm) over nccl") and "by up to 3e-07" in line
+    written(_fix_batchnorm_result("gloo", 3e-7))
+    with pytest.raises(harness.StepFailed, match="did not use nccl"):
+        train_steps.fix_batchnorm(check)
+    written(_fix_batchnorm_result("nccl", 0.88))
+    with pytest.raises(harness.StepFailed, match="the statistics of the global batch: .* by up to 0.88"):
+        train_steps.fix_batchnorm(check)

@@ -66,3 +66,28 @@ def test_torchruns_traceback_of_its_own_stop_is_left_out_and_any_other_kept():
         folder.relay(line)
     folder.flush()
     assert "".join(kept) == "".join(other)
+
+
+def test_a_rank_asked_for_its_stack_names_its_line_in_the_learners_file(tmp_path):
+    """stacks.arm in a real process (as the observer arms each rank), stacks.ask from outside, stacks.read: the
+    main thread's innermost line in the learner's file. (The C++ block the signal exists for, DDP's forward, is
+    graded for real in tests/distributed/test_exercise_convert.py.)"""
+    import subprocess
+    import sys
+
+    from lab.course.exercises import stacks
+
+    learner = tmp_path / "learner.py"
+    learner.write_text("import time\n\n\ndef wait():\n    time.sleep(60)\n\n\nwait()\n")
+    armed = f"from lab.course.exercises import stacks; stacks.arm({str(tmp_path)!r}, 0, {str(learner)!r}); "
+    armed += f"import runpy; print('armed', flush=True); runpy.run_path({str(learner)!r}, run_name='__main__')"
+    rank = subprocess.Popen([sys.executable, "-c", armed], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "armed"
+        time.sleep(0.2)  # into its sleep
+        stacks.ask(tmp_path, {0: rank.pid})
+        assert stacks.read(tmp_path, 0) == "learner.py:5 in wait"
+        assert rank.poll() is None  # asking does not stop it
+    finally:
+        rank.kill()
+        rank.wait()

@@ -35,7 +35,7 @@ EXERCISES: dict[str, Exercise] = {
         Exercise(
             "fix-checkpoint", "02", "one rank writes the checkpoint, the others wait, it loads into a plain model", 10
         ),
-        Exercise("fix-batchnorm", "02", "BatchNorm statistics that agree across ranks", 10),
+        Exercise("fix-batchnorm", "02", "BatchNorm statistics of the global batch on every rank", 10),
         Exercise("fix-uneven", "02", "uneven shards that no longer leave a rank waiting in all-reduce", 10),
         Exercise("ring-allreduce", "03", "all-reduce from send and recv around a ring, any size, any world", 25),
         Exercise("own-ddp", "03", "DDP itself: broadcast, gradient hooks, buckets, async all-reduce, overlap", 40),

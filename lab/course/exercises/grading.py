@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lab.course.exercises import mistakes, trace
+from lab.course.exercises import mistakes, stacks, trace
 from lab.run.cluster import child_output, cores, launch, runner
 from lab.run.cluster import hang as diagnosis
 from lab.verdict import FAILED, HELD, NOT_APPLICABLE, NOT_RUN, Check
@@ -115,7 +115,7 @@ def hang(run: Run) -> str:
                 {"group": "0", "seq": e["seq"], "op": e["op"], "sizes": e.get("shapes"), "where": _place(e)}
                 for e in entered
             ],
-            "where": _place(r.events[-1]),
+            "where": _place({"where": r.stack} if r.stack else r.events[-1]),
         }
     found = diagnosis.diagnose(snapshots, len(run.ranks), exits)
     if not any(r["state"] in ("waiting", "mismatch") for r in found["ranks"]):
@@ -172,7 +172,10 @@ class Stall:
             return False
         if now - self._since < self.seconds:
             return False
-        self.fired = any(r.waiting() for r in trace.read(self.folder, self.world_size))
+        ranks = trace.read(self.folder, self.world_size)
+        self.fired = any(r.waiting() for r in ranks)
+        if self.fired:  # where each rank is, C++ included, before the stop (a SIGTERM handler runs no sooner)
+            stacks.ask(self.folder, {r.rank: r.pid for r in ranks if r.pid})
         return self.fired
 
 

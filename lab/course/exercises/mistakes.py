@@ -3,6 +3,8 @@ line of the checklist, where "read the first error" would leave the learner to g
 
 >>> hint("ValueError: sampler option is mutually exclusive with shuffle").split(":")[0]
 'a DataLoader given a sampler takes no shuffle=True'
+>>> hint("RuntimeError: Cannot use ReduceOp.AVG with Gloo").split(":")[0]
+"this torch's gloo has no ReduceOp.AVG (NCCL has; gloo gained it in later torch releases)"
 >>> hint("IndexError: tuple index out of range") is None  # an index error with no chunk in sight: not this mistake
 True
 """
@@ -21,9 +23,16 @@ KNOWN = (
     (
         re.compile(r"SyncBatchNorm (expected input tensor to be on GPU|layers only work with GPU)"),
         "",
-        "SyncBatchNorm runs on GPUs only: on the CPU keep BatchNorm with DDP's broadcast_buffers=True (its default), "
-        "and convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) where the ranks have GPUs "
-        "(if next(model.parameters()).is_cuda)",
+        "SyncBatchNorm runs on GPUs only: convert with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) where "
+        "the ranks have GPUs (if next(model.parameters()).is_cuda); on the CPU do what it does yourself: a "
+        "BatchNorm whose training forward all-reduces its per-channel sum, sum of squares and count "
+        "(torch.distributed.nn.functional.all_reduce, which carries the gradient back) and uses those statistics",
+    ),
+    (
+        re.compile(r"Cannot use ReduceOp\.AVG with Gloo"),
+        "",
+        "this torch's gloo has no ReduceOp.AVG (NCCL has; gloo gained it in later torch releases): all_reduce with "
+        "the default ReduceOp.SUM, then divide by dist.get_world_size()",
     ),
     (
         re.compile(r"IndexError: (tuple|list) index out of range"),

@@ -12,6 +12,10 @@ DIR/rank-R.jsonl, one JSON object a line, flushed at once so a rank that hangs o
     start        rank, world size, pid
     init         init_process_group's backend
     ddp          DistributedDataParallel wrapped a model (its comm hook then counts each bucket's all-reduce)
+    norm         a layer of the wrapped model that keeps running statistics (a `running_mean` buffer): its name,
+                 momentum and starting buffers; then "norm_batch" at each of its forwards in training mode: the
+                 per-channel sum and sum of squares of its input and the count, so the grader can work out the
+                 statistics of the global batch (every rank's inputs together) that SyncBatchNorm would keep
     dataparallel nn.DataParallel wrapped a model: one process driving devices, not DDP
     fully_shard  FSDP2's fully_shard was applied
     epoch        a DataLoader began an iteration (its sampler's type, and its epoch where it has one)
@@ -44,6 +48,7 @@ import signal
 import sys
 from typing import Any
 
+from lab.course.exercises import norm_batches, stacks
 from lab.course.exercises.recorder import Handle, Recorder, Tee, end, peak_bytes, state_bytes
 
 # Collectives a learner calls through torch.distributed: recorded once each (a collective torch runs inside
@@ -176,6 +181,7 @@ def _patch_wrappers(rec: Recorder) -> None:
         original_ddp_init(self, *args, **kwargs)
         rec.models.append(self.module)
         rec.write("ddp", where=rec.where())
+        norm_batches.watch(rec, len(rec.models) - 1, self.module)
         if not rec.count_ddp:  # a grader's own DDP (own-ddp's comparison) keeps torch's hook, or one of its own
             return
         try:
@@ -329,6 +335,7 @@ def _patch_training(rec: Recorder) -> None:
 def install(folder: str, learner_file: str | None) -> Recorder:
     rank = int(os.environ.get("RANK", "0"))
     rec = Recorder(folder, rank, learner_file)
+    stacks.arm(folder, rank, learner_file)  # before "start": the grader asks only the ranks that wrote it
     rec.write("start", rank=rank, world=int(os.environ.get("WORLD_SIZE", "1")), pid=os.getpid())
     _patch_collectives(rec)
     _patch_wrappers(rec)

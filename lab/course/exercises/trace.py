@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab.course.exercises import stacks
+
 STEP_LOSS = re.compile(r"step\s+(\d+)\D.*?loss\s+([-+0-9.eE]+|nan|inf)")
 
 
@@ -23,12 +25,18 @@ STEP_LOSS = re.compile(r"step\s+(\d+)\D.*?loss\s+([-+0-9.eE]+|nan|inf)")
 class Rank:
     rank: int
     events: list[dict[str, Any]]
+    stack: str | None = None  # where its main thread was when the grader stopped it (lab.course.exercises.stacks)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["e"] == kind]
 
     def has(self, kind: str) -> bool:
         return any(e["e"] == kind for e in self.events)
+
+    @property
+    def pid(self) -> int | None:
+        """The rank's process id, from its "start" event (None before the observer started)."""
+        return next((e["pid"] for e in self.of("start") if "pid" in e), None)
 
     @property
     def epochs(self) -> list[list[int]]:
@@ -132,5 +140,5 @@ def read(folder: Path, world_size: int) -> list[Rank]:
                     events.append(json.loads(line))
                 except ValueError:  # the last line of a rank killed mid-write
                     continue
-        ranks.append(Rank(rank, events))
+        ranks.append(Rank(rank, events, stacks.read(folder, rank)))
     return ranks

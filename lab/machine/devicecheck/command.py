@@ -33,7 +33,8 @@ slowest thing here and measures only itself):
                   largest error (3 GPUs or more; on a CPU, 3 gloo ranks)
   exercise        `lab exercise check convert` on its reference solution: the grader's observer on NCCL, a rank a
                   GPU (3 GPUs or more; else gloo, said so); with 2 GPUs or more, own-ddp's solution too (its
-                  overlap read from the handles' waits, the compute stream's order on NCCL)
+                  overlap read from the handles' waits, the compute stream's order on NCCL) and fix-batchnorm's
+                  (SyncBatchNorm's statistics against the global batch's)
   metrics         `lab bench metrics-overhead`: exporter on vs off (target <= 1%)
   hang record     `lab bench hang-record`: the collective record over NCCL, on vs off (target <= 1%)
   Lightning peer  `lab bench lightning`: the lab's images/s over PyTorch Lightning's, same model, batch, steps

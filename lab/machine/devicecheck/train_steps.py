@@ -137,7 +137,8 @@ def exercise(c: Harness) -> Outcome:
     figures = {"convert": doc}
     if c.gpus >= OWN_DDP_GPUS:
         own, figures["own-ddp"] = own_ddp(c)
-        detail += f"; {own}"
+        sync, figures["fix-batchnorm"] = fix_batchnorm(c)
+        detail += f"; {own}; {sync}"
     return Outcome("exercise", HELD, detail, figures=figures)
 
 
@@ -166,3 +167,30 @@ def own_ddp(c: Harness) -> tuple[str, dict[str, Any]]:
         f"stage 2 overlap: {overlap.split(' in flight')[0]}",
         doc,
     )
+
+
+def fix_batchnorm(c: Harness) -> tuple[str, dict[str, Any]]:
+    """`lab exercise check fix-batchnorm` on the reference solution over NCCL (2 ranks, 2 GPUs): SyncBatchNorm's
+    statistics against the global batch's, replayed from the observer's per-channel sums of CUDA inputs. A CPU
+    host leaves it to the CPU tests, which grade the solution's all-reduced BatchNorm over gloo."""
+    from lab.course.exercises import folder
+
+    result = c.out / "exercise-fix-batchnorm.json"
+    c.lab(
+        "fix-batchnorm",
+        "exercise",
+        "check",
+        "fix-batchnorm",
+        str(folder("fix-batchnorm") / "solution.py"),
+        "--json",
+        str(result),
+    )
+    doc = json.loads(result.read_text())
+    checks = {check["name"]: check for check in doc["checks"]}
+    if "over nccl" not in checks["ends cleanly"]["detail"]:
+        raise StepFailed(f"fix-batchnorm's 2 ranks did not use nccl: {checks['ends cleanly']['detail']}")
+    failed = [f"{n}: {check['detail']}" for n, check in checks.items() if check["verdict"] != HELD]
+    if failed:
+        raise StepFailed(f"fix-batchnorm's solution (SyncBatchNorm) failed on GPUs: {'; '.join(failed)}")
+    global_batch = checks["the statistics of the global batch"]["detail"]
+    return f"fix-batchnorm's solution (SyncBatchNorm) over nccl: {global_batch.split(': ', 1)[-1]}", doc

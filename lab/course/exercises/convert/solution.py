@@ -93,7 +93,7 @@ class Trainer:
         for i, (source, targets) in enumerate(self.train_data):
             loss = self._run_batch(source.to(self.device), targets.to(self.device))
             step = epoch * len(self.train_data) + i + 1
-            dist.all_reduce(loss)  # the global batch's loss: the mean of the ranks' (gloo has no AVG: sum, divide)
+            dist.all_reduce(loss)  # the mean of the ranks' losses: sum, then divide (older gloo has no AVG)
             if dist.get_rank() == 0:
                 print(f"epoch {epoch} step {step} loss {loss.item() / dist.get_world_size():.6f}")
 

@@ -6,12 +6,19 @@ What each check reads from the traces:
 - the same BatchNorm statistics on every rank: when the program returned, every running_mean and running_var
   buffer of the model DDP wrapped (each rank's `end` event), element by element across the ranks; the largest
   difference (lab.course.pitfalls.batchnorm.spread, the number the pitfall measures) must be at most TOLERANCE.
+- the statistics of the global batch: those buffers against the ones every forward would have left had it seen
+  every rank's batch together (global_batch.replay of each layer's `norm_batch` events), as SyncBatchNorm keeps
+  them: within GLOBAL_TOLERANCE. DDP's broadcast_buffers=True makes the ranks agree on rank 0's shard's statistics,
+  which this check tells apart (the half fix lesson 2 asks about); so is an average of each rank's finished
+  statistics (its means are the global batch's, its variances are not).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
+from lab.course.exercises.fix_batchnorm.global_batch import Batch, distance, replay
 from lab.course.exercises.grading import Run, ended, observed
 from lab.course.pitfalls.batchnorm import spread
 from lab.verdict import FAILED, HELD, NOT_RUN, Check
@@ -22,15 +29,35 @@ ARGUMENTS = ["--per-rank", "256", "--steps", "20", "--batch-size", "32", "--seed
 # computed from the same all-reduced batch statistics (SyncBatchNorm), where a GPU's reduction order could move
 # the last bits; the broken run differs by 0.1 and more. 1e-6 tells the two apart with room on both sides.
 TOLERANCE = 1e-6
+# float32 statistics (the learner's or SyncBatchNorm's) against a float64 replay: 20 forwards differ by about 1e-7;
+# rank 0's shard's statistics are 0.1 and more away from the global batch's, an average of the ranks' variances 1+.
+GLOBAL_TOLERANCE = 1e-4
 RUNNING = ("running_mean", "running_var")
+GLOBAL_FIX = (
+    "compute each training forward's statistics over every rank's batch: on GPUs convert the model with "
+    "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP; on the CPU, where SyncBatchNorm does not run, "
+    "a BatchNorm whose forward all-reduces the per-channel sum, sum of squares and count, then normalises with "
+    "and updates its running statistics from those (torch.distributed.nn.functional.all_reduce carries the "
+    "gradient back)"
+)
 
 
 def measure(file: Path, timeout_seconds: float) -> Run:
     return observed(file, WORLD, ARGUMENTS, timeout_seconds=timeout_seconds)
 
 
+class Layer(NamedTuple):
+    """One BatchNorm layer as the run left it: its starting buffers, momentum, each rank's forwards, its end."""
+
+    start: dict[str, list[float]]
+    momentum: float | None
+    per_rank: list[list[Batch]]
+    found: dict[str, list[float]]
+
+
 def judge(run: Run) -> list[Check]:
-    return [ended(run), same_statistics(run)]
+    agreed = same_statistics(run)
+    return [ended(run), agreed, global_statistics(run, agreed)]
 
 
 def check(file: Path, timeout_seconds: float) -> list[Check]:
@@ -69,8 +96,79 @@ def same_statistics(run: Run) -> Check:
             FAILED,
             measured,
             "the running mean and variance are buffers: DDP averages gradients, not buffers, so each rank keeps "
-            "the statistics of its own shard. Leave DDP's broadcast_buffers at True, its default (rank 0's "
-            "statistics copied to every rank at each forward), and on GPUs convert the model with "
-            "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP (statistics over every rank's batch)",
+            "the statistics of its own shard (broadcast_buffers=True, DDP's default, would make the ranks agree, on "
+            "rank 0's shard's statistics only). The fix: " + GLOBAL_FIX,
         )
     return Check(name, HELD, measured)
+
+
+def global_statistics(run: Run, agreed: Check) -> Check:
+    name = "the statistics of the global batch"
+    if agreed.verdict != HELD:
+        why = agreed.detail if agreed.verdict == NOT_RUN else "the ranks' statistics differ (above)"
+        return Check(name, NOT_RUN, why if why.startswith("not measured") else f"not measured: {why}")
+    layers = run.ranks[0].of("norm")
+    if not layers:
+        return Check(name, HELD, "no running statistics at all (no BatchNorm layer): nothing to be global")
+    models = run.ranks[0].models()
+    worst, worst_layer, replayed = 0.0, "", []
+    for layer in layers:
+        key = (layer["model"], layer["name"])
+        per_rank = [forwards(r.of("norm_batch"), key) for r in run.ranks]
+        if len({len(f) for f in per_rank}) != 1:
+            counts = ", ".join(f"rank {r}: {len(f)}" for r, f in enumerate(per_rank))
+            return Check(name, NOT_RUN, f"not measured: the ranks ran different numbers of forwards ({counts})")
+        start = {n: v["values"] for n, v in layer["start"].items() if "values" in v}
+        found = ended_with(models, key)
+        if found is None or "running_mean" not in start:
+            return Check(name, NOT_RUN, f"not measured: the running statistics of {layer['name'] or 'the model'}")
+        seen = Layer(start, layer["momentum"], per_rank, found)
+        replayed.append(seen)
+        expected = replay(start, seen.momentum, per_rank)
+        gap = max(distance(found[k], expected[k]) for k in RUNNING)
+        if gap >= worst:
+            worst, worst_layer = gap, f"layer {layer['name']}" if layer["name"] else "the model"
+    forwards_seen = len(replayed[0].per_rank[0])
+    measured = (
+        f"{len(layers)} BatchNorm layer(s), {forwards_seen} training forwards each: the running statistics differ "
+        f"from the global batch's by up to {worst:.3g} ({worst_layer}), tolerance {GLOBAL_TOLERANCE:g}"
+    )
+    if worst <= GLOBAL_TOLERANCE:
+        return Check(name, HELD, measured)
+    return Check(name, FAILED, measured, why_not_global(replayed))
+
+
+def forwards(events: list[dict], key: tuple[int, str]) -> list[Batch]:
+    return [(e["n"], e["sum"], e["sumsq"]) for e in events if (e["model"], e["name"]) == key]
+
+
+def ended_with(models: list[dict], key: tuple[int, str]) -> dict[str, list[float]] | None:
+    model, layer = key
+    buffers = models[model].get("buffers", {}) if model < len(models) else {}
+    found = {k: buffers.get(f"{layer}.{k}" if layer else k, {}).get("values") for k in RUNNING}
+    return None if None in found.values() else found
+
+
+def why_not_global(layers: list[Layer]) -> str:
+    """The hint: which half-fix the statistics match, replayed the same way, or the general fix."""
+    copies = averages = True
+    for start, momentum, per_rank, found in layers:
+        rank0 = replay(start, momentum, per_rank[:1])
+        copies &= all(distance(found[k], rank0[k]) <= GLOBAL_TOLERANCE for k in RUNNING)
+        own = [replay(start, momentum, [f]) for f in per_rank]
+        mean = [sum(c) / len(c) for c in zip(*(o["running_mean"] for o in own))]
+        var = [sum(c) / len(c) for c in zip(*(o["running_var"] for o in own))]
+        averages &= distance(found["running_mean"], mean) <= GLOBAL_TOLERANCE
+        averages &= distance(found["running_var"], var) <= GLOBAL_TOLERANCE
+    if copies:
+        return (
+            "every rank holds rank 0's own statistics (DDP's broadcast_buffers copies rank 0's buffers to every "
+            "rank): they agree, but describe rank 0's shard, not the data. " + GLOBAL_FIX[0].upper() + GLOBAL_FIX[1:]
+        )
+    if averages:
+        return (
+            "these are the average of each rank's own statistics: the means are the global batch's, the "
+            "variances are not (a variance over every rank's batch also counts how far apart the ranks' means "
+            "are). All-reduce the sums and sums of squares at each forward, not the finished statistics: " + GLOBAL_FIX
+        )
+    return GLOBAL_FIX[0].upper() + GLOBAL_FIX[1:]

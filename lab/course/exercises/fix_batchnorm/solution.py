@@ -1,4 +1,6 @@
-"""Exercise `fix-batchnorm`, the reference solution: every rank ends with the same BatchNorm statistics.
+"""Exercise `fix-batchnorm`, the reference solution: every rank ends with the BatchNorm statistics of the global batch
+(every rank's samples together), as one process with the whole batch would: SyncBatchNorm on GPUs, on the CPU a
+BatchNorm that all-reduces its batch's sums.
 
 torchrun --standalone --nproc-per-node 2 solution.py
 """
@@ -10,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.nn.functional import all_reduce
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 FEATURES, CLASSES, HIDDEN = 8, 4, 16
@@ -30,9 +33,34 @@ def blobs(n: int, seed: int, classes: list[int]) -> tuple[torch.Tensor, torch.Te
     return centres[y] + torch.randn(n, FEATURES, generator=torch.Generator().manual_seed(seed)), y
 
 
-def mlp(seed: int) -> nn.Module:
+class GlobalBatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm1d whose training statistics are the global batch's, as SyncBatchNorm's (which runs on GPUs only):
+    each forward all-reduces the per-channel sum, sum of squares and count. torch.distributed.nn's all_reduce is
+    differentiable (its backward all-reduces the gradient), so every rank's input gets its share of the gradient
+    through the global mean and variance, as SyncBatchNorm's backward gives it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        dims = [0, *range(2, x.dim())]  # every dimension but the channels
+        channels = x.shape[1]
+        count = x.new_full((1,), x.numel() // channels)
+        total = all_reduce(torch.cat([x.sum(dims), (x * x).sum(dims), count]))  # SUM over the ranks
+        n = total[-1]
+        mean = total[:channels] / n
+        var = total[channels : 2 * channels] / n - mean * mean
+        with torch.no_grad():  # the running statistics, as BatchNorm keeps them (momentum 0.1, its default)
+            assert self.running_mean is not None and self.running_var is not None and self.momentum is not None
+            self.running_mean.lerp_(mean, self.momentum)
+            self.running_var.lerp_(var * n / (n - 1), self.momentum)  # unbiased, as BatchNorm keeps it
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        normed = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        return normed * self.weight.view(shape) + self.bias.view(shape)
+
+
+def mlp(seed: int, norm: type[nn.Module] = nn.BatchNorm1d) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.BatchNorm1d(HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), norm(HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
 
 
 def main(args: argparse.Namespace) -> None:
@@ -42,10 +70,10 @@ def main(args: argparse.Namespace) -> None:
     groups = min(world_size, CLASSES)
     mine = [c for c in range(CLASSES) if c % groups == rank % groups]
     x, y = blobs(args.per_rank, args.seed + 10 + rank, mine)
-    model = mlp(args.seed)
-    if device.type == "cuda":  # batch statistics over every rank's batch (SyncBatchNorm runs on GPUs only)
+    # The statistics of every rank's batch together: SyncBatchNorm on GPUs, the all-reduce above on the CPU.
+    model = mlp(args.seed, norm=nn.BatchNorm1d if device.type == "cuda" else GlobalBatchNorm1d)
+    if device.type == "cuda":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    # broadcast_buffers (DDP's default, True): rank 0's running statistics copied to every rank at each forward
     model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     draws = torch.Generator().manual_seed(args.seed + rank)

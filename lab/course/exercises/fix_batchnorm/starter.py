@@ -7,7 +7,8 @@ Run it as
 It trains a small classifier with a BatchNorm layer under DDP, each rank on a shard that holds some classes only,
 then every rank evaluates the model on one shared test set. DDP keeps the weights identical, yet the ranks print
 different test losses. Fix the TODO, then check it: `lab exercise check fix-batchnorm` compares the
-BatchNorm running statistics every rank holds at the end. Keep the command-line options: the check passes its own.
+BatchNorm running statistics every rank holds at the end with each other and with the global batch's. Keep the
+command-line options: the check passes its own.
 """
 
 import argparse
@@ -51,7 +52,9 @@ def main(args: argparse.Namespace) -> None:
     x, y = blobs(args.per_rank, args.seed + 10 + rank, mine)
     model = mlp(args.seed)
     # TODO(batchnorm): BatchNorm keeps a running mean and variance of what it has seen. They are buffers, not
-    # parameters: DDP averages gradients, and here nothing makes the ranks' buffers agree.
+    # parameters: DDP averages gradients, and here nothing makes the ranks' buffers agree. Make every rank keep the
+    # statistics of the global batch (every rank's samples together), as one process given the whole batch would:
+    # the check compares them with those. (torch.nn.SyncBatchNorm does this on GPUs only; on the CPU it is yours.)
     model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     draws = torch.Generator().manual_seed(args.seed + rank)

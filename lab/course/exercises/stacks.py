@@ -1,0 +1,117 @@
+"""Where a watched rank's main thread is, asked from outside: the line of a rank that "never came" to a collective
+even when it is blocked inside torch's C++ (DDP's forward rebuilding its buckets, a collective torch calls from C++),
+where no Python runs and the observer's own records and SIGTERM handler see nothing.
+
+The observer arms Python's faulthandler on SIGUSR1 (`arm`): its handler is C, so it writes every thread's stack to
+`rank-R.stacks` whatever the thread is blocked in. The grader, when it stops a stalled run, first sends SIGUSR1 to
+each rank (`ask`), then reads the main thread's innermost line in the learner's file (`where`), with the torch
+function it was inside.
+
+>>> text = '''main thread 0x00007f00000000aa
+... learner /home/me/convert.py
+... Thread 0x00007f00000000bb (most recent call first):
+...   File "/usr/lib/python3.11/threading.py", line 324 in wait
+...
+... Current thread 0x00007f00000000aa (most recent call first):
+...   File "/site-packages/torch/nn/parallel/distributed.py", line 1410 in _pre_forward
+...   File "/site-packages/torch/nn/parallel/distributed.py", line 1640 in forward
+...   File "/site-packages/torch/nn/modules/module.py", line 1750 in _call_impl
+...   File "/home/me/convert.py", line 85 in _run_batch
+...   File "/home/me/convert.py", line 97 in _run_epoch
+... '''
+>>> where(text)
+"convert.py:85 in _run_batch, inside torch's DistributedDataParallel._pre_forward"
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+ASK = signal.SIGUSR1
+ANSWER_SECONDS = 2.0  # how long the grader waits for the ranks' stacks (each is written within milliseconds)
+_kept: list[IO[str]] = []  # the file faulthandler writes to stays open as long as the process
+# torch's files a rank can be blocked in, named as a learner knows them
+TORCH_PLACES = {
+    "nn/parallel/distributed.py": "DistributedDataParallel",
+    "distributed/distributed_c10d.py": "torch.distributed",
+    "autograd/__init__.py": "autograd",
+    "_tensor.py": "Tensor",
+}
+
+
+def path(folder: Path | str, rank: int) -> Path:
+    return Path(folder) / f"rank-{rank}.stacks"
+
+
+def arm(folder: str, rank: int, learner_file: str | None) -> None:
+    """From now on SIGUSR1 writes this rank's stacks beside its trace (unless the learner's program handles it)."""
+    if signal.getsignal(ASK) != signal.SIG_DFL:
+        return
+    stream = path(folder, rank).open("w")
+    stream.write(f"main thread 0x{threading.main_thread().ident or 0:016x}\nlearner {learner_file or ''}\n")
+    stream.flush()
+    faulthandler.register(ASK, file=stream, all_threads=True)
+    _kept.append(stream)
+
+
+def ask(folder: Path, pids: dict[int, int]) -> None:
+    """Ask each rank (rank: pid) for its stacks and wait for their answers, ANSWER_SECONDS at most."""
+    sizes = {}
+    for rank, pid in pids.items():
+        target = path(folder, rank)
+        if not target.exists():  # not armed (the learner's own SIGUSR1): the signal would do what they chose
+            continue
+        sizes[rank] = target.stat().st_size
+        try:
+            os.kill(pid, ASK)
+        except OSError:  # gone already
+            sizes.pop(rank)
+    deadline = time.monotonic() + ANSWER_SECONDS
+    while sizes and time.monotonic() < deadline:
+        sizes = {r: s for r, s in sizes.items() if path(folder, r).stat().st_size == s}
+        time.sleep(0.05)
+    time.sleep(0.1)  # a dump seen growing is finished within this
+
+
+def read(folder: Path, rank: int) -> str | None:
+    try:
+        return where(path(folder, rank).read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+def where(text: str) -> str | None:
+    """The main thread's innermost line in the learner's file, with the torch function it was inside; None where the
+    rank was never asked or its main thread was not in the learner's file."""
+    main = re.match(r"main thread (0x[0-9a-f]+)\nlearner (.*)\n", text)
+    if not main:
+        return None
+    learner = os.path.realpath(main[2]) if main[2] else None
+    frames: list[tuple[str, int, str]] = []
+    current: str | None = None
+    for line in text.splitlines():
+        header = re.match(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", line)
+        if header:
+            if header[1] == main[1]:
+                frames = []  # a later dump of the main thread replaces an earlier one
+            current = header[1]
+            continue
+        frame = re.match(r'^\s+File "(.+)", line (\d+) in (.+)$', line)
+        if frame and current == main[1]:
+            frames.append((frame[1], int(frame[2]), frame[3]))
+    inside = None
+    for file, lineno, function in frames:  # innermost first
+        if learner and os.path.realpath(file) == learner:
+            at = f"{os.path.basename(file)}:{lineno} in {function}"
+            return f"{at}, inside torch's {inside}" if inside else at
+        if inside is None and "/torch/" in file:
+            name = next((n for tail, n in TORCH_PLACES.items() if file.endswith("/torch/" + tail)), None)
+            inside = f"{name}.{function}" if name else None
+    return None
