@@ -169,6 +169,6 @@ def why_not_global(layers: list[Layer]) -> str:
         return (
             "these are the average of each rank's own statistics: the means are the global batch's, the "
             "variances are not (a variance over every rank's batch also counts how far apart the ranks' means "
-            "are). All-reduce the sums and sums of squares at each forward, not the finished statistics: " + GLOBAL_FIX
+            "are). " + GLOBAL_FIX[0].upper() + GLOBAL_FIX[1:]
         )
     return GLOBAL_FIX[0].upper() + GLOBAL_FIX[1:]
