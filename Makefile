@@ -15,12 +15,13 @@ setup: $(STAMP)
 # the first step (no build isolation), without its C++ ops (DS_BUILD_OPS=0: they JIT-build when used); ~20 s here.
 # The constraints are constraints.txt's, with the torch this host's NVIDIA driver runs where it is too old for the
 # pinned one (scripts/torch_for_driver.py: driver 525-579 gets torch 2.10.0, built for CUDA 12; older, one line
-# naming what to do, and make stops).
+# naming what to do, and make stops). --no-cache-dir: what pip downloads is not kept a second time in its cache (a CI
+# machine's disk ran out in this step once, stop 55).
 $(STAMP): pyproject.toml constraints.txt scripts/torch_for_driver.py lab/machine/health/driver.py
 	$(PYTHON) -m venv $(VENV)
 	$(PYTHON) scripts/torch_for_driver.py constraints.txt > $(VENV)/constraints.txt
-	$(BIN)/python -m pip install --quiet -c $(VENV)/constraints.txt -e '.[test,notebook,room,lint]'
-	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-build-isolation -c $(VENV)/constraints.txt -e '.[test,notebook,room,lint,deepspeed]'
+	$(BIN)/python -m pip install --quiet --no-cache-dir -c $(VENV)/constraints.txt -e '.[test,notebook,room,lint]'
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install --quiet --no-cache-dir --no-build-isolation -c $(VENV)/constraints.txt -e '.[test,notebook,room,lint,deepspeed]'
 	@touch $(STAMP)
 
 lab: $(STAMP)
