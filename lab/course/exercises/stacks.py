@@ -29,12 +29,15 @@ import faulthandler
 import os
 import re
 import signal
+import sysconfig
 import threading
 import time
 from pathlib import Path
 from typing import IO
 
 ASK = signal.SIGUSR1
+HERE = os.path.dirname(__file__)  # the observer's own frames (runpy's call of the learner's file) are not a place
+STDLIB = sysconfig.get_paths()["stdlib"]
 ANSWER_SECONDS = 2.0  # how long the grader waits for the ranks' stacks (each is written within milliseconds)
 _kept: list[IO[str]] = []  # the file faulthandler writes to stays open as long as the process
 # torch's files a rank can be blocked in, named as a learner knows them
@@ -88,8 +91,8 @@ def read(folder: Path, rank: int) -> str | None:
 
 
 def where(text: str) -> str | None:
-    """The main thread's innermost line in the learner's file, with the torch function it was inside; None where the
-    rank was never asked or its main thread was not in the learner's file."""
+    """The main thread's innermost line in the learner's file (else in the grader's own code that calls it, a
+    probe), with the torch function it was inside; None where the rank was never asked."""
     main = re.match(r"main thread (0x[0-9a-f]+)\nlearner (.*)\n", text)
     if not main:
         return None
@@ -106,12 +109,14 @@ def where(text: str) -> str | None:
         frame = re.match(r'^\s+File "(.+)", line (\d+) in (.+)$', line)
         if frame and current == main[1]:
             frames.append((frame[1], int(frame[2]), frame[3]))
-    inside = None
+    inside, fallback = None, None
     for file, lineno, function in frames:  # innermost first
+        at = f"{os.path.basename(file)}:{lineno} in {function}"
         if learner and os.path.realpath(file) == learner:
-            at = f"{os.path.basename(file)}:{lineno} in {function}"
             return f"{at}, inside torch's {inside}" if inside else at
-        if inside is None and "/torch/" in file:
+        if "/torch/" in file:
             name = next((n for tail, n in TORCH_PLACES.items() if file.endswith("/torch/" + tail)), None)
-            inside = f"{name}.{function}" if name else None
-    return None
+            inside = inside or (f"{name}.{function}" if name else None)
+        elif fallback is None and os.path.dirname(file) != HERE and not file.startswith((STDLIB, "<")):
+            fallback = f"{at}, inside torch's {inside}" if inside else at
+    return fallback
