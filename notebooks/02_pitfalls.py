@@ -260,8 +260,8 @@ path = lesson.exercise("fix-batchnorm")
 # %% [markdown]
 # Open `exercises/fix_batchnorm.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is
 # beside `notebooks/`), do its `TODO(batchnorm)`, then run the next cell. The check compares the BatchNorm running
-# statistics every rank holds at the end with each other and with the global batch's. Each `[ ]` in its checklist says what to change: edit, save, and run the
-# cell again until every line is `[x]`.
+# statistics every rank holds at the end with each other and with the global batch's. Each `[ ]` in its checklist
+# says what to change: edit, save, and run the cell again until every line is `[x]`.
 
 # %%
 result = lesson.check_exercise("fix-batchnorm")
@@ -277,9 +277,9 @@ path = lesson.exercise("fix-uneven")
 
 # %% [markdown]
 # Open `exercises/fix_uneven.py` in JupyterLab's editor (double-click it in the file browser; `exercises/` is beside
-# `notebooks/`), do its `TODO(uneven)`, then run the next cell. The check stops a run that hangs (after 60 s), so a
-# hang fails a check rather than stopping the notebook. Each `[ ]` in its checklist says what to change: edit,
-# save, and run the cell again until every line is `[x]`.
+# `notebooks/`), do its `TODO(uneven)`, then run the next cell. The check stops a run that hangs (30 s without
+# progress, or at its 120 s limit), so a hang fails a check rather than stopping the notebook. Each `[ ]` in its
+# checklist says what to change: edit, save, and run the cell again until every line is `[x]`.
 
 # %%
 result = lesson.check_exercise("fix-uneven")

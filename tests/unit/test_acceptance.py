@@ -57,7 +57,17 @@ def _floors() -> set[float]:
 QUOTED = re.compile(r"(?<![\d.,])(\d+(?:\.\d+)?)\s*GB/s|--min-busbw\s+(\d+(?:\.\d+)?)")
 # the pages that judge a fabric or show its floors (others quote link speeds such as NVLink 2's 150 GB/s)
 PAGES = [
-    *(ROOT / "docs" / page for page in ("multi-node.md", "slurm.md", "benchmarks.md", "containers.md", "workshop.md")),
+    *(
+        ROOT / "docs" / page
+        for page in (
+            "multi-node.md",
+            "slurm.md",
+            "benchmarks.md",
+            "containers.md",
+            "workshop.md",
+            "workshop-reference.md",
+        )
+    ),
     ROOT / "README.md",
     ROOT / "playbooks" / "inventory" / "dgx.example.yml",
     ROOT / "playbooks" / "roles" / "validate" / "defaults" / "main.yml",

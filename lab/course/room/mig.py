@@ -103,7 +103,7 @@ def too_many_seats(seats: int, devices: tuple[str, ...]) -> str:
     return (
         f"{seats} seats on {gpus} GPUs: each GPU belongs to one seat; split each GPU into {split} MIG slices "
         f"(--mig-per-gpu {split}: {split * gpus} slices of {MIG_SPLITS[split][1]} on an H100; "
-        f"docs/workshop.md#more-learners-than-gpus-mig-slices), or {pairs_say}"
+        f"docs/workshop-reference.md#more-learners-than-gpus-mig-slices), or {pairs_say}"
     )
 
 

@@ -24,8 +24,8 @@ host once the slices exist (this host's plan then hands out their MIG UUIDs, rea
 >>> make_plan(host, seats=12)
 Traceback (most recent call last):
 lab.errors.LabError: 12 seats on 8 GPUs: each GPU belongs to one seat; split each GPU into 2 MIG slices
-(--mig-per-gpu 2: 16 slices of 3g.40gb on an H100; docs/workshop.md#more-learners-than-gpus-mig-slices), or seat them
-in pairs (--seats 6, 1 GPU a seat)
+(--mig-per-gpu 2: 16 slices of 3g.40gb on an H100; docs/workshop-reference.md#more-learners-than-gpus-mig-slices),
+or seat them in pairs (--seats 6, 1 GPU a seat)
 >>> [s.devices for s in make_plan(Host(planned_slices(2, 3), tuple(range(32)), 256 * GIB)).seats][:4]
 [('gpu0/mig1',), ('gpu0/mig2',), ('gpu0/mig3',), ('gpu1/mig1',)]
 """
