@@ -179,7 +179,7 @@ def test_a_rank_left_waiting_in_a_collective_is_stopped_named_and_nothing_is_lef
 def test_a_rank_blocked_inside_ddps_forward_is_named_at_its_line(tmp_path, reference, monkeypatch):
     """The loss all-reduced by rank 0 alone: rank 1 goes on to the next step, whose DDP forward blocks in torch's C++
     (no Python runs there, so no record and no SIGTERM handler sees it). The grader asks each rank's stack first
-    (faulthandler on SIGUSR1, lab.course.exercises.stacks): rank 1 is named at its forward's line, not "unknown"."""
+    (faulthandler on SIGWINCH, lab.course.exercises.stacks): rank 1 is named at its forward's line, not "unknown"."""
     path = planted(
         tmp_path,
         "            dist.all_reduce(loss)  #",

@@ -159,8 +159,12 @@ def test_a_frozen_parameter_all_reduced_on_rank_0_alone_is_named_as_a_hang(tmp_p
     checks = own_ddp.judge(own_ddp.measure(path, HANG_TIMEOUT, worlds=(2,)))
     runs = named(checks, "runs on 2 ranks")
     assert runs.verdict == FAILED, render("own-ddp", checks)
-    assert "rank 0 waits in all_reduce" in runs.detail and "in finish" in runs.detail, runs.detail
-    assert "same all-reduces" in runs.fix
+    # A collective one rank alone calls is undefined behaviour: rank 0 waits (a hang, named), or, when rank 1 has
+    # finished and exited first, gloo's read on rank 0 is reset (CI saw both on a loaded machine). Either way the
+    # hint names the mistake; where it hung, the diagnosis names the rank, the collective and the line.
+    assert "same all-reduces" in runs.fix and "a call the others never made" in runs.fix, runs.fix
+    if "Connection reset by peer" not in runs.detail:
+        assert "rank 0 waits in all_reduce" in runs.detail and "in finish" in runs.detail, runs.detail
     measured_before = {"rank 0's weights reach every rank"}  # the broadcast, at construction, before the hang
     after = {c.verdict for c in checks if c is not runs and c.name not in measured_before}
     assert after == {NOT_RUN}, render("own-ddp", checks)

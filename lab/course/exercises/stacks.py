@@ -2,8 +2,8 @@
 even when it is blocked inside torch's C++ (DDP's forward rebuilding its buckets, a collective torch calls from C++),
 where no Python runs and the observer's own records and SIGTERM handler see nothing.
 
-The observer arms Python's faulthandler on SIGUSR1 (`arm`): its handler is C, so it writes every thread's stack to
-`rank-R.stacks` whatever the thread is blocked in. The grader, when it stops a stalled run, first sends SIGUSR1 to
+The observer arms Python's faulthandler on SIGWINCH (`arm`): its handler is C, so it writes every thread's stack to
+`rank-R.stacks` whatever the thread is blocked in. The grader, when it stops a stalled run, first sends SIGWINCH to
 each rank (`ask`), then reads the main thread's innermost line in the learner's file (`where`), with the torch
 function it was inside.
 
@@ -35,7 +35,10 @@ import time
 from pathlib import Path
 from typing import IO
 
-ASK = signal.SIGUSR1
+# SIGWINCH, whose default action is to be ignored: a rank that has not armed the handler yet, or has dropped it in
+# its interpreter's shutdown (faulthandler restores the default there), is left alone. SIGUSR1's default ends the
+# process: CI saw a rank that had finished, asked during its exit, killed by it, and its peer's gloo read reset.
+ASK = signal.SIGWINCH
 HERE = os.path.dirname(__file__)  # the observer's own frames (runpy's call of the learner's file) are not a place
 STDLIB = sysconfig.get_paths()["stdlib"]
 ANSWER_SECONDS = 2.0  # how long the grader waits for the ranks' stacks (each is written within milliseconds)
@@ -54,7 +57,7 @@ def path(folder: Path | str, rank: int) -> Path:
 
 
 def arm(folder: str, rank: int, learner_file: str | None) -> None:
-    """From now on SIGUSR1 writes this rank's stacks beside its trace (unless the learner's program handles it)."""
+    """From now on SIGWINCH writes this rank's stacks beside its trace (unless the learner's program handles it)."""
     if signal.getsignal(ASK) != signal.SIG_DFL:
         return
     stream = path(folder, rank).open("w")
@@ -69,7 +72,7 @@ def ask(folder: Path, pids: dict[int, int]) -> None:
     sizes = {}
     for rank, pid in pids.items():
         target = path(folder, rank)
-        if not target.exists():  # not armed (the learner's own SIGUSR1): the signal would do what they chose
+        if not target.exists():  # not armed (the learner's own SIGWINCH handler): the signal would do what they chose
             continue
         sizes[rank] = target.stat().st_size
         try:
