@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import IO
 
 # SIGWINCH, whose default action is to be ignored: a rank that has not armed the handler yet, or has dropped it in
-# its interpreter's shutdown (faulthandler restores the default there), is left alone. SIGUSR1's default ends the
-# process: CI saw a rank that had finished, asked during its exit, killed by it, and its peer's gloo read reset.
+# its interpreter's shutdown (faulthandler restores the default there), is left alone. SIGUSR1's default would end
+# such a process, and so change the run it asked about.
 ASK = signal.SIGWINCH
 HERE = os.path.dirname(__file__)  # the observer's own frames (runpy's call of the learner's file) are not a place
 STDLIB = sysconfig.get_paths()["stdlib"]
