@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from lab.run.cluster import fault
+
 # SIGWINCH, whose default action is to be ignored: a rank that has not armed the handler yet, or has dropped it in
 # its interpreter's shutdown (faulthandler restores the default there), is left alone. SIGUSR1's default would end
 # such a process, and so change the run it asked about.
@@ -100,18 +102,7 @@ def where(text: str) -> str | None:
     if not main:
         return None
     learner = os.path.realpath(main[2]) if main[2] else None
-    frames: list[tuple[str, int, str]] = []
-    current: str | None = None
-    for line in text.splitlines():
-        header = re.match(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", line)
-        if header:
-            if header[1] == main[1]:
-                frames = []  # a later dump of the main thread replaces an earlier one
-            current = header[1]
-            continue
-        frame = re.match(r'^\s+File "(.+)", line (\d+) in (.+)$', line)
-        if frame and current == main[1]:
-            frames.append((frame[1], int(frame[2]), frame[3]))
+    frames = fault.main_thread_frames(text, main[1])
     inside, fallback = None, None
     for file, lineno, function in frames:  # innermost first
         at = f"{os.path.basename(file)}:{lineno} in {function}"

@@ -65,16 +65,7 @@ def where(text: str, torch_dir: str, not_the_caller: tuple[str, ...] = ()) -> st
     if "Fatal Python error" not in text:
         return None
     main = re.match(r"main thread (0x[0-9a-f]+)", text)
-    frames: list[tuple[str, int, str]] = []
-    current: str | None = None
-    for line in text.splitlines():
-        header = re.match(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", line)
-        if header:
-            current = header[1]
-            continue
-        frame = re.match(r'^\s+File "(.+)", line (\d+) in (.+)$', line)
-        if frame and main and current == main[1]:
-            frames.append((frame[1], int(frame[2]), frame[3]))
+    frames = main_thread_frames(text, main[1]) if main else []
     op = None
     stdlib = sysconfig.get_paths()["stdlib"]
     for file, _line, function in frames:  # innermost first: the public function is the last of torch's own
@@ -84,3 +75,21 @@ def where(text: str, torch_dir: str, not_the_caller: tuple[str, ...] = ()) -> st
             caller = f"at {flight.short_path(file)}:{_line} in {function}"
             return f"in {op} {caller}" if op else caller
     return None
+
+
+def main_thread_frames(text: str, main: str) -> list[tuple[str, int, str]]:
+    """(file, line, function) of thread `main` in a faulthandler dump, innermost first; where the dump holds that
+    thread more than once (one dump appended per request), its last."""
+    frames: list[tuple[str, int, str]] = []
+    current: str | None = None
+    for line in text.splitlines():
+        header = re.match(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", line)
+        if header:
+            current = header[1]
+            if current == main:
+                frames = []
+            continue
+        frame = re.match(r'^\s+File "(.+)", line (\d+) in (.+)$', line)
+        if frame and current == main:
+            frames.append((frame[1], int(frame[2]), frame[3]))
+    return frames

@@ -34,7 +34,7 @@ TOLERANCE = 1e-6
 GLOBAL_TOLERANCE = 1e-4
 RUNNING = ("running_mean", "running_var")
 GLOBAL_FIX = (
-    "compute each training forward's statistics over every rank's batch: on GPUs convert the model with "
+    "Compute each training forward's statistics over every rank's batch: on GPUs convert the model with "
     "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP; on the CPU, where SyncBatchNorm does not run, "
     "a BatchNorm whose forward all-reduces the per-channel sum, sum of squares and count, then normalises with "
     "and updates its running statistics from those (torch.distributed.nn.functional.all_reduce carries the "
@@ -97,7 +97,7 @@ def same_statistics(run: Run) -> Check:
             measured,
             "the running mean and variance are buffers: DDP averages gradients, not buffers, so each rank keeps "
             "the statistics of its own shard (broadcast_buffers=True, DDP's default, would make the ranks agree, on "
-            "rank 0's shard's statistics only). The fix: " + GLOBAL_FIX,
+            "rank 0's shard's statistics only). " + GLOBAL_FIX,
         )
     return Check(name, HELD, measured)
 
@@ -163,12 +163,12 @@ def why_not_global(layers: list[Layer]) -> str:
     if copies:
         return (
             "every rank holds rank 0's own statistics (DDP's broadcast_buffers copies rank 0's buffers to every "
-            "rank): they agree, but describe rank 0's shard, not the data. " + GLOBAL_FIX[0].upper() + GLOBAL_FIX[1:]
+            "rank): they agree, but describe rank 0's shard, not the data. " + GLOBAL_FIX
         )
     if averages:
         return (
             "these are the average of each rank's own statistics: the means are the global batch's, the "
             "variances are not (a variance over every rank's batch also counts how far apart the ranks' means "
-            "are). " + GLOBAL_FIX[0].upper() + GLOBAL_FIX[1:]
+            "are). " + GLOBAL_FIX
         )
-    return GLOBAL_FIX[0].upper() + GLOBAL_FIX[1:]
+    return GLOBAL_FIX
