@@ -351,6 +351,7 @@ def test_a_seat_is_a_container_of_the_jupyter_image_with_its_cores_memory_and_vo
     of the lab's jupyter image with the plan's cores, memory and volume; through the proxy the seat lists each
     lesson once, and its kernel runs as the image's user with the seat's name and no GPU. Stopping the room
     removes the container and keeps the volume (the learner's work)."""
+    from lab.course.exercises import EXERCISES
     from lab.course.room import plan as room_plan
 
     base = docker_room["base"]
@@ -385,6 +386,16 @@ def test_a_seat_is_a_container_of_the_jupyter_image_with_its_cores_memory_and_vo
     )
     out = json.loads(seat.execute(probe)["stdout"])
     assert out == {"uid": LAB_UID, "seat": SEAT, "gpus": "", "runs": "/lab/seat/runs/lessons"}, out
+    # the answers are the image's root's alone (its build closed them), the starters beside them are not
+    seek = (
+        "import json, os; from lab.course.room import answers; kept = answers.files(); print(json.dumps({"
+        "'kept': [p.name for p in kept], 'readable': [str(p) for p in kept if os.access(p, os.R_OK)], "
+        "'starter': os.access(answers.EXERCISES / 'convert' / 'starter.py', os.R_OK), "
+        "'copied': os.path.exists('/lab/seat/docs/answers.md') or not os.path.exists('/lab/seat/docs/glossary.md')}))"
+    )
+    out = json.loads(seat.execute(seek)["stdout"])
+    assert out["kept"].count("solution.py") == len(EXERCISES) and "answers.md" in out["kept"], out
+    assert out["readable"] == [] and out["starter"] and not out["copied"], out
 
     proc = docker_room["proc"]
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to the room's foreground group

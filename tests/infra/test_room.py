@@ -229,6 +229,76 @@ def test_a_seat_cannot_reach_another_seats_server_api_or_files(room):
     assert tried.split() == ["refused", "13", "refused", "13"], tried
 
 
+# Run in a seat's kernel: which answers it can read (by path, or as a copy anywhere it can walk), whether the git
+# history opens, and the files beside the answers it must read (so a refusal is about the answers, not the way).
+SEEK_ANSWERS = """
+import hashlib, json, os
+answers, digests, roots, controls = json.loads({given!r})
+sizes = set(digests.values())
+found = {{"read": [], "copies": [], "history": "refused", "controls": []}}
+for path in answers:
+    try:
+        open(path, "rb").read(1)
+        found["read"].append(path)
+    except PermissionError:
+        pass
+try:
+    open(roots[0] + "/.git/HEAD").read()
+    found["history"] = "readable"
+except PermissionError:
+    pass
+except FileNotFoundError:
+    found["history"] = "absent"
+for top in roots:
+    for folder, _, names in os.walk(top):
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                if name.startswith("solution.") and name.endswith(".pyc"):
+                    open(path, "rb").read(1)
+                    found["copies"].append(path)
+                elif os.path.getsize(path) in sizes and hashlib.sha256(open(path, "rb").read()).hexdigest() in digests:
+                    found["copies"].append(path)
+            except OSError:
+                pass
+for path in controls:
+    open(path).read(1)
+    found["controls"].append(path)
+print(json.dumps(found))
+"""
+
+
+def test_a_seat_reads_no_answer_by_path_or_copy_and_the_files_beside_them(room):
+    """Logged in as a seat (a kernel of its own server): no exercise's solution, docs/answers.md or the git history
+    that holds them opens, and no copy of one is anywhere the seat can walk (the checkout, the venv, its home);
+    the starters and the docs beside them open. The lesson test after this one grades each seat's convert exercise
+    in its own kernel: the grader needs no solution."""
+    import hashlib
+
+    from lab.course.exercises import EXERCISES
+    from lab.course.room import answers
+
+    kept = answers.files()
+    assert sum(p.name == "solution.py" for p in kept) == len(EXERCISES) and (ROOT / "docs" / "answers.md") in kept
+    assert "the answers:" in room["log"].read_text()  # lab room serve closed them before the seats started
+    seat = room["seats"]["rt2"]
+    home = pwd.getpwnam(seat.name).pw_dir
+    roots = [str(ROOT), home] + ([sys.prefix] if not Path(sys.prefix).is_relative_to(ROOT) else [])
+    controls = [
+        str(answers.EXERCISES / "convert" / "starter.py"),
+        str(ROOT / "docs" / "glossary.md"),
+        f"{home}/docs/glossary.md",
+    ]
+    digests = {hashlib.sha256(p.read_bytes()).hexdigest(): p.stat().st_size for p in kept}
+    given = json.dumps([[str(p) for p in kept], digests, roots, controls])
+    output = seat.execute(SEEK_ANSWERS.format(given=given), timeout=300)["stdout"]
+    found = json.loads(output.strip().splitlines()[-1])
+    assert found["controls"] == controls, found
+    assert found["read"] == [] and found["copies"] == [], found
+    assert found["history"] in ("refused", "absent"), found
+    assert not (Path(home) / "docs" / "answers.md").exists()
+
+
 def test_lesson_one_runs_in_three_seats_own_kernels_at_once(room):
     """Each seat runs lesson 1 as JupyterLab would (a session for the notebook, its cells in order) at the same
     time as the others; every check of the lesson holds, and each seat's runs land in its own home, recorded

@@ -258,3 +258,47 @@ def test_the_guides_room_table_is_what_lab_room_plan_prints(tmp_path):
         printed = f"{devices}, cores {room_plan.core_list(first.cpus)}, {first.memory_bytes / GIB:.1f} GiB"
         assert (len(plan.seats), printed) == (int(seats), seat1), row
         assert first.lessons().startswith(f"1-7 {lessons}"), (row, first.lessons())
+
+
+def test_the_answers_are_closed_to_all_but_their_owner_and_left_out_of_a_seats_docs(tmp_path, monkeypatch):
+    """On a copy of the layout (the checkout's own files keep their modes here): every solution, its compiled copy,
+    docs/answers.md and .git lose their group and others' access, the starters and the other docs keep theirs; a
+    seat's copy of docs/ has no answers.md. tests/infra/test_room.py tries to read them as a seat, for real."""
+    from lab.course.room import answers, seats
+
+    checkout = tmp_path / "checkout"
+    exercises = checkout / "lab" / "course" / "exercises"
+    for path in (
+        exercises / "convert" / "solution.py",
+        exercises / "convert" / "starter.py",
+        exercises / "convert" / "__pycache__" / "solution.cpython-311.pyc",
+        checkout / "docs" / "answers.md",
+        checkout / "docs" / "glossary.md",
+        checkout / "notebooks" / "01_baseline_and_ddp.py",
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("# x\n")
+        path.chmod(0o644)
+    (checkout / ".git").mkdir(mode=0o755)
+    (checkout / ".git").chmod(0o755)
+    monkeypatch.setattr(answers, "EXERCISES", exercises)
+    monkeypatch.setattr(seats, "CHECKOUT", checkout)
+    monkeypatch.delenv(seats.LESSONS_ENV, raising=False)
+
+    closed = answers.close()
+    mode = {p.relative_to(checkout).as_posix(): p.stat().st_mode & 0o777 for p in checkout.rglob("*") if p.is_file()}
+    assert mode == {
+        "lab/course/exercises/convert/solution.py": 0o600,
+        "lab/course/exercises/convert/__pycache__/solution.cpython-311.pyc": 0o600,
+        "docs/answers.md": 0o600,
+        "lab/course/exercises/convert/starter.py": 0o644,
+        "docs/glossary.md": 0o644,
+        "notebooks/01_baseline_and_ddp.py": 0o644,
+    }
+    assert (checkout / ".git").stat().st_mode & 0o777 == 0o700 and len(closed) == 4
+    assert answers.said(closed).startswith("the answers: 3 files and the git history closed")
+    assert answers.close() == [] and "closed to the seats already" in answers.said([])
+
+    home = tmp_path / "home"
+    seats.copy_lessons(home, checkout / "notebooks")
+    assert (home / "docs" / "glossary.md").exists() and not (home / "docs" / "answers.md").exists()

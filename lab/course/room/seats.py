@@ -36,6 +36,9 @@ CHECKOUT = Path(__file__).resolve().parents[3]
 # JUPYTER_CONFIG_PATH already points (the image's).
 SERVER_CONFIG = CHECKOUT / "jupyter" / "config"
 FIRST_LESSON = "notebooks/01_baseline_and_ddp.ipynb"
+# docs/answers.md, the lessons' questions answered for instructors: left out of a seat's docs (lab.course.room.answers
+# closes the original)
+ANSWERS_DOC = "answers.md"
 
 
 def lessons_dir() -> Path:
@@ -172,9 +175,9 @@ def prepare_home(name: str, lessons: Path | None = None) -> Path:
 
 def copy_lessons(home: Path, lessons: Path | None = None) -> list[Path]:
     """The seat's own copy of the lessons in home/notebooks (each .py paired with its .ipynb by jupytext, as `make
-    notebook` does), lesson 6's monitoring/, the docs and examples/ lesson 1 links, and an empty runs/lessons/, each
-    made when missing: a learner's edits and
-    outputs survive a restart of their server; `lab room reset SEAT` starts a seat afresh. Returns what it made."""
+    notebook` does), lesson 6's monitoring/, the docs (answers.md left out) and examples/ lesson 1 links, and an
+    empty runs/lessons/, each made when missing: a learner's edits and outputs survive a restart of their server;
+    `lab room reset SEAT` starts a seat afresh. Returns what it made."""
     import jupytext
 
     source = lessons or lessons_dir()
@@ -190,7 +193,7 @@ def copy_lessons(home: Path, lessons: Path | None = None) -> list[Path]:
     # lesson 6 starts a Prometheus with monitoring/; lesson 1 links docs/glossary.md and runs examples/
     for extra in ("monitoring", "docs", "examples"):
         if (source.parent / extra).is_dir() and not (home / extra).exists():
-            shutil.copytree(source.parent / extra, home / extra)
+            shutil.copytree(source.parent / extra, home / extra, ignore=shutil.ignore_patterns(ANSWERS_DOC))
             made += [home / extra, *(home / extra).rglob("*")]
     runs = runs_dir(home)
     if not runs.exists():

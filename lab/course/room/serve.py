@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from lab import optional
+from lab.course.room import answers, seats
 from lab.course.room import plan as room_plan
-from lab.course.room import seats
 from lab.course.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
 from lab.course.room.status import lessons
 from lab.errors import LabError
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
         _make_seats(plan, Path(settings.home_root))
+        print(answers.said(answers.close()), flush=True)  # before any seat's server starts
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)  # the hub's database, cookie secret and the instructor's password
     room_plan.save(plan, state / "plan.json")
