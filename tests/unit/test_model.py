@@ -73,3 +73,21 @@ def test_global_average_pool_is_adaptive_average_pool_forward_and_backward():
     # channels_last input (the GPU configs) gives the same numbers
     z = x.detach().contiguous(memory_format=torch.channels_last)
     assert torch.allclose(GlobalAvgPool()(z), theirs.detach(), rtol=1e-12, atol=0)
+
+
+def test_zero_init_residual_starts_every_block_as_the_identity_and_is_off_by_default():
+    """workshop-gpu's large-batch start (Goyal et al. 2017): each BasicBlock's last norm at zero, so a block's output
+    is relu(its input) at the first step; elsewhere the norms start at one, as torchvision's default."""
+    from torchvision.models.resnet import BasicBlock
+
+    for norm in ("batch", "group"):
+        zeroed = build(ModelConfig(width=8, norm=norm, zero_init_residual=True))
+        plain = build(ModelConfig(width=8, norm=norm))
+        blocks = [m for m in zeroed.modules() if isinstance(m, BasicBlock)]
+        assert len(blocks) == 8 and all(not b.bn2.weight.detach().any() for b in blocks)
+        assert all(bool((b.bn1.weight.detach() == 1).all()) for b in blocks)
+        assert all(bool((b.bn2.weight.detach() == 1).all()) for b in plain.modules() if isinstance(b, BasicBlock))
+        block = blocks[1].eval()  # no downsample: the identity path alone
+        x = torch.randn(2, 8, 4, 4)
+        with torch.no_grad():
+            assert torch.equal(block(x), torch.relu(x))

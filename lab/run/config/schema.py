@@ -79,6 +79,11 @@ class ModelConfig:
         "Convert BatchNorm to SyncBatchNorm (CUDA only, as in PyTorch). "
         + f"Not with data.uneven=join. On CUDA {SYNC_BATCHNORM_WAITS}.",
     )
+    zero_init_residual: bool = knob(
+        False,
+        "Start each residual block's last norm at zero, so every block starts as the identity (large-batch "
+        "training's start, Goyal et al. 2017).",
+    )
     channels_last: bool = knob(False, "NHWC memory format for model and inputs (faster convolutions on GPUs).")
     compile: bool = knob(False, "torch.compile the model (first steps are slow while it compiles).")
     dtype: Literal["float32", "float64"] = knob(

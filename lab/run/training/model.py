@@ -64,14 +64,14 @@ def build(cfg: ModelConfig) -> nn.Module:
     model.layer3 = model._make_layer(BasicBlock, 4 * w, STAGE_BLOCKS[2], stride=2)
     model.layer4 = model._make_layer(BasicBlock, 8 * w, STAGE_BLOCKS[3], stride=2)
     model.fc = nn.Linear(8 * w, NUM_CLASSES)
-    _init_like_torchvision(model)
+    _init_like_torchvision(model, cfg.zero_init_residual)
     model = model.to(dtype=getattr(torch, cfg.dtype))
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
 
 
-def _init_like_torchvision(model: nn.Module) -> None:
+def _init_like_torchvision(model: nn.Module, zero_init_residual: bool) -> None:
     # The replaced layers were made after ResNet.__init__ ran its initialisation; repeat it for all,
     # so the result does not depend on which layers were replaced.
     for m in model.modules():
@@ -84,6 +84,10 @@ def _init_like_torchvision(model: nn.Module) -> None:
             bound = 1 / math.sqrt(m.in_features)
             nn.init.uniform_(m.weight, -bound, bound)
             nn.init.uniform_(m.bias, -bound, bound)
+    if zero_init_residual:  # as torchvision's ResNet(zero_init_residual=True): each block's last norm
+        for m in model.modules():
+            if isinstance(m, BasicBlock):
+                nn.init.constant_(m.bn2.weight, 0)
 
 
 def signature(cfg: ModelConfig) -> dict:
