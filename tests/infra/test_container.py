@@ -391,11 +391,12 @@ def test_a_seat_is_a_container_of_the_jupyter_image_with_its_cores_memory_and_vo
         "import json, os; from lab.course.room import answers; kept = answers.files(); print(json.dumps({"
         "'kept': [p.name for p in kept], 'readable': [str(p) for p in kept if os.access(p, os.R_OK)], "
         "'starter': os.access(answers.EXERCISES / 'convert' / 'starter.py', os.R_OK), "
-        "'copied': os.path.exists('/lab/seat/docs/answers.md') or not os.path.exists('/lab/seat/docs/glossary.md')}))"
+        "'docs': sorted(os.listdir('/lab/seat/docs'))}))"
     )
     out = json.loads(seat.execute(seek)["stdout"])
     assert out["kept"].count("solution.py") == len(EXERCISES) and "answers.md" in out["kept"], out
-    assert out["readable"] == [] and out["starter"] and not out["copied"], out
+    assert out["readable"] == [] and out["starter"], out
+    assert "glossary.md" in out["docs"] and "answers.md" not in out["docs"], out  # the seat's copy of docs/
 
     proc = docker_room["proc"]
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to the room's foreground group

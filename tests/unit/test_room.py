@@ -302,3 +302,16 @@ def test_the_answers_are_closed_to_all_but_their_owner_and_left_out_of_a_seats_d
     home = tmp_path / "home"
     seats.copy_lessons(home, checkout / "notebooks")
     assert (home / "docs" / "glossary.md").exists() and not (home / "docs" / "answers.md").exists()
+
+
+def test_closing_answers_another_user_owns_is_refused_in_one_line(monkeypatch, capsys):
+    """chmod of another user's file raises PermissionError: one line naming the file, exit 2, no traceback."""
+    from lab.course.room import answers
+
+    def not_ours() -> list[Path]:
+        raise PermissionError(1, "Operation not permitted", "/opt/lab/docs/answers.md")
+
+    monkeypatch.setattr(answers, "close", not_ours)
+    assert answers.main() == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == ["lab.course.room.answers: /opt/lab/docs/answers.md is not this user's to close: run it as root"]
