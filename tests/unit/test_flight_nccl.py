@@ -6,7 +6,10 @@ in the shape torch 2.14's `_dump_nccl_trace` pickles, and the test says so):
 - recording off is off: LAB_FLIGHT_RECORDER=0 sets TORCH_FR_BUFFER_SIZE=0 (torch 2.14 records 2000 entries when
   the variable is unset);
 - the collective an NCCL rank waits in is `completed + 1`, not the last it enqueued (NCCL enqueues asynchronously,
-  so a rank queues bucket all-reduces past the one that is stuck).
+  so a rank queues bucket all-reduces past the one that is stuck);
+- on gloo, the collective a rank waits in is read from its entries' `retired` as well as the group's
+  last_completed_collective, which gloo's two worker threads write unordered (CI: a rank waiting in #3 was named
+  as waiting in #2, its #1's thread having written 1 after #2's wrote 2).
 """
 
 from __future__ import annotations
@@ -126,3 +129,49 @@ def test_a_mismatch_on_nccl_is_named_at_the_stuck_number(monkeypatch):
 
 def test_the_dump_is_a_pickle_as_torchs_recorders_write_it():
     assert pickle.loads(pickle.dumps(_nccl_dump(2, 1)))["pg_status"]["0"]["last_enqueued_collective"] == 2
+
+
+def _gloo_dump(ops: list[str], retired: int, last_completed: int) -> dict[str, Any]:
+    """gloo's recorder as torch 2.14's `_dump_fr_trace` pickles it (seen in a real dump): every entry 'scheduled'
+    (gloo records no events), `retired` once its worker ran it, and the group's last completed as the last worker
+    to finish wrote it."""
+    entries = [
+        {
+            "pg_id": 0,
+            "process_group": ("0", "default_pg"),
+            "collective_seq_id": seq,
+            "p2p_seq_id": 0,
+            "is_p2p": False,
+            "profiling_name": f"gloo:{op}",
+            "input_sizes": [[1000]] if op == "all_reduce" else [],
+            "input_dtypes": ["Float"] if op == "all_reduce" else [],
+            "frames": [{"filename": "plain_hang.py", "line": 34 if op == "all_reduce" else 35, "name": "main"}],
+            "time_created_ns": seq,
+            "state": "scheduled",
+            "retired": seq <= retired,
+        }
+        for seq, op in enumerate(ops, 1)
+    ]
+    status = {"last_enqueued_collective": len(ops), "last_completed_collective": last_completed}
+    return {"version": "2.10", "pg_status": {"0": status}, "entries": entries}
+
+
+def test_a_gloo_rank_is_placed_by_its_entries_retired_not_a_worker_threads_late_write(monkeypatch):
+    # plain_hang.py --plant skip: rank 0 waits in all-reduce #3, rank 1 in barrier #3; both ran #1 and #2, but the
+    # thread that ran #1 wrote its 1 last on each (as CI saw on rank 1 and a loaded run here on rank 0)
+    def gloo(dump):
+        monkeypatch.setattr(flight, "_dump", lambda name: dump if name == "_dump_fr_trace" else None)
+        monkeypatch.setenv(flight.BUFFER_ENV, "512")
+        return flight.snapshot("stalled")
+
+    snaps = {
+        0: gloo(_gloo_dump(["all_reduce"] * 3, retired=2, last_completed=1)),
+        1: gloo(_gloo_dump(["all_reduce", "all_reduce", "barrier"], retired=2, last_completed=1)),
+    }
+    assert snaps[0]["groups"] == {"0": {"enqueued": 3, "completed": 2}}
+    summary = hang.diagnose(snaps, world_size=2)["summary"]
+    assert summary.startswith("rank 0 waits in all_reduce #3 at plain_hang.py:34 in main"), summary
+    assert "rank 1 is in barrier #3 where the others are in all_reduce #3, at plain_hang.py:35 in main" in summary
+    # before: the group's last completed alone, and rank 0 was said to wait in #2
+    monkeypatch.setattr(flight, "_retired_through", lambda entries: {})
+    assert "all_reduce #2" in hang.diagnose({0: gloo(_gloo_dump(["all_reduce"] * 3, 2, 1))}, 1)["summary"]

@@ -171,12 +171,14 @@ def _from_flight_recorder() -> tuple[dict[str, Any], list[dict[str, Any]], str |
     groups: dict[str, dict[str, int]] = {}
     kept: dict[str, deque[dict[str, Any]]] = {}
     for dump in filter(None, map(_dump, DUMPS)):
+        retired = _retired_through(dump.get("entries") or [])
         for pg, st in (dump.get("pg_status") or {}).items():
             # sequence numbers start at 1; the recorder says -1 for none yet (a rank stuck in its group's first)
             status = {
                 "enqueued": max(0, int(st.get("last_enqueued_collective", -1))),
                 "completed": max(0, int(st.get("last_completed_collective", -1))),
             }
+            status["completed"] = min(status["enqueued"], max(status["completed"], retired.get(str(pg), 0)))
             if str(pg) not in groups or status["enqueued"] > groups[str(pg)]["enqueued"]:
                 groups[str(pg)] = status  # an empty status of the other recorder does not hide this one's
         for e in dump.get("entries") or []:
@@ -202,6 +204,31 @@ def _from_flight_recorder() -> tuple[dict[str, Any], list[dict[str, Any]], str |
                 }
             )
     return groups, entries, "flight recorder"
+
+
+def _retired_through(entries: list[dict[str, Any]]) -> dict[str, int]:
+    """Per group, the last collective before the first one not retired, from the entries themselves.
+
+    gloo's last_completed_collective is not to be trusted alone: each of its two worker threads writes the number
+    of the collective it ran after running it, unordered, so a thread that finishes #1 late overwrites #2's 2 with
+    1, and a rank waiting in #3 reads as waiting in #2 (CI saw it on 2 loaded cores). Each entry's `retired` is its
+    own and so stays right. Groups whose entries do not say (an older dump) are left out.
+
+    >>> _retired_through([{"pg_id": 0, "collective_seq_id": s, "is_p2p": False, "retired": s < 3} for s in (1, 2, 3)])
+    {'0': 2}
+    """
+    seqs: dict[str, list[tuple[int, bool]]] = {}
+    for e in entries:
+        if e.get("is_p2p") or "retired" not in e or not e.get("collective_seq_id"):
+            continue
+        seqs.setdefault(str(e.get("pg_id", (e.get("process_group") or ("?",))[0])), []).append(
+            (int(e["collective_seq_id"]), bool(e["retired"]))
+        )
+    through = {}
+    for pg, done in seqs.items():
+        waiting = [seq for seq, retired in done if not retired]
+        through[pg] = min(waiting) - 1 if waiting else max(seq for seq, _ in done)
+    return through
 
 
 class _PythonRecord:
