@@ -55,9 +55,9 @@ def exercise_check(args: argparse.Namespace) -> int:
 
 
 def room_plan(args: argparse.Namespace) -> int:
-    from lab.course.room import plan
+    from lab.course.room import plan_table
 
-    return plan.run(args)
+    return plan_table.run(args)
 
 
 def room_serve(args: argparse.Namespace) -> int:

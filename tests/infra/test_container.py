@@ -353,6 +353,7 @@ def test_a_seat_is_a_container_of_the_jupyter_image_with_its_cores_memory_and_vo
     removes the container and keeps the volume (the learner's work)."""
     from lab.course.exercises import EXERCISES
     from lab.course.room import plan as room_plan
+    from lab.course.room.host import core_list
 
     base = docker_room["base"]
     seat_plan = room_plan.load(docker_room["state"] / "plan.json").seat(SEAT)
@@ -365,7 +366,7 @@ def test_a_seat_is_a_container_of_the_jupyter_image_with_its_cores_memory_and_vo
     container = client.containers.get(f"jupyter-{SEAT}")
     assert container.image.tags == [JUPYTER_IMAGE]
     host = container.attrs["HostConfig"]
-    assert host["CpusetCpus"] == room_plan.core_list(seat_plan.cpus) and host["Memory"] == seat_plan.memory_bytes
+    assert host["CpusetCpus"] == core_list(seat_plan.cpus) and host["Memory"] == seat_plan.memory_bytes
     assert host["CpuQuota"] == int(seat_plan.cpu_share * host["CpuPeriod"])
     assert {u["Name"]: u["Hard"] for u in host["Ulimits"]} == {"memlock": MEMLOCK, "stack": 67108864}
     assert [(m["Name"], m["Destination"]) for m in container.attrs["Mounts"]] == [(f"lab-room-{SEAT}", "/lab/seat")]

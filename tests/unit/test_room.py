@@ -19,6 +19,7 @@ import pytest
 
 from lab.course.room import mig
 from lab.course.room import plan as room_plan
+from lab.course.room.host import core_list
 from lab.course.room.settings import RoomSettings
 from lab.errors import LabError
 from tests.conftest import PYTHON, ROOT
@@ -246,7 +247,7 @@ def test_the_guides_room_table_is_what_lab_room_plan_prints(tmp_path):
     rows = [line for line in section.splitlines() if re.match(r"^\| \d+ \| `", line)]
     assert {int(r.split("|")[1]) for r in rows} == {8, 12, 16, 24}, "the guide plans 8, 12, 16 and 24 learners"
     for row in rows:
-        learners, more, seats, seat1, lessons = (cell.strip() for cell in row.strip("|").split("|")[:5])
+        learners, more, seats, seat1, lessons, checks = (cell.strip() for cell in row.strip("|").split("|")[:6])
         out = tmp_path / f"{learners}-{seats}.json"
         args = ["room", "plan", *base[1].split(), *more.strip("`").split(), "--json", str(out)]
         done = lab(*args)
@@ -255,9 +256,17 @@ def test_the_guides_room_table_is_what_lab_room_plan_prints(tmp_path):
         first = plan.seats[0]
         devices = f"GPUs {first.cuda_visible_devices}" if len(first.devices) > 1 else first.cuda_visible_devices
         devices = f"GPU {devices}" if devices.isdigit() else devices
-        printed = f"{devices}, cores {room_plan.core_list(first.cpus)}, {first.memory_bytes / GIB:.1f} GiB"
+        printed = f"{devices}, cores {core_list(first.cpus)}, {first.memory_bytes / GIB:.1f} GiB"
         assert (len(plan.seats), printed) == (int(seats), seat1), row
         assert first.lessons().startswith(f"1-7 {lessons}"), (row, first.lessons())
+        # every seat's multi-rank checks on GPUs, with the wait the plan prints when the whole class checks at once
+        assert all(plan.multi_rank(s).startswith("on ") for s in plan.seats), row
+        where, _, wait = checks.partition(": the last of ")
+        assert plan.multi_rank(first) == where, row
+        if wait:
+            longest, _ = room_plan.queue_waits(len(plan.seats), len(plan.queue), plan.check_seconds)
+            assert wait == f"{seats} waits ~{longest:.0f} s", row
+            assert f"{seats} seats checking at once: the last waits ~{longest:.0f} s" in done.stdout, row
 
 
 def test_the_answers_are_closed_to_all_but_their_owner_and_left_out_of_a_seats_docs(tmp_path, monkeypatch):

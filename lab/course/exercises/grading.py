@@ -24,19 +24,20 @@ lab exercise check demo
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from lab.course.exercises import mistakes, stacks, trace
-from lab.run.cluster import child_output, cores, launch, runner
+from lab.run.cluster import child_output, cores, gpu_queue, launch, runner
 from lab.run.cluster import hang as diagnosis
 from lab.verdict import FAILED, HELD, NOT_APPLICABLE, NOT_RUN, Check
 
@@ -132,12 +133,41 @@ def _place(event: dict[str, Any]) -> dict[str, Any] | None:
     return {"file": found[1], "line": int(found[2]), "function": found[3]} if found else {"text": where}
 
 
-def device_env(world_size: int) -> dict[str, str]:
-    """Each rank a GPU of its own where there are enough (the learner's NCCL path), else none visible (gloo)."""
+def device_env(world_size: int, leased: gpu_queue.Lease | None = None) -> dict[str, str]:
+    """Each rank a GPU of its own where there are enough (the learner's NCCL path): the seat's, or those leased
+    from the room's queue; else none visible (gloo)."""
     env = launch.worker_env(world_size)
-    if cores.gpu_count() < world_size:
+    if leased is not None:
+        env["CUDA_VISIBLE_DEVICES"] = leased.visible
+    elif cores.gpu_count() < world_size:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
+
+
+@contextlib.contextmanager
+def gpus_for(world_size: int | None) -> Iterator[gpu_queue.Lease | None]:
+    """A multi-rank run's GPUs from the room's queue (lab.run.cluster.gpu_queue), where the seat has fewer of its
+    own than ranks and the room keeps one; None otherwise. Said on stderr, with the wait: the learner sees why the
+    check had not started."""
+    if not world_size or world_size < 2 or cores.gpu_count() >= world_size or gpu_queue.configured() is None:
+        yield None
+        return
+    print(f"lab exercise check: waiting for {world_size} GPUs from the room's queue ...", file=sys.stderr, flush=True)
+    with gpu_queue.lease(world_size) as leased:
+        if leased is None:
+            print(
+                f"lab exercise check: the room's queue has fewer than {world_size} GPUs: this run is on the CPU",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            print(
+                f"lab exercise check: GPUs {leased.visible} from the room's queue after {leased.waited_seconds:.0f} s "
+                f"(the limit counts from here)",
+                file=sys.stderr,
+                flush=True,
+            )
+        yield leased
 
 
 # The grader's own runs (a reference, the unchanged starter) cannot hang: they get this long however short the
@@ -199,12 +229,12 @@ def observed(
 ) -> Run:
     """Run `file` watched on `world_size` ranks (None: one plain process, no torchrun) with `args`."""
     n = world_size or 1
-    with tempfile.TemporaryDirectory(prefix="lab-exercise-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="lab-exercise-") as tmp, gpus_for(world_size) as leased:
         target = ["-m", OBSERVER, "--trace", tmp, *(["--probe", probe] if probe else []), str(file), "--", *args]
         command = [sys.executable, *target] if world_size is None else launch.torchrun_command(n, target)
-        env = device_env(n)
+        env = device_env(n, leased)
         env["PYTHONUNBUFFERED"] = "1"
-        started = time.monotonic()
+        started = time.monotonic()  # after the queue's wait: a run's limit counts from its start on its GPUs
         stall = Stall(Path(tmp), n, limit_seconds=timeout_seconds)
         done = runner.run(
             command,

@@ -52,6 +52,21 @@ def plan_options(p: argparse.ArgumentParser) -> None:
         help="plan each GPU as K MIG slices, a seat each (2, 3, 4 or 7: H100 profiles 3g.40gb, 2g.20gb, 1g.20gb, "
         "1g.10gb), before the slices exist; on a host whose GPUs have MIG slices, plan without it",
     )
+    p.add_argument(
+        "--queue-gpus",
+        type=at_least(0, "{} GPUs in the queue"),
+        default=0,
+        metavar="Q",
+        help="keep the host's last Q whole GPUs out of the seats: every seat's multi-rank exercise checks lease 2 of "
+        "them in turn (with --mig-per-gpu, the other GPUs are split); default 0, no queue",
+    )
+    p.add_argument(
+        "--check-seconds",
+        type=float,
+        metavar="S",
+        help="seconds of GPUs one check holds, for the queue's expected wait (default 25, assumed; the checks "
+        "print theirs)",
+    )
     p.add_argument("--prefix", default="seat", help="seat names: PREFIX1, PREFIX2, ... (default seat)")
 
 

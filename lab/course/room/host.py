@@ -38,10 +38,11 @@ def this_host(
     cores: int | None = None,
     memory_gib: float | None = None,
     mig_per_gpu: int | None = None,
+    whole_gpus: int = 0,
 ) -> Host:
     """This machine: its GPUs (NVML's count; their MIG instances where they have some), cores and memory; each can
     be given instead (`gpus`, a `devices` list, `cores`, `memory_gib`), to plan another host from here, and the GPUs
-    planned as `mig_per_gpu` slices each."""
+    planned as `mig_per_gpu` slices each but the last `whole_gpus` (a room's queue, lab.course.room.plan)."""
     from lab.run.cluster import nvml
 
     if mig_per_gpu is not None:
@@ -50,7 +51,9 @@ def this_host(
                 f"--mig-per-gpu {mig_per_gpu} with --devices: the devices are already named; give --gpus N "
                 f"--mig-per-gpu K to plan slices that do not exist yet, or --devices MIG-... for ones that do"
             )
-        found = planned_slices(nvml.device_count() if gpus is None else gpus, mig_per_gpu)
+        count = nvml.device_count() if gpus is None else gpus
+        split = max(0, count - whole_gpus)
+        found = planned_slices(split, mig_per_gpu) + tuple(str(i) for i in range(split, count))
     elif devices is not None:
         found = tuple(d.strip() for d in devices.split(",") if d.strip())
         if not found or len(found) != len(devices.split(",")):

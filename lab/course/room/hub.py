@@ -182,7 +182,7 @@ def before_spawn(spawner: Spawner, plan: room_plan.RoomPlan, settings: RoomSetti
     spawner.environment = {
         **spawner.environment,
         **seats.host_paths(),
-        **seats.environment(seat, home, settings.pushgateway, settings.prometheus_url),
+        **seats.environment(seat, home, settings.pushgateway, settings.prometheus_url, settings.gpu_queue),
     }
     if settings.spawner == "slurm":  # SlurmSpawner's batch script: --gres, --cpus-per-task, --mem
         spawner.req_gres = f"gpu:{len(seat.devices)}" if seat.devices else ""

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lab import atomic
-from lab.course.room.host import GIB, Host, core_list, this_host
+from lab.course.room.host import GIB, Host, this_host
 from lab.course.room.mig import (  # noqa: F401  (EXAMPLE_LISTING, MIG_SPLITS: the tests' and docs' names here too)
     EXAMPLE_LISTING,
     MIG_SPLITS,
@@ -63,6 +63,12 @@ GPU_HOST_BYTES = 4 * GIB
 # A seat is a hub user and a system user (useradd's portable names), so only lower-case letters and digits.
 SEAT_NAME = re.compile(r"^[a-z][a-z0-9]{0,30}$")
 DEFAULT_PLAN = Path("runs") / "room" / "plan.json"
+# GPU-seconds one seat's exercise check holds the queue's GPUs for, for the plan's expected wait (--check-seconds).
+# Assumed, not measured: no GPU here. On 2 CPU cores a 2-rank check's runs take 20-45 s (docs/exercises.md); on
+# GPUs the learner's scripts are smaller than their start-up, so the same order is expected. Measure it on the day
+# (the check prints its wait and its runs' seconds) and plan again with the figure.
+CHECK_SECONDS = 25.0
+QUEUE_RANKS = 2  # the ranks (GPUs) of an exercise check's multi-rank run: its lease
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,8 @@ class RoomPlan:
     host: Host
     seats: tuple[Seat, ...]
     notes: tuple[str, ...] = field(default=())  # what the instructor should know: unused GPUs, shared cores
+    queue: tuple[str, ...] = ()  # whole GPUs no seat owns: every seat's multi-rank runs lease them in turn
+    check_seconds: float = CHECK_SECONDS  # a check's GPU time, for the queue's expected wait
 
     def seat(self, name: str) -> Seat:
         for seat in self.seats:
@@ -121,15 +129,50 @@ class RoomPlan:
     def names(self) -> list[str]:
         return [s.name for s in self.seats]
 
+    def multi_rank(self, seat: Seat) -> str:
+        """Where the seat's multi-rank exercise checks run.
+
+        >>> room = RoomPlan(Host(("MIG-a", "MIG-b", "6", "7"), (0,), GIB), (Seat("a", ("MIG-a",)),), queue=("6", "7"))
+        >>> room.multi_rank(room.seats[0]), room.multi_rank(Seat("b", ("0", "1")))
+        ('on 2 GPUs leased from the queue (6,7)', 'on its 2 GPUs')
+        """
+        if len(seat.devices) >= QUEUE_RANKS and not seat.mig:
+            return f"on its {len(seat.devices)} GPUs"
+        if len(self.queue) >= QUEUE_RANKS:
+            return f"on {QUEUE_RANKS} GPUs leased from the queue ({','.join(self.queue)})"
+        return "the CPU way (2 gloo processes): no queue of whole GPUs (--queue-gpus)"
+
+
+def queue_waits(seats: int, gpus: int, seconds: float, ranks: int = QUEUE_RANKS) -> tuple[float, float]:
+    """(longest, mean) wait when `seats` seats ask the queue's `gpus` GPUs for `ranks` each at once, each holding
+    them `seconds`: gpus // ranks checks run side by side, the rest wait their turn.
+
+    >>> queue_waits(24, 2, 25.0)
+    (575.0, 287.5)
+    >>> queue_waits(16, 4, 25.0)
+    (175.0, 87.5)
+    """
+    side_by_side = max(1, gpus // ranks)
+    waits = [(i // side_by_side) * seconds for i in range(seats)]
+    return max(waits, default=0.0), sum(waits) / max(1, seats)
+
 
 # ----------------------------------------------------------------------------- making and checking a plan
 
 
-def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = None, prefix: str = "seat") -> RoomPlan:
+def make_plan(
+    host: Host,
+    seats: int | None = None,
+    gpus_per_seat: int | None = None,
+    prefix: str = "seat",
+    queue_gpus: int = 0,
+    check_seconds: float = CHECK_SECONDS,
+) -> RoomPlan:
     """Seats with disjoint GPUs and cores and an even share of memory; LabError when the host cannot hold them.
 
     Defaults: on a GPU host, 2 GPUs a seat (NCCL's smallest DDP), as many seats as that gives; on a CPU host,
-    a seat per 2 cores (a lesson's 2 gloo processes, a core each).
+    a seat per 2 cores (a lesson's 2 gloo processes, a core each). `queue_gpus`: the host's last whole GPUs kept
+    out of the seats, for every seat's multi-rank runs (lab.run.cluster.gpu_queue).
 
     >>> cpu = Host((), (0, 1), 24 * GIB)
     >>> room = make_plan(cpu, seats=3)
@@ -148,6 +191,8 @@ def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = 
     devices, notes = host.devices, []
     if seats is not None and seats < 1:
         raise LabError(f"--seats {seats}: a room needs at least one seat")
+    queue = _queue(host, queue_gpus)
+    devices = tuple(d for d in devices if d not in queue)
     if devices:
         if gpus_per_seat is None:
             # a MIG instance is one device to CUDA and NCCL alike: one a seat
@@ -198,7 +243,22 @@ def make_plan(host: Host, seats: int | None = None, gpus_per_seat: int | None = 
                 memory,
             )
         )
-    return RoomPlan(host, tuple(made), tuple(notes))
+    return RoomPlan(host, tuple(made), tuple(notes), queue, check_seconds)
+
+
+def _queue(host: Host, count: int) -> tuple[str, ...]:
+    """The host's last `count` whole GPUs (a MIG-split GPU cannot be leased whole)."""
+    if count < 0:
+        raise LabError(f"--queue-gpus {count}: give a number of whole GPUs, 0 for no queue")
+    whole = [d for d in host.devices if not is_slice(d)]
+    if count > len(whole):
+        raise LabError(
+            f"--queue-gpus {count}: this host has {len(whole)} whole GPU(s) (a MIG-split GPU cannot be leased whole); "
+            f"with --mig-per-gpu the queue's GPUs are left unsplit: --gpus 8 --mig-per-gpu 3 --queue-gpus 2"
+        )
+    if count == 1:
+        raise LabError(f"--queue-gpus 1: a multi-rank run leases {QUEUE_RANKS} GPUs; keep 2 or more, or 0")
+    return tuple(whole[len(whole) - count :]) if count else ()
 
 
 def require_devices(plan: RoomPlan, source: str) -> RoomPlan:
@@ -264,6 +324,12 @@ def check(plan: RoomPlan, source: str) -> RoomPlan:
                     )
     if not plan.seats:
         raise LabError(f"{source}: the plan has no seats; make one with lab room plan --seats N")
+    for device in plan.queue:
+        if ("GPU", device) in owner:
+            raise LabError(
+                f"{source}: GPU {device} is in the queue and in seat {owner['GPU', device]}; a queue's GPU belongs to "
+                f"no seat"
+            )
     total = sum(s.memory_bytes for s in plan.seats)
     usable = plan.host.memory_bytes - plan.host.reserve_bytes
     if total > usable:
@@ -302,45 +368,18 @@ def load(path: Path) -> RoomPlan:
             )
             for s in raw["seats"]
         )
-        plan = RoomPlan(host, seats, tuple(raw.get("notes", ())))
+        plan = RoomPlan(
+            host,
+            seats,
+            tuple(raw.get("notes", ())),
+            tuple(map(str, raw.get("queue", ()))),
+            float(raw.get("check_seconds", CHECK_SECONDS)),
+        )
     except FileNotFoundError:
         raise LabError(f"{path}: no room plan there; make one with lab room plan --seats N --json {path}") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LabError(f"{path}: not a room plan ({type(exc).__name__}: {exc}); make one with lab room plan") from None
     return check(plan, str(path))
-
-
-# ----------------------------------------------------------------------------- the table
-
-
-def table(plan: RoomPlan) -> str:
-    """The table an instructor checks before the learners arrive (Markdown, readable as text)."""
-    rows = ["| seat | GPUs (CUDA_VISIBLE_DEVICES) | CPU cores | memory limit | the lessons |", "|---|---|---|---:|---|"]
-    for s in plan.seats:
-        cores = core_list(s.cpus) if s.cpus else f"shared ({s.cpu_share:.2f})"
-        rows.append(
-            f"| {s.name} | {s.cuda_visible_devices or 'none'} | {cores} | "
-            f"{s.memory_bytes / GIB:.1f} GiB | {s.lessons()} |"
-        )
-    host = plan.host
-    rows.append("")
-    planned = {m.group(1) for m in map(PLANNED_SLICE.match, host.devices) if m}
-    if planned:
-        devices = f"{len(planned)} GPUs as {len(host.devices)} MIG slices"
-    elif any(is_slice(d) for d in host.devices):
-        devices = f"{len(host.devices)} MIG slices"
-    else:
-        devices = f"{len(host.devices)} GPUs"
-    rows.append(
-        f"host: {devices}, {len(host.cores)} cores, {host.memory_bytes / GIB:.1f} GiB "
-        f"({host.reserve_bytes / GIB:.1f} GiB kept for the hub and the system)"
-    )
-    rows += [f"note: {n}" for n in plan.notes]
-    commands = mig_commands(plan.host.devices, len(plan.seats))
-    if commands:
-        rows += ["", "the MIG slices are planned, not made: on the server, as root, before the room arrives:"]
-        rows += [f"    {c}" for c in commands]
-    return "\n".join(rows)
 
 
 def _plural(count: int, thing: str) -> str:
@@ -352,13 +391,9 @@ def from_args(args: argparse.Namespace) -> RoomPlan:
     --gpus/--devices, --cores and --memory describe)."""
     if getattr(args, "plan", None):
         return load(Path(args.plan))
-    host = this_host(args.gpus, args.devices, args.cores, args.memory, getattr(args, "mig_per_gpu", None))
-    return make_plan(host, args.seats, args.gpus_per_seat, args.prefix)
-
-
-def run(args: argparse.Namespace) -> int:
-    """`lab room plan`: the table, and the plan written for `lab room serve --plan`."""
-    plan = from_args(args)
-    print(table(plan))
-    print(f"\nplan: {save(plan, Path(args.json))} (lab room serve --plan {args.json})")
-    return 0
+    queue_gpus = getattr(args, "queue_gpus", 0) or 0
+    host = this_host(
+        args.gpus, args.devices, args.cores, args.memory, getattr(args, "mig_per_gpu", None), whole_gpus=queue_gpus
+    )
+    check_seconds = getattr(args, "check_seconds", None) or CHECK_SECONDS
+    return make_plan(host, args.seats, args.gpus_per_seat, args.prefix, queue_gpus, check_seconds)

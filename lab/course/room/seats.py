@@ -26,6 +26,7 @@ from lab.course.records import LESSON_RUNS_ENV, PUSHGATEWAY_ENV
 from lab.course.room.plan import Seat
 from lab.errors import LabError
 from lab.run.cluster import runner
+from lab.run.cluster.gpu_queue import QUEUE_ENV
 from lab.run.cluster.seat import ENV as SEAT_ENV
 
 # Where the lessons come from: the checkout's notebooks/ (an editable install: `make room`), or LAB_LESSONS (the
@@ -216,9 +217,13 @@ def runs_dir(home: Path) -> Path:
     return home / "runs" / "lessons"
 
 
-def environment(seat: Seat, home: Path, pushgateway: str = "", prometheus_url: str = "") -> dict[str, str]:
+def environment(
+    seat: Seat, home: Path, pushgateway: str = "", prometheus_url: str = "", gpu_queue: str = ""
+) -> dict[str, str]:
     """What the seat's server (and every kernel, lesson command and run under it) starts with, on any spawner."""
     env = {SEAT_ENV: seat.name, "CUDA_VISIBLE_DEVICES": seat.cuda_visible_devices, LESSON_RUNS_ENV: str(runs_dir(home))}
+    if gpu_queue:  # the room's whole GPUs, leased by the seat's multi-rank checks (lab.run.cluster.gpu_queue)
+        env[QUEUE_ENV] = gpu_queue
     if not seat.cpus:  # shared cores: each process one thread's worth of the seat's share, at least 1
         env["OMP_NUM_THREADS"] = str(seat.threads)
     if pushgateway:

@@ -14,17 +14,19 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from lab import optional
-from lab.course.room import answers, seats
+from lab.course.room import answers, plan_table, seats
 from lab.course.room import plan as room_plan
 from lab.course.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
 from lab.course.room.status import lessons
 from lab.errors import LabError
-from lab.run.cluster import runner
+from lab.run.cluster import gpu_queue, runner
 from lab.run.observability import room_metrics
 
 CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
         _make_seats(plan, Path(settings.home_root))
         print(answers.said(answers.close()), flush=True)  # before any seat's server starts
+    if plan.queue:
+        settings = replace(settings, gpu_queue=_open_queue(plan, settings, state))
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)  # the hub's database, cookie secret and the instructor's password
     room_plan.save(plan, state / "plan.json")
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if settings.pushgateway:
         room_metrics.push_room_seats(settings.pushgateway, [(s.name, list(s.devices)) for s in plan.seats])
         room_metrics.push_room_lessons(settings.pushgateway, lessons())
-    print(room_plan.table(plan), flush=True)
+    print(plan_table.table(plan), flush=True)
     print(
         f"\nthe room: http://{settings.bind}:{settings.port}/hub/ (learners sign up as "
         f"{', '.join(plan.names)}; authorize them at /hub/authorize as {settings.admin}, whose password "
@@ -119,6 +123,27 @@ def run(args: argparse.Namespace) -> int:
                 if seats.made_by_a_room(name):  # never someone's own account's processes
                     stop_user_processes(name)
     return 0 if done.returncode == 0 else 1
+
+
+def _open_queue(plan: room_plan.RoomPlan, settings: RoomSettings, state: Path) -> str:
+    """The plan's GPU queue made beside the room's folder (which is the owner's alone), for the local seats; its
+    folder, or "" where the seats cannot use it (said)."""
+    if settings.spawner != "local":
+        print(
+            f"note: the plan's queue (GPUs {','.join(plan.queue)}) serves local seats only: a {settings.spawner} "
+            f"seat's checks run on its own devices or the CPU (the queue through Slurm's GRES is not built yet)",
+            flush=True,
+        )
+        return ""
+    folder = gpu_queue.prepare(state.parent / f"{state.name}-gpu-queue", plan.queue)
+    for parent in reversed(folder.parents):
+        if not parent.stat().st_mode & stat.S_IXOTH:
+            raise LabError(
+                f"{folder}: the seats cannot reach the room's GPU queue: {parent} lets others no search (x); "
+                f"chmod o+x {parent}, or give --room-dir a folder the seats can reach"
+            )
+    print(f"the GPU queue: {folder} (GPUs {','.join(plan.queue)}, leased by the seats' multi-rank checks)", flush=True)
+    return str(folder)
 
 
 def _make_seats(plan: room_plan.RoomPlan, home_root: Path) -> None:

@@ -44,6 +44,7 @@ class RoomSettings:
     slurm_account: str = ""  # slurm: the account they are charged to (sbatch -A)
     slurm_qos: str = ""  # slurm: their quality of service (sbatch --qos)
     slurm_runtime: str = "8:00:00"  # slurm: a seat's job's time limit
+    gpu_queue: str = ""  # local: the folder of the plan's GPU queue (lab.run.cluster.gpu_queue), "" for none
 
     @property
     def activity_interval_seconds(self) -> int:

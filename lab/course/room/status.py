@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from lab.course.exercises import EXERCISES
 from lab.course.room import plan as room_plan
 from lab.course.room import seats
 from lab.errors import LabError
+from lab.run.cluster import gpu_queue
 
 GIB = 2**30
 
@@ -176,12 +178,45 @@ def run(args: argparse.Namespace) -> int:
 
     state = Path(args.room_dir)
     plan = room_plan.load(state / "plan.json")
-    spawner = RoomSettings.load(state).spawner
+    settings = RoomSettings.load(state)
     expected = lessons()
-    rows = [seat_status(seat, seat_home(seat.name, spawner), expected) for seat in plan.seats]
+    rows = [seat_status(seat, seat_home(seat.name, settings.spawner), expected) for seat in plan.seats]
     print(table(rows, [n for n, _ in expected]))
     print()
     print(exercise_table(rows))
+    held = queue_holders(settings.gpu_queue)
+    if held is not None:
+        print()
+        print(queue_text(held))
     if args.json:
-        atomic.write_text(Path(args.json), json.dumps({"seats": rows}, indent=2) + "\n")
+        found: dict[str, Any] = {"seats": rows, **({"gpu_queue": held} if held is not None else {})}
+        atomic.write_text(Path(args.json), json.dumps(found, indent=2) + "\n")
     return 0
+
+
+def queue_holders(folder: str) -> dict[str, dict[str, Any] | None] | None:
+    """Who holds each GPU of the room's queue now; None where the room has no queue."""
+    if not folder or not Path(folder).is_dir():
+        return None
+    return gpu_queue.holders(Path(folder))
+
+
+def queue_text(held: dict[str, dict[str, Any] | None]) -> str:
+    """One line per GPU of the queue: free, or whose check holds it and for how long.
+
+    >>> import time
+    >>> print(queue_text({"6": None, "7": {"who": "seat3", "pid": 42, "since": time.time() - 12}}))
+    the GPU queue: 1 of 2 GPUs leased
+      GPU 6: free
+      GPU 7: seat3 (pid 42), 12 s
+    """
+    now = time.time()
+    lines = [f"the GPU queue: {sum(h is not None for h in held.values())} of {len(held)} GPUs leased"]
+    for device, holder in held.items():
+        if holder is None:
+            lines.append(f"  GPU {device}: free")
+        else:
+            since = holder.get("since")
+            age = f", {now - since:.0f} s" if isinstance(since, (int, float)) else ""
+            lines.append(f"  GPU {device}: {holder.get('who', '?')} (pid {holder.get('pid', '?')}){age}")
+    return "\n".join(lines)
