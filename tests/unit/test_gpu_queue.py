@@ -157,3 +157,36 @@ def test_the_plan_keeps_whole_gpus_for_the_queue_and_says_the_wait():
     # a CPU host and a room without a queue are as before
     cpu = room_plan.make_plan(Host((), (0, 1), 24 * GIB), seats=2)
     assert cpu.queue == () and "the CPU way (2 gloo processes): no queue" in plan_table.table(cpu)
+
+
+def test_serve_makes_the_queue_beside_the_room_for_local_seats_and_gives_them_its_folder(tmp_path, capsys):
+    from lab.course.room import seats, serve
+    from lab.course.room.settings import RoomSettings
+
+    host = Host(("0", "1", "2", "3"), (0, 1), 24 * GIB)
+    room = room_plan.make_plan(host, seats=2, gpus_per_seat=1, queue_gpus=2)
+    state = tmp_path / "room"
+    closed = [
+        p for p in (tmp_path, *tmp_path.parents) if p.stat().st_mode & 0o001 == 0
+    ]  # pytest's own folders are 0700
+    if closed:
+        with pytest.raises(LabError, match=f"{closed[-1]} lets others no search"):
+            serve._open_queue(room, RoomSettings(spawner="local"), state)
+    modes = {p: p.stat().st_mode for p in closed}
+    try:
+        for p in closed:
+            p.chmod(p.stat().st_mode | 0o001)
+        folder = serve._open_queue(room, RoomSettings(spawner="local"), state)
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+    assert folder == str(tmp_path / "room-gpu-queue") and gpu_queue.devices(Path(folder)) == ("2", "3")
+    modes = {p.name: p.stat().st_mode & 0o777 for p in Path(folder).iterdir()}
+    assert modes == {"queue.lock": 0o666, "gpu-2.lock": 0o666, "gpu-3.lock": 0o666}  # any seat locks them
+    assert Path(folder).stat().st_mode & 0o777 == 0o755  # none adds or removes a GPU
+    env = seats.environment(room.seats[0], tmp_path / "home", gpu_queue=folder)
+    assert env[gpu_queue.QUEUE_ENV] == folder and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert gpu_queue.QUEUE_ENV not in seats.environment(room.seats[0], tmp_path / "home")
+    # a container's or a Slurm job's seat cannot reach this host's locks: said, and no folder given
+    assert serve._open_queue(room, RoomSettings(spawner="docker"), state) == ""
+    assert "serves local seats only" in capsys.readouterr().out
