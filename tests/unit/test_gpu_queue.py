@@ -190,3 +190,32 @@ def test_serve_makes_the_queue_beside_the_room_for_local_seats_and_gives_them_it
     # a container's or a Slurm job's seat cannot reach this host's locks: said, and no folder given
     assert serve._open_queue(room, RoomSettings(spawner="docker"), state) == ""
     assert "serves local seats only" in capsys.readouterr().out
+
+
+def test_room_status_watch_redraws_who_holds_the_queue_until_ctrl_c(tmp_path):
+    from lab.course.room.settings import RoomSettings
+
+    state = tmp_path / "room"
+    room = room_plan.make_plan(Host(("0", "1", "2", "3"), (0, 1), 24 * GIB), seats=2, gpus_per_seat=1, queue_gpus=2)
+    room_plan.save(room, state / "plan.json")
+    folder = gpu_queue.prepare(tmp_path / "room-gpu-queue", room.queue)
+    RoomSettings(gpu_queue=str(folder)).save(state)
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "lab", "room", "status", "--room-dir", str(state), "--watch", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert watch.stdout is not None
+    seen: list[str] = []
+    with gpu_queue.lease(2, folder, who="seat2"):
+        for line in watch.stdout:  # the first draws show the queue free, a later one the lease taken here
+            seen.append(line)
+            if line.startswith("  GPU 3: seat2"):  # the last line of a draw with the lease in it
+                break
+    watch.send_signal(signal.SIGINT)
+    rest, _ = watch.communicate(timeout=60)
+    output = "".join(seen) + rest
+    assert watch.returncode == 0, output
+    assert "the GPU queue: 2 of 2 GPUs leased\n  GPU 2: seat2 (pid" in output
+    assert output.rstrip().endswith("lab room status: stopped watching") and "Traceback" not in output

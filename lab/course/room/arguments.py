@@ -190,6 +190,12 @@ def status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--json", type=output_file, metavar="PATH", help="write every seat's lessons, checks, run and memory as JSON"
     )
+    p.add_argument(
+        "--watch",
+        type=at_least(1, "{} seconds between redraws"),
+        metavar="S",
+        help="redraw every S seconds until Ctrl-C (for a screen beside the room)",
+    )
 
 
 def seat_args(p: argparse.ArgumentParser) -> None:

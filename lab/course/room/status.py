@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,23 @@ def run(args: argparse.Namespace) -> int:
     state = Path(args.room_dir)
     plan = room_plan.load(state / "plan.json")
     settings = RoomSettings.load(state)
+    if not getattr(args, "watch", None):
+        draw(args, plan, settings)
+        return 0
+    clear = "\033[H\033[2J" if sys.stdout.isatty() else ""
+    try:
+        while True:
+            print(f"{clear}lab room status, every {args.watch:g} s (Ctrl-C stops): {time.strftime('%H:%M:%S')}\n")
+            draw(args, plan, settings)
+            sys.stdout.flush()
+            time.sleep(args.watch)
+    except KeyboardInterrupt:  # how a watch ends: the last table stays on the screen
+        print("\nlab room status: stopped watching", flush=True)
+    return 0
+
+
+def draw(args: argparse.Namespace, plan: room_plan.RoomPlan, settings: Any) -> None:
+    """The room now: every seat by lesson, by exercise, and the queue's GPUs (and the JSON, where asked)."""
     expected = lessons()
     rows = [seat_status(seat, seat_home(seat.name, settings.spawner), expected) for seat in plan.seats]
     print(table(rows, [n for n, _ in expected]))
@@ -191,7 +209,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         found: dict[str, Any] = {"seats": rows, **({"gpu_queue": held} if held is not None else {})}
         atomic.write_text(Path(args.json), json.dumps(found, indent=2) + "\n")
-    return 0
 
 
 def queue_holders(folder: str) -> dict[str, dict[str, Any] | None] | None:
