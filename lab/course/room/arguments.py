@@ -107,8 +107,16 @@ def serve_args(p: argparse.ArgumentParser) -> None:
         default="127.0.0.1",
         type=address,
         metavar="ADDR",
-        help="where learners' browsers reach the hub (default 127.0.0.1; see docs/workshop.md for TLS)",
+        help="where learners' browsers reach the hub (default 127.0.0.1; with another, serve it over HTTPS)",
     )
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (and --tls-key)")
+    tls.add_argument(
+        "--tls-self-signed",
+        action="store_true",
+        help="serve HTTPS with a certificate made for the day (its fingerprint printed for the learners to compare)",
+    )
+    p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key, unencrypted (with --tls-cert)")
     p.add_argument("--port", type=at_least(1), default=8000, help="the hub's port for browsers (default 8000)")
     p.add_argument("--hub-port", type=at_least(1), default=8081, help="the hub's API port, loopback (default 8081)")
     p.add_argument(

@@ -70,7 +70,9 @@ def configure(c: Config, state_dir: str | os.PathLike | None = None) -> None:
 
 def _where_it_listens(c: Config, state: Path, settings: RoomSettings) -> None:
     """The proxy's and the hub's addresses, and the hub's state in the room's folder."""
-    c.JupyterHub.bind_url = f"http://{settings.bind}:{settings.port}"
+    c.JupyterHub.bind_url = settings.url
+    if settings.ssl_cert:  # the proxy terminates HTTPS; the hub and the seats behind it are unchanged
+        c.JupyterHub.ssl_cert, c.JupyterHub.ssl_key = settings.ssl_cert, settings.ssl_key
     c.JupyterHub.hub_bind_url = f"http://{settings.hub_bind}:{settings.hub_port}"
     if settings.hub_connect_url:
         c.JupyterHub.hub_connect_url = settings.hub_connect_url

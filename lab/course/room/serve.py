@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from lab import optional
-from lab.course.room import answers, plan_table, seats
+from lab.course.room import answers, plan_table, seats, tls
 from lab.course.room import plan as room_plan
 from lab.course.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
 from lab.course.room.status import lessons
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         slurm_account=args.slurm_account or "",
         slurm_qos=args.slurm_qos or "",
     )
+    settings = _with_tls(args, settings, state)  # a certificate given is checked before anything is made
     if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
         _make_seats(plan, Path(settings.home_root))
         print(answers.said(answers.close()), flush=True)  # before any seat's server starts
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         room_metrics.push_room_lessons(settings.pushgateway, lessons())
     print(plan_table.table(plan), flush=True)
     print(
-        f"\nthe room: http://{settings.bind}:{settings.port}/hub/ (learners sign up as "
+        f"\nthe room: {settings.url}/hub/ (learners sign up as "
         f"{', '.join(plan.names)}; authorize them at /hub/authorize as {settings.admin}, whose password "
         f"is in {state / PASSWORD_FILE}); Ctrl-C stops the room",
         flush=True,
@@ -123,6 +124,26 @@ def run(args: argparse.Namespace) -> int:
                 if seats.made_by_a_room(name):  # never someone's own account's processes
                     stop_user_processes(name)
     return 0 if done.returncode == 0 else 1
+
+
+def _with_tls(args: argparse.Namespace, settings: RoomSettings, state: Path) -> RoomSettings:
+    """The certificate the proxy serves: the instructor's (checked), or one made for the day; none without either."""
+    if bool(args.tls_cert) != bool(args.tls_key) and not args.tls_self_signed:
+        raise LabError("--tls-cert and --tls-key go together: the certificate and its private key (PEM files)")
+    if args.tls_self_signed and args.tls_key:
+        raise LabError("--tls-key goes with --tls-cert; --tls-self-signed makes its own key")
+    if args.tls_cert:
+        cert, key = tls.checked(args.tls_cert, args.tls_key)
+    elif args.tls_self_signed:
+        cert, key = tls.day_certificate(state, settings.bind)
+        print(
+            f"HTTPS with a certificate made for the day ({cert}): browsers warn; learners compare its SHA-256 "
+            f"fingerprint {tls.fingerprint(cert)}",
+            flush=True,
+        )
+    else:
+        return settings
+    return replace(settings, ssl_cert=str(cert), ssl_key=str(key))
 
 
 def _open_queue(plan: room_plan.RoomPlan, settings: RoomSettings, state: Path) -> str:

@@ -44,7 +44,14 @@ class RoomSettings:
     slurm_account: str = ""  # slurm: the account they are charged to (sbatch -A)
     slurm_qos: str = ""  # slurm: their quality of service (sbatch --qos)
     slurm_runtime: str = "8:00:00"  # slurm: a seat's job's time limit
+    ssl_cert: str = ""  # the proxy's certificate and key: the room over HTTPS ("" for HTTP)
+    ssl_key: str = ""
     gpu_queue: str = ""  # local: the folder of the plan's GPU queue (lab.run.cluster.gpu_queue), "" for none
+
+    @property
+    def url(self) -> str:
+        """Where learners' browsers reach the room."""
+        return f"{'https' if self.ssl_cert else 'http'}://{self.bind}:{self.port}"
 
     @property
     def activity_interval_seconds(self) -> int:
