@@ -141,7 +141,7 @@ class Seat:
             "POST", "/sessions", json={"path": path, "type": "notebook", "name": "", "kernel": {"name": "python3"}}
         ).json()
         kernel = session["kernel"]["id"]
-        ws_base = self.base.replace("http://", "ws://")
+        ws_base = "ws" + self.base[len("http") :]  # http -> ws, https -> wss
         channel = _connect(f"{ws_base}/user/{self.name}/api/kernels/{kernel}/channels", self.token, timeout)
         outputs = []
         try:
@@ -157,7 +157,7 @@ class Seat:
     def execute(self, code: str, timeout: float = 120) -> dict:
         """`code` in a fresh kernel of the seat's own server; its outputs."""
         kernel = self.server("POST", "/kernels", json={"name": "python3"}).json()["id"]
-        ws_base = self.base.replace("http://", "ws://")
+        ws_base = "ws" + self.base[len("http") :]  # http -> ws, https -> wss
         channel = _connect(f"{ws_base}/user/{self.name}/api/kernels/{kernel}/channels", self.token, timeout)
         try:
             return _execute(channel, code, timeout)

@@ -1,5 +1,7 @@
 """A workshop room for real: `make room` (lab room serve) starts JupyterHub with the real configurable-http-proxy
-and three seats on this CPU machine, each a system user of its own; learners sign up, the instructor authorizes
+and three seats on this CPU machine, each a system user of its own, over HTTPS with the certificate the room made
+for the day (requests, websocket-client and chromium trust that one certificate, as a learner who compared its
+fingerprint); learners sign up, the instructor authorizes
 them, each logs in and gets a token through the hub's REST API; lesson 1 runs in each seat's own kernel, three
 at once; a headless chromium logs in as a seat; the idle culler stops the idle seats; stopping the room stops
 every process it started. Nothing is mocked: the hub's proxy, NativeAuthenticator, LocalProcessSpawner and the
@@ -34,6 +36,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from lab.course.room import tls
 from lab.course.teaching.lesson import free_ports
 from tests.conftest import ROOT
 from tests.infra import hub_client as hub
@@ -46,6 +49,7 @@ PASSWORDS = {name: f"{name}-learner-passphrase" for name in SEATS}
 IDLE_SECONDS = 45
 AS_DOCUMENTED = "make room SEATS=3"  # README.md and docs/workshop.md
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CA_BUNDLES = ("REQUESTS_CA_BUNDLE", "WEBSOCKET_CLIENT_CA_BUNDLE")  # whom requests and websocket-client trust
 PROXY = Path(sys.prefix) / "room-proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
 LESSON = "notebooks/01_baseline_and_ddp.ipynb"
 
@@ -121,7 +125,7 @@ def room(tmp_path_factory):
     changed = _open_for_search([Path(sys.executable), ROOT / "lab"])
     args = (
         f"--prefix {PREFIX} --gpus 6 --memory 48 --room-dir {state} --port {port} --hub-port {hub_port} "
-        f"--proxy-api-port {api_port} --idle-timeout {IDLE_SECONDS}"
+        f"--proxy-api-port {api_port} --idle-timeout {IDLE_SECONDS} --tls-self-signed"
     )
     # `make room` as the docs type it, with the test's own folder, ports and a short idle timeout
     with log.open("w") as out:
@@ -132,8 +136,15 @@ def room(tmp_path_factory):
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    base = f"http://127.0.0.1:{port}"
+    base = f"https://127.0.0.1:{port}"  # the room over HTTPS, with the certificate it made for the day
+    cert = state / tls.DAY_CERT
+    trusted = {name: os.environ.get(name) for name in CA_BUNDLES}
     try:
+        deadline = time.monotonic() + 180
+        while not cert.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # requests and websocket-client trust that one certificate (as a learner who compared its fingerprint)
+        os.environ.update(dict.fromkeys(CA_BUNDLES, str(cert)))
         hub.wait_until_serving(base, proc, log)
         admin, password = (state / "instructor-password").read_text().split()
         yield {
@@ -144,8 +155,11 @@ def room(tmp_path_factory):
             "admin": admin,
             "password": password,
             "seats": {},
+            "cert": cert,
         }
     finally:
+        for name, value in trusted.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
@@ -384,8 +398,10 @@ def test_a_learner_logs_in_with_a_browser_and_lesson_one_opens_without_a_prompt(
 
     name = "rt2"
     with sync_playwright() as p:
+        # the browser trusts the room's certificate by its public key, and no other (chromium's pin)
+        pin = f"--ignore-certificate-errors-spki-list={tls.spki_hash(room['cert'])}"
         browser = p.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", pin]
         )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -404,7 +420,7 @@ def test_a_learner_logs_in_with_a_browser_and_lesson_one_opens_without_a_prompt(
             page.screenshot(path=str(shot))
         finally:
             browser.close()
-    assert url.endswith(f"/user/{name}/lab/tree/{LESSON}"), url
+    assert url.startswith("https://") and url.endswith(f"/user/{name}/lab/tree/{LESSON}"), url
     assert listed == [f"{p.stem}.ipynb" for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))], listed
     assert "Lesson 1: the baseline and DDP at one global batch" in text
     assert "Python 3 (ipykernel)" in text

@@ -124,6 +124,8 @@ FREE_TEXT = {
     "--proxy": "{missing}/configurable-http-proxy",
     "--home-root": "{a_file}/homes",
     "--prometheus-url": "not a url",
+    "--tls-cert": "{missing}/room.pem",
+    "--tls-key": "{missing}/room-key.pem",
     "--image": "",
     "--network": "",
     "--hub-bind": "nowhere:port",

@@ -77,7 +77,15 @@ ROOM = (
     "acts on a running room's seats (root, system users); tests/infra/test_room.py serves a real room and runs it there"
 )
 
+TLS_ROOM = (
+    "opens a room to the network as root; tests/infra/test_room.py serves the real room with --tls-self-signed "
+    "(make room) and logs in over HTTPS, and tests/unit/test_room_tls.py refuses a certificate and key that differ"
+)
 NOT_RUN_HERE = {
+    "sudo .venv/bin/lab room serve --bind 0.0.0.0 --tls-cert /etc/ssl/room.pem --tls-key /etc/ssl/room-key.pem": (
+        TLS_ROOM
+    ),
+    "sudo .venv/bin/lab room serve --bind 0.0.0.0 --tls-self-signed": TLS_ROOM,
     "docker compose --profile room up hub": REGISTRY,
     ".venv/bin/lab room status": ROOM,
     ".venv/bin/lab room reset seat2": ROOM,
