@@ -493,3 +493,49 @@ def test_a_seat_name_that_is_someones_account_is_refused(tmp_path):
         assert not (tmp_path / "room").exists()
     finally:
         subprocess.run(["userdel", name], check=True)
+
+
+def test_a_class_list_seats_each_learner_with_a_password_on_a_slip_and_nobody_signs_up(tmp_path):
+    """`lab room serve --class FILE`: each learner a seat, an account made and authorized at the hub's start from
+    the password's hash, the password only on the slips (root's alone); the learner logs in with the slip."""
+    if cannot_run():
+        _skip_or_fail(cannot_run())
+    name = "rtc1"
+    roster = tmp_path / "class.txt"
+    roster.write_text("# the class of the day\nAda Lovelace\n")
+    state = tmp_path / "room"
+    port = free_ports(3)
+    changed = _open_for_search([Path(sys.executable), ROOT / "lab"])
+    command = [
+        *(sys.executable, "-m", "lab", "room", "serve", "--prefix", "rtc", "--seats", "1", "--memory", "8"),
+        *("--room-dir", str(state), "--port", str(port), "--hub-port", str(port + 1)),
+        *("--proxy-api-port", str(port + 2), "--proxy", str(PROXY), "--class", str(roster)),
+    ]
+    log = tmp_path / "room.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        hub.wait_until_serving(base, proc, log)
+        slips = state / "slips.html"
+        assert slips.stat().st_mode & 0o077 == 0 and (state / "class.json").stat().st_mode & 0o077 == 0
+        page = slips.read_text()
+        assert "Ada Lovelace" in page and f"{base}/hub/login" in page and f"user <b>{name}</b>" in page
+        password = page.split("password <b><code>")[1].split("</code>")[0]
+        assert password not in (state / "class.json").read_text()  # the hub has its hash only
+        assert f"the class: 1 learners seated; print their slips: {slips}" in log.read_text()
+        assert hub.log_in(base, name, "a-guess-at-it") is None
+        session = hub.log_in(base, name, password)
+        assert session is not None and session.landing == "/hub/spawn"  # in, with no sign-up and no authorization
+        hub.sign_up(base, name, "someone-elses-passphrase")  # the seat is taken: the slip's password still holds
+        assert hub.log_in(base, name, "someone-elses-passphrase") is None and hub.log_in(base, name, password)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+        from lab.course.room import seats
+
+        if seats.made_by_a_room(name):
+            seats.remove_user(name)
+        for folder, mode in reversed(changed):
+            folder.chmod(mode)

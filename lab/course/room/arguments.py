@@ -117,6 +117,13 @@ def serve_args(p: argparse.ArgumentParser) -> None:
         help="serve HTTPS with a certificate made for the day (its fingerprint printed for the learners to compare)",
     )
     p.add_argument("--tls-key", metavar="PEM", help="the certificate's private key, unencrypted (with --tls-cert)")
+    p.add_argument(
+        "--class",
+        dest="class_list",
+        metavar="FILE",
+        help="the learners, one a line: each gets a seat and a password, printed on slips (slips.html in the room's "
+        "folder); nobody signs up",
+    )
     p.add_argument("--port", type=at_least(1), default=8000, help="the hub's port for browsers (default 8000)")
     p.add_argument("--hub-port", type=at_least(1), default=8081, help="the hub's API port, loopback (default 8081)")
     p.add_argument(

@@ -25,7 +25,7 @@ from nativeauthenticator import NativeAuthenticator
 from traitlets import Unicode
 
 from lab.course.room import plan as room_plan
-from lab.course.room import seats
+from lab.course.room import roster, seats
 from lab.course.room.host import core_list
 from lab.course.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
 
@@ -42,6 +42,9 @@ class RoomAuthenticator(NativeAuthenticator):
     nobody can claim the instructor's name by signing up first)."""
 
     password_file = Unicode(help="Where the instructor's first password is written (mode 0600)").tag(config=True)
+    class_folder = Unicode(help="The room's folder: its class list's accounts (roster.CLASS_FILE), if any").tag(
+        config=True
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -55,6 +58,17 @@ class RoomAuthenticator(NativeAuthenticator):
                 path.chmod(0o600)
                 path.write_text(f"{name} {password}\n")
                 self.log.info("the room's admin %s: its password is in %s", name, path)
+        self._make_the_class()
+
+    def _make_the_class(self) -> None:
+        """Each seat of the class list an account, authorized, with its slip's password (its hash): nobody signs
+        up for those seats. A seat that has an account already keeps it (the room served again)."""
+        from nativeauthenticator.orm import UserInfo
+
+        for account in roster.accounts(Path(self.class_folder)) if self.class_folder else []:
+            if self.get_user(account["seat"]) is None:
+                self.db.add(UserInfo(username=account["seat"], password=account["hash"].encode(), is_authorized=True))
+        self.db.commit()
 
 
 def configure(c: Config, state_dir: str | os.PathLike | None = None) -> None:
@@ -89,6 +103,7 @@ def _who_gets_in(c: Config, state: Path, settings: RoomSettings, plan: room_plan
     """NativeAuthenticator for the seats and the instructor, and where each lands after logging in."""
     c.JupyterHub.authenticator_class = RoomAuthenticator
     c.RoomAuthenticator.password_file = str(state / PASSWORD_FILE)
+    c.RoomAuthenticator.class_folder = str(state)
     c.Authenticator.admin_users = {settings.admin}
     # Names: the seats and the instructor, nothing else (a sign-up under another name is refused). Who of them
     # gets in: NativeAuthenticator's approval (open_signup stays False), so every named user is "allowed".

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from lab import optional
-from lab.course.room import answers, plan_table, seats, tls
+from lab.course.room import answers, plan_table, roster, seats, tls
 from lab.course.room import plan as room_plan
 from lab.course.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
 from lab.course.room.status import lessons
@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         slurm_qos=args.slurm_qos or "",
     )
     settings = _with_tls(args, settings, state)  # a certificate given is checked before anything is made
+    places = roster.read(args.class_list, plan.names) if args.class_list else []  # so is the class list
     if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
         _make_seats(plan, Path(settings.home_root))
         print(answers.said(answers.close()), flush=True)  # before any seat's server starts
@@ -100,14 +101,19 @@ def run(args: argparse.Namespace) -> int:
     state.chmod(0o700)  # the hub's database, cookie secret and the instructor's password
     room_plan.save(plan, state / "plan.json")
     settings.save(state)
+    if places:
+        fingerprint = tls.fingerprint(Path(settings.ssl_cert)) if settings.ssl_cert else ""
+        _, slips = roster.save(places, state, settings.url, fingerprint)
+        print(f"the class: {len(places)} learners seated; print their slips: {slips} (root's alone)", flush=True)
     if settings.pushgateway:
         room_metrics.push_room_seats(settings.pushgateway, [(s.name, list(s.devices)) for s in plan.seats])
         room_metrics.push_room_lessons(settings.pushgateway, lessons())
     print(plan_table.table(plan), flush=True)
     print(
-        f"\nthe room: {settings.url}/hub/ (learners sign up as "
-        f"{', '.join(plan.names)}; authorize them at /hub/authorize as {settings.admin}, whose password "
-        f"is in {state / PASSWORD_FILE}); Ctrl-C stops the room",
+        f"\nthe room: {settings.url}/hub/ ("
+        + ("the class logs in with their slips; " if places else f"learners sign up as {', '.join(plan.names)}; ")
+        + f"authorize others at /hub/authorize as {settings.admin}, whose password is in {state / PASSWORD_FILE}); "
+        f"Ctrl-C stops the room",
         flush=True,
     )
     env = {**os.environ, STATE_ENV: str(state), "CONFIGPROXY_AUTH_TOKEN": secrets.token_hex(32)}
