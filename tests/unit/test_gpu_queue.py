@@ -77,7 +77,7 @@ def test_a_class_checking_at_once_is_served_in_turn_as_the_plan_predicts(tmp_pat
         spans = sorted((d["got"], d["gave_back"]) for d in done if gpu in d["gpus"])
         assert all(end <= start + 0.01 for (_, end), (start, _) in zip(spans, spans[1:])), (gpu, spans)
     assert all(len(set(d["gpus"])) == 2 for d in done)
-    longest, mean = room_plan.queue_waits(seats, 4, hold)
+    longest, mean = plan_table.queue_waits(seats, 4, hold)
     measured = max(d["waited"] for d in done)
     print(
         f"\n{seats} checks of {hold:g} s on 4 GPUs: longest wait {measured:.1f} s (plan {longest:.1f}), mean "

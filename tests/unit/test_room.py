@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab.course.room import mig
+from lab.course.room import mig, plan_table
 from lab.course.room import plan as room_plan
 from lab.course.room.host import core_list
 from lab.course.room.settings import RoomSettings
@@ -264,7 +264,7 @@ def test_the_guides_room_table_is_what_lab_room_plan_prints(tmp_path):
         where, _, wait = checks.partition(": the last of ")
         assert plan.multi_rank(first) == where, row
         if wait:
-            longest, _ = room_plan.queue_waits(len(plan.seats), len(plan.queue), plan.check_seconds)
+            longest, _ = plan_table.queue_waits(len(plan.seats), len(plan.queue), plan.check_seconds)
             assert wait == f"{seats} waits ~{longest:.0f} s", row
             assert f"{seats} seats checking at once: the last waits ~{longest:.0f} s" in done.stdout, row
 
@@ -324,3 +324,28 @@ def test_closing_answers_another_user_owns_is_refused_in_one_line(monkeypatch, c
     assert answers.main() == 2
     said = capsys.readouterr().err.strip().splitlines()
     assert said == ["lab.course.room.answers: /opt/lab/docs/answers.md is not this user's to close: run it as root"]
+
+
+def test_an_instructor_seat_is_one_more_seat_with_no_gpu_and_the_admin_may_start_it(tmp_path, monkeypatch):
+    from tornado import web
+
+    from lab.course.room import hub, seats
+
+    monkeypatch.setattr(seats, "prepare_home", lambda name: tmp_path / name)  # its system user: lab room serve's
+
+    room = room_plan.make_plan(DGX, seats=4, instructor=room_plan.INSTRUCTOR)
+    assert room.names == ["seat1", "seat2", "seat3", "seat4", "instructor"]
+    assert room.seat("instructor").devices == () and room.seat("seat4").devices == ("6", "7")
+    assert len({s.memory_bytes for s in room.seats}) == 1  # a share like any seat's, of 5
+    assert "| instructor | none |" in plan_table.table(room)
+    assert RoomSettings().admin == room_plan.INSTRUCTOR  # the hub's admin is the seat's user
+    for plan in (room, room_plan.make_plan(DGX, seats=4)):
+        spawner = SimpleNamespace(
+            user=SimpleNamespace(name="instructor"), environment={}, cmd=["jupyterhub-singleuser"]
+        )
+        if "instructor" in plan.names:
+            hub.before_spawn(spawner, plan, RoomSettings(spawner="slurm"))  # its server, as any seat's
+            assert spawner.environment["LAB_SEAT"] == "instructor"
+        else:
+            with pytest.raises(web.HTTPError, match="only in a room planned with --instructor-seat"):
+                hub.before_spawn(spawner, plan, RoomSettings(spawner="slurm"))

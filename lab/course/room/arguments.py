@@ -68,6 +68,11 @@ def plan_options(p: argparse.ArgumentParser) -> None:
         "print theirs)",
     )
     p.add_argument("--prefix", default="seat", help="seat names: PREFIX1, PREFIX2, ... (default seat)")
+    p.add_argument(
+        "--instructor-seat",
+        action="store_true",
+        help="one more seat, the instructor's (no GPU of its own): a JupyterLab to project the lessons from",
+    )
 
 
 def room_dir(p: argparse.ArgumentParser) -> None:

@@ -170,8 +170,9 @@ def _when_it_stops(c: Config, settings: RoomSettings) -> None:
 
 
 def landing(handler: BaseHandler, admin: str) -> str | None:
-    """Where a user lands after logging in: the instructor on the sign-ups to authorize (the instructor runs no
-    server), a learner on their seat's JupyterLab (None: JupyterHub's own default, which starts it)."""
+    """Where a user lands after logging in: the instructor on the sign-ups to authorize (its own server, where the
+    room has an instructor's seat, starts from /hub/spawn), a learner on their seat's JupyterLab (None: JupyterHub's
+    own default, which starts it)."""
     user = handler.current_user  # None on the login form's POST itself: the name is in the form
     name = (
         user.name if user else handler.get_body_argument("username", None) if handler.request.method == "POST" else None
@@ -188,7 +189,7 @@ def before_spawn(spawner: Spawner, plan: room_plan.RoomPlan, settings: RoomSetti
         raise web.HTTPError(
             403,
             f"{name} has no seat in this room (its seats: {', '.join(plan.names)}); the "
-            f"instructor's account manages the room and runs no server",
+            f"instructor's account runs a server only in a room planned with --instructor-seat",
         )
     seat = plan.seat(name)
     if settings.spawner == "docker":

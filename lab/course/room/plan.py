@@ -69,6 +69,7 @@ DEFAULT_PLAN = Path("runs") / "room" / "plan.json"
 # (the check prints its wait and its runs' seconds) and plan again with the figure.
 CHECK_SECONDS = 25.0
 QUEUE_RANKS = 2  # the ranks (GPUs) of an exercise check's multi-rank run: its lease
+INSTRUCTOR = "instructor"  # the hub's admin (RoomSettings.admin), and its seat's name with --instructor-seat
 
 
 @dataclass(frozen=True)
@@ -143,20 +144,6 @@ class RoomPlan:
         return "the CPU way (2 gloo processes): no queue of whole GPUs (--queue-gpus)"
 
 
-def queue_waits(seats: int, gpus: int, seconds: float, ranks: int = QUEUE_RANKS) -> tuple[float, float]:
-    """(longest, mean) wait when `seats` seats ask the queue's `gpus` GPUs for `ranks` each at once, each holding
-    them `seconds`: gpus // ranks checks run side by side, the rest wait their turn.
-
-    >>> queue_waits(24, 2, 25.0)
-    (575.0, 287.5)
-    >>> queue_waits(16, 4, 25.0)
-    (175.0, 87.5)
-    """
-    side_by_side = max(1, gpus // ranks)
-    waits = [(i // side_by_side) * seconds for i in range(seats)]
-    return max(waits, default=0.0), sum(waits) / max(1, seats)
-
-
 # ----------------------------------------------------------------------------- making and checking a plan
 
 
@@ -167,12 +154,14 @@ def make_plan(
     prefix: str = "seat",
     queue_gpus: int = 0,
     check_seconds: float = CHECK_SECONDS,
+    instructor: str = "",
 ) -> RoomPlan:
     """Seats with disjoint GPUs and cores and an even share of memory; LabError when the host cannot hold them.
 
     Defaults: on a GPU host, 2 GPUs a seat (NCCL's smallest DDP), as many seats as that gives; on a CPU host,
     a seat per 2 cores (a lesson's 2 gloo processes, a core each). `queue_gpus`: the host's last whole GPUs kept
-    out of the seats, for every seat's multi-rank runs (lab.run.cluster.gpu_queue).
+    out of the seats, for every seat's multi-rank runs (lab.run.cluster.gpu_queue). `instructor`: one more seat,
+    of that name (the hub's admin), with no GPU of its own: a server for the instructor to project.
 
     >>> cpu = Host((), (0, 1), 24 * GIB)
     >>> room = make_plan(cpu, seats=3)
@@ -222,6 +211,7 @@ def make_plan(
             )
         gpus_per_seat = 0
         seats = seats or max(1, len(host.cores) // 2)
+    learners, seats = seats, seats + (1 if instructor else 0)  # the instructor's seat shares cores and memory
     _check_memory(host, seats, gpus_per_seat)
     memory = (host.memory_bytes - host.reserve_bytes) // seats
     cores = host.cores
@@ -236,8 +226,8 @@ def make_plan(
         mine = cores[i * pinned : (i + 1) * pinned] if pinned else ()
         made.append(
             Seat(
-                f"{prefix}{i + 1}",
-                tuple(devices[i * gpus_per_seat : (i + 1) * gpus_per_seat]),
+                f"{prefix}{i + 1}" if i < learners else instructor,
+                tuple(devices[i * gpus_per_seat : (i + 1) * gpus_per_seat]) if i < learners else (),
                 mine,
                 float(pinned) if pinned else len(cores) / seats,
                 memory,
@@ -396,4 +386,5 @@ def from_args(args: argparse.Namespace) -> RoomPlan:
         args.gpus, args.devices, args.cores, args.memory, getattr(args, "mig_per_gpu", None), whole_gpus=queue_gpus
     )
     check_seconds = getattr(args, "check_seconds", None) or CHECK_SECONDS
-    return make_plan(host, args.seats, args.gpus_per_seat, args.prefix, queue_gpus, check_seconds)
+    instructor = INSTRUCTOR if getattr(args, "instructor_seat", False) else ""
+    return make_plan(host, args.seats, args.gpus_per_seat, args.prefix, queue_gpus, check_seconds, instructor)

@@ -8,7 +8,21 @@ from pathlib import Path
 
 from lab.course.room.host import GIB, core_list
 from lab.course.room.mig import PLANNED_SLICE, is_slice, mig_commands
-from lab.course.room.plan import QUEUE_RANKS, RoomPlan, from_args, queue_waits, save
+from lab.course.room.plan import QUEUE_RANKS, RoomPlan, from_args, save
+
+
+def queue_waits(seats: int, gpus: int, seconds: float, ranks: int = QUEUE_RANKS) -> tuple[float, float]:
+    """(longest, mean) wait when `seats` seats ask the queue's `gpus` GPUs for `ranks` each at once, each holding
+    them `seconds`: gpus // ranks checks run side by side, the rest wait their turn.
+
+    >>> queue_waits(24, 2, 25.0)
+    (575.0, 287.5)
+    >>> queue_waits(16, 4, 25.0)
+    (175.0, 87.5)
+    """
+    side_by_side = max(1, gpus // ranks)
+    waits = [(i // side_by_side) * seconds for i in range(seats)]
+    return max(waits, default=0.0), sum(waits) / max(1, seats)
 
 
 def table(plan: RoomPlan) -> str:
