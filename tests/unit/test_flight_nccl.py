@@ -14,6 +14,7 @@ in the shape torch 2.14's `_dump_nccl_trace` pickles, and the test says so):
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -175,3 +176,22 @@ def test_a_gloo_rank_is_placed_by_its_entries_retired_not_a_worker_threads_late_
     # before: the group's last completed alone, and rank 0 was said to wait in #2
     monkeypatch.setattr(flight, "_retired_through", lambda entries: {})
     assert "all_reduce #2" in hang.diagnose({0: gloo(_gloo_dump(["all_reduce"] * 3, 2, 1))}, 1)["summary"]
+
+
+def test_a_leader_that_heard_too_few_ranks_to_name_a_hang_lets_go_so_another_asks_again(tmp_path, monkeypatch):
+    """CI: the rank asleep in its data loading led, heard only itself within the gather, named nothing, and kept
+    the request, so no other rank asked and the run waited for gloo's 30 minutes. Now it lets go; with every rank
+    heard (a slow step, not a hang) the request stays and nobody asks again."""
+    from lab.run.cluster import watchdog
+
+    monkeypatch.setattr(watchdog, "GATHER_SECONDS", 0.3)
+    asleep = {"rank": 1, "groups": {}, "entries": [], "where": {"file": "t.py", "line": 9, "function": "load"}}
+    snaps = tmp_path / hang.SNAPSHOTS
+    snaps.mkdir()
+    (snaps / "rank-1.json").write_text(json.dumps(asleep))
+    leader = watchdog.Watchdog(1, 2, 5.0, folder=tmp_path)
+    leader._lead()
+    assert not (snaps / watchdog.REQUEST).exists() and not (tmp_path / hang.DIAGNOSIS).exists()
+    (snaps / "rank-0.json").write_text(json.dumps({**asleep, "rank": 0}))  # both heard, neither in a collective
+    leader._lead()
+    assert (snaps / watchdog.REQUEST).exists() and not (tmp_path / hang.DIAGNOSIS).exists()
