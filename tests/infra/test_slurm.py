@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -24,34 +23,13 @@ import yaml
 
 from lab.course.teaching.lesson import free_ports
 from tests.conftest import PYTHON, ROOT
-from tests.infra.slurm_cluster import SlurmCluster, missing_tools
+from tests.infra.slurm_cluster import SlurmCluster
 
 LAB = str(Path(PYTHON).parent / "lab")  # the lab "installed on the nodes": this venv's entry point
 # The smoke config at width 8 for 25 epochs (200 steps, about 10 s), a checkpoint every 4: long enough to requeue
 # mid-run, and for Prometheus to scrape the reference job's exporters (its scrape manager takes in new targets at
 # most every 5 s: a 3-second run once ended unseen).
 TRAINING = {"LAB_SET": "model.width=8 train.epochs=25 run.deterministic=true", "LAB_CHECKPOINT_EVERY": "4"}
-
-
-@pytest.fixture(scope="session")
-def cluster():
-    missing = missing_tools()
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(
-                f"{', '.join(missing)} not installed; `make test` installs them (scripts/install-test-tools.sh)"
-            )
-        pytest.skip(f"{', '.join(missing)} not installed (scripts/install-test-tools.sh installs them as root)")
-    root = Path(tempfile.mkdtemp(prefix="lab-slurm-"))
-    root.chmod(0o755)  # munge's socket folder, and each folder above it, must be world-executable
-    started = time.monotonic()
-    slurm = SlurmCluster(root / "cluster").start()
-    print(f"two-node Slurm cluster up in {time.monotonic() - started:.1f} s")
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _job_env(runs: Path, **extra: str) -> dict[str, str]:

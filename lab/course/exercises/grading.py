@@ -137,7 +137,9 @@ def device_env(world_size: int, leased: gpu_queue.Lease | None = None) -> dict[s
     """Each rank a GPU of its own where there are enough (the learner's NCCL path): the seat's, or those leased
     from the room's queue; else none visible (gloo)."""
     env = launch.worker_env(world_size)
-    if leased is not None:
+    if leased is not None and leased.launcher:  # a Slurm step: Slurm sets CUDA_VISIBLE_DEVICES to its GPUs
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    elif leased is not None:
         env["CUDA_VISIBLE_DEVICES"] = leased.visible
     elif cores.gpu_count() < world_size:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -145,15 +147,15 @@ def device_env(world_size: int, leased: gpu_queue.Lease | None = None) -> dict[s
 
 
 @contextlib.contextmanager
-def gpus_for(world_size: int | None) -> Iterator[gpu_queue.Lease | None]:
-    """A multi-rank run's GPUs from the room's queue (lab.run.cluster.gpu_queue), where the seat has fewer of its
-    own than ranks and the room keeps one; None otherwise. Said on stderr, with the wait: the learner sees why the
-    check had not started."""
+def gpus_for(world_size: int | None, hold_seconds: float | None = None) -> Iterator[gpu_queue.Lease | None]:
+    """A multi-rank run's GPUs from the room's queue (lab.run.cluster.gpu_queue; through Slurm where the room's
+    queue is a partition), where the seat has fewer of its own than ranks and the room keeps one; None otherwise.
+    Said on stderr, with the wait: the learner sees why the check had not started."""
     if not world_size or world_size < 2 or cores.gpu_count() >= world_size or gpu_queue.configured() is None:
         yield None
         return
     print(f"lab exercise check: waiting for {world_size} GPUs from the room's queue ...", file=sys.stderr, flush=True)
-    with gpu_queue.lease(world_size) as leased:
+    with gpu_queue.lease(world_size, hold_seconds=hold_seconds) as leased:
         if leased is None:
             print(
                 f"lab exercise check: the room's queue has fewer than {world_size} GPUs: this run is on the CPU",
@@ -162,7 +164,7 @@ def gpus_for(world_size: int | None) -> Iterator[gpu_queue.Lease | None]:
             )
         else:
             print(
-                f"lab exercise check: GPUs {leased.visible} from the room's queue after {leased.waited_seconds:.0f} s "
+                f"lab exercise check: GPUs {leased.visible} from {leased.source} after {leased.waited_seconds:.0f} s "
                 f"(the limit counts from here)",
                 file=sys.stderr,
                 flush=True,
@@ -229,9 +231,10 @@ def observed(
 ) -> Run:
     """Run `file` watched on `world_size` ranks (None: one plain process, no torchrun) with `args`."""
     n = world_size or 1
-    with tempfile.TemporaryDirectory(prefix="lab-exercise-") as tmp, gpus_for(world_size) as leased:
+    with tempfile.TemporaryDirectory(prefix="lab-exercise-") as tmp, gpus_for(world_size, timeout_seconds) as leased:
         target = ["-m", OBSERVER, "--trace", tmp, *(["--probe", probe] if probe else []), str(file), "--", *args]
         command = [sys.executable, *target] if world_size is None else launch.torchrun_command(n, target)
+        command = [*(leased.launcher if leased else ()), *command]  # a Slurm lease: a step of its allocation
         env = device_env(n, leased)
         env["PYTHONUNBUFFERED"] = "1"
         started = time.monotonic()  # after the queue's wait: a run's limit counts from its start on its GPUs

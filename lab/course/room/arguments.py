@@ -196,6 +196,13 @@ def serve_args(p: argparse.ArgumentParser) -> None:
     ):
         p.add_argument(f"--slurm-{option}", type=plain_name, metavar=option.upper(), help=f"slurm: {what}")
     p.add_argument(
+        "--queue-partition",
+        type=plain_name,
+        metavar="PARTITION",
+        help="the GPU queue through Slurm: every seat's multi-rank checks get their GPUs as short jobs of this "
+        "partition (salloc --gpus, its GRES), instead of the plan's local queue (a DGX that runs Slurm)",
+    )
+    p.add_argument(
         "--memlock",
         type=at_least(-1),
         default=-1,

@@ -26,7 +26,7 @@ from lab.course.room import plan as room_plan
 from lab.course.room.settings import PASSWORD_FILE, STATE_ENV, RoomSettings
 from lab.course.room.status import lessons
 from lab.errors import LabError
-from lab.run.cluster import gpu_queue, runner
+from lab.run.cluster import gpu_queue, runner, slurm_gpus
 from lab.run.observability import room_metrics
 
 CONFIG_FILE = Path(__file__).with_name("jupyterhub_config.py")
@@ -60,6 +60,8 @@ NEEDS = {
 def run(args: argparse.Namespace) -> int:
     for module in NEEDS[args.spawner]:
         optional.require(module, "lab room serve (pip install -e '.[room]', as make room does)")
+    if args.queue_partition and args.spawner == "docker":
+        raise LabError("--queue-partition: a docker seat has no Slurm client to ask with; use --spawner local or slurm")
     if args.spawner == "slurm" and not args.plan and args.gpus is None and not args.devices:
         # the seats run on the cluster's nodes, and the hub on a login node that seldom has a GPU: a plan of this
         # host would ask Slurm for no GPU at all
@@ -91,11 +93,13 @@ def run(args: argparse.Namespace) -> int:
         slurm_qos=args.slurm_qos or "",
     )
     settings = _with_tls(args, settings, state)  # a certificate given is checked before anything is made
+    if args.queue_partition:  # so is Slurm's partition
+        settings = replace(settings, gpu_queue=_slurm_queue(args.queue_partition))
     places = roster.read(args.class_list, plan.names) if args.class_list else []  # so is the class list
     if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
         _make_seats(plan, Path(settings.home_root))
         print(answers.said(answers.close()), flush=True)  # before any seat's server starts
-    if plan.queue:
+    if plan.queue and not settings.gpu_queue:  # a local queue, where Slurm's is not the room's
         settings = replace(settings, gpu_queue=_open_queue(plan, settings, state))
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)  # the hub's database, cookie secret and the instructor's password
@@ -158,7 +162,7 @@ def _open_queue(plan: room_plan.RoomPlan, settings: RoomSettings, state: Path) -
     if settings.spawner != "local":
         print(
             f"note: the plan's queue (GPUs {','.join(plan.queue)}) serves local seats only: a {settings.spawner} "
-            f"seat's checks run on its own devices or the CPU (the queue through Slurm's GRES is not built yet)",
+            f"seat's checks run on its own devices or the CPU (or give --queue-partition: the queue through Slurm)",
             flush=True,
         )
         return ""
@@ -171,6 +175,18 @@ def _open_queue(plan: room_plan.RoomPlan, settings: RoomSettings, state: Path) -
             )
     print(f"the GPU queue: {folder} (GPUs {','.join(plan.queue)}, leased by the seats' multi-rank checks)", flush=True)
     return str(folder)
+
+
+def _slurm_queue(partition: str) -> str:
+    """The queue as Slurm's partition, checked now (a room whose every check would fail to get GPUs stops here)."""
+    per_node = slurm_gpus.gpus_per_node(partition, f"--queue-partition {partition}")
+    if per_node < room_plan.QUEUE_RANKS:
+        raise LabError(
+            f"--queue-partition {partition}: its nodes have {per_node} GPU(s) in Slurm's Gres; a multi-rank check "
+            f"asks for {room_plan.QUEUE_RANKS} on one node: give a partition of GPU nodes (sinfo -o '%P %G')"
+        )
+    print(f"the GPU queue: Slurm's partition {partition} ({per_node} GPUs a node, leased by the seats' checks)")
+    return f"{slurm_gpus.PREFIX}{partition}"
 
 
 def _make_seats(plan: room_plan.RoomPlan, home_root: Path) -> None:

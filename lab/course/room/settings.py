@@ -46,7 +46,7 @@ class RoomSettings:
     slurm_runtime: str = "8:00:00"  # slurm: a seat's job's time limit
     ssl_cert: str = ""  # the proxy's certificate and key: the room over HTTPS ("" for HTTP)
     ssl_key: str = ""
-    gpu_queue: str = ""  # local: the folder of the plan's GPU queue (lab.run.cluster.gpu_queue), "" for none
+    gpu_queue: str = ""  # the folder of the plan's GPU queue, or slurm:PARTITION (lab.run.cluster.gpu_queue); "" none
 
     @property
     def url(self) -> str:

@@ -27,7 +27,7 @@ from lab.course.exercises import EXERCISES
 from lab.course.room import plan as room_plan
 from lab.course.room import seats
 from lab.errors import LabError
-from lab.run.cluster import gpu_queue
+from lab.run.cluster import gpu_queue, slurm_gpus
 
 GIB = 2**30
 
@@ -202,10 +202,11 @@ def draw(args: argparse.Namespace, plan: room_plan.RoomPlan, settings: Any) -> N
     print(table(rows, [n for n, _ in expected]))
     print()
     print(exercise_table(rows))
-    held = queue_holders(settings.gpu_queue)
+    partition = slurm_gpus.partition_of(settings.gpu_queue)
+    held: Any = slurm_gpus.holders(partition) if partition else queue_holders(settings.gpu_queue)
     if held is not None:
         print()
-        print(queue_text(held))
+        print(slurm_queue_text(partition, held) if partition else queue_text(held))
     if args.json:
         found: dict[str, Any] = {"seats": rows, **({"gpu_queue": held} if held is not None else {})}
         atomic.write_text(Path(args.json), json.dumps(found, indent=2) + "\n")
@@ -236,4 +237,23 @@ def queue_text(held: dict[str, dict[str, Any] | None]) -> str:
             since = holder.get("since")
             age = f", {now - since:.0f} s" if isinstance(since, (int, float)) else ""
             lines.append(f"  GPU {device}: {holder.get('who', '?')} (pid {holder.get('pid', '?')}){age}")
+    return "\n".join(lines)
+
+
+def slurm_queue_text(partition: str, jobs: list[dict[str, str]]) -> str:
+    """The room's checks in Slurm's queue: who runs where, who waits.
+
+    >>> print(slurm_queue_text("gpu", [{"who": "seat3", "state": "RUNNING", "node": "dgx1", "time": "0:12",
+    ...                                  "gres": "gres:gpu:2"}, {"who": "seat5", "state": "PENDING", "node": "",
+    ...                                  "time": "0:00", "gres": "gres:gpu:2"}]))
+    the GPU queue (Slurm's partition gpu): checks on GPUs 1, waiting 1
+      seat3: RUNNING on dgx1, 0:12
+      seat5: PENDING
+    """
+    running = [j for j in jobs if j["state"] == "RUNNING"]
+    waiting = len(jobs) - len(running)
+    lines = [f"the GPU queue (Slurm's partition {partition}): checks on GPUs {len(running)}, waiting {waiting}"]
+    for job in jobs:
+        where = f" on {job['node']}, {job['time']}" if job["state"] == "RUNNING" else ""
+        lines.append(f"  {job['who']}: {job['state']}{where}")
     return "\n".join(lines)

@@ -13,6 +13,10 @@ GPU taken. Each GPU's file holds who leased it and since when (`lab room status`
 
     with gpu_queue.lease(2) as leased:     # None: no queue here, or fewer GPUs in it than ranks
         env["CUDA_VISIBLE_DEVICES"] = leased.visible
+
+Where the host runs Slurm, the queue can be a partition instead (LAB_GPU_QUEUE=slurm:PARTITION,
+lab.run.cluster.slurm_gpus): the lease is a Slurm allocation, and the run goes inside it (`leased.launcher`), where
+Slurm sets CUDA_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.errors import LabError
+from lab.run.cluster import slurm_gpus
 
-QUEUE_ENV = "LAB_GPU_QUEUE"  # the queue's folder, in a seat's environment where the room has one
+QUEUE_ENV = "LAB_GPU_QUEUE"  # the queue's folder (or slurm:PARTITION), in a seat's environment where the room has one
 QUEUE_LOCK = "queue.lock"
 POLL_SECONDS = 0.05  # the head of the queue looks for free GPUs this often
 
@@ -59,10 +64,9 @@ def devices(folder: Path) -> tuple[str, ...]:
     return tuple(sorted(found, key=lambda d: (not d.isdigit(), int(d) if d.isdigit() else 0, d)))
 
 
-def configured() -> Path | None:
-    """This seat's queue (QUEUE_ENV), None where the room has none."""
-    value = os.environ.get(QUEUE_ENV, "").strip()
-    return Path(value) if value else None
+def configured() -> str | None:
+    """This seat's queue (QUEUE_ENV): a folder, or slurm:PARTITION; None where the room has none."""
+    return os.environ.get(QUEUE_ENV, "").strip() or None
 
 
 @dataclass
@@ -70,6 +74,8 @@ class Lease:
     devices: tuple[str, ...]
     waited_seconds: float
     _files: list[int] = field(default_factory=list, repr=False)
+    launcher: tuple[str, ...] = ()  # the prefix that runs a command on the leased GPUs (Slurm's srun); () here
+    source: str = "the room's queue"  # where the GPUs came from, as the learner reads it
 
     @property
     def visible(self) -> str:
@@ -82,11 +88,20 @@ class Lease:
 
 
 @contextlib.contextmanager
-def lease(count: int, folder: Path | None = None, who: str | None = None) -> Iterator[Lease | None]:
+def lease(
+    count: int, folder: Path | str | None = None, who: str | None = None, hold_seconds: float | None = None
+) -> Iterator[Lease | None]:
     """`count` GPUs of the queue for the block, waiting in turn; None where there is no queue or it has fewer
-    than `count` GPUs (the caller runs without them, and says so)."""
+    than `count` GPUs (the caller runs without them, and says so). `hold_seconds`: how long the block may hold
+    them (a Slurm allocation's time limit, beyond which Slurm takes them back)."""
     folder = folder or configured()
-    pool = devices(folder) if folder is not None and Path(folder).is_dir() else ()
+    who = who or os.environ.get("LAB_SEAT") or os.environ.get("USER", "?")
+    partition = slurm_gpus.partition_of(str(folder)) if folder is not None else None
+    if partition is not None:
+        with _slurm_lease(count, partition, who, hold_seconds) as leased:
+            yield leased
+        return
+    pool = devices(Path(folder)) if folder is not None and Path(folder).is_dir() else ()
     if folder is not None and not pool:
         raise LabError(
             f"{QUEUE_ENV}={folder}: no GPU queue there (no gpu-*.lock files); the room makes it (lab room serve "
@@ -96,11 +111,21 @@ def lease(count: int, folder: Path | None = None, who: str | None = None) -> Ite
         yield None
         return
     assert folder is not None
-    taken = _take(Path(folder), pool, count, who or os.environ.get("LAB_SEAT") or os.environ.get("USER", "?"))
+    taken = _take(Path(folder), pool, count, who)
     try:
         yield taken
     finally:
         taken.release()
+
+
+@contextlib.contextmanager
+def _slurm_lease(count: int, partition: str, who: str, hold_seconds: float | None) -> Iterator[Lease | None]:
+    if count < 1 or count > slurm_gpus.gpus_per_node(partition, f"{QUEUE_ENV}={slurm_gpus.PREFIX}{partition}"):
+        yield None
+        return
+    with slurm_gpus.allocation(partition, count, who, hold_seconds) as (granted, waited):
+        source = f"Slurm (job {granted.job_id} on {granted.node}, partition {partition})"
+        yield Lease(granted.devices, waited, launcher=granted.launcher(count), source=source)
 
 
 def _take(folder: Path, pool: tuple[str, ...], count: int, who: str) -> Lease:
