@@ -65,7 +65,7 @@ def plan_options(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="S",
         help="seconds of GPUs one check holds, for the queue's expected wait (default 25, assumed; the checks "
-        "print theirs)",
+        "print theirs; through Slurm, add its turnaround, about 2 s a check)",
     )
     p.add_argument("--prefix", default="seat", help="seat names: PREFIX1, PREFIX2, ... (default seat)")
     p.add_argument(
