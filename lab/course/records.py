@@ -31,13 +31,33 @@ from pathlib import Path
 from typing import Any
 
 from lab import atomic
+from lab.errors import LabError
 from lab.run.cluster import seat
 from lab.verdict import FAILED, HELD, NOT_RUN, Check, overall, passes
 
 LESSON_RUNS_ENV = "LAB_LESSON_RUNS"  # where a seat's lessons write their runs (and its exercises their records)
 PUSHGATEWAY_ENV = "LAB_PUSHGATEWAY"  # host:port of the room's Pushgateway, where there is one
+# An exercise check's limit a run (lab exercise check --timeout's default), where the room sets one: its seats share
+# the cores, so a run slowed by the class gets longer than alone (a hang is stopped after 30 s without progress).
+CHECK_TIMEOUT_ENV = "LAB_CHECK_TIMEOUT"
+CHECK_TIMEOUT_SECONDS = 120.0  # alone
+ROOM_CHECK_TIMEOUT_SECONDS = 300.0  # in a room's seat
 LESSON_RECORD = "checks.json"  # in a lesson's folder
 EXERCISES = "exercises"  # the exercises' records' folder, under the lesson runs' folder
+
+
+def check_timeout() -> float:
+    """An exercise check's limit a run: CHECK_TIMEOUT_ENV where set (a room's seat), else CHECK_TIMEOUT_SECONDS."""
+    value = os.environ.get(CHECK_TIMEOUT_ENV, "").strip()
+    if not value:
+        return CHECK_TIMEOUT_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 5:
+        raise LabError(f"{CHECK_TIMEOUT_ENV}={value!r}: give seconds, 5 or more (or unset it for 120)")
+    return seconds
 
 
 def lesson_runs(default: Path | None = None) -> Path:

@@ -200,6 +200,7 @@ def test_serve_makes_the_queue_beside_the_room_for_local_seats_and_gives_them_it
     assert Path(folder).stat().st_mode & 0o777 == 0o755  # none adds or removes a GPU
     env = seats.environment(room.seats[0], tmp_path / "home", gpu_queue=folder)
     assert env[gpu_queue.QUEUE_ENV] == folder and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env["LAB_CHECK_TIMEOUT"] == "300"  # a class grading at once shares the cores: its checks get longer
     assert gpu_queue.QUEUE_ENV not in seats.environment(room.seats[0], tmp_path / "home")
     # a container's or a Slurm job's seat cannot reach this host's locks: said, and no folder given
     assert serve._open_queue(room, RoomSettings(spawner="docker"), state) == ""

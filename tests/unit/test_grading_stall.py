@@ -5,11 +5,16 @@ a folder, written as the observer writes them; the stall shortened to a fraction
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from lab.course.exercises import grading
 from lab.run.cluster.child_output import StackFolder
+from tests.conftest import PYTHON
 
 IN_A_COLLECTIVE = {"e": "coll", "phase": "enter", "seq": 1, "op": "all_reduce", "where": "f.py:3 in main"}
 
@@ -107,3 +112,66 @@ def test_a_run_at_its_limit_names_where_a_rank_blocked_in_c_was(tmp_path):
     run = grading.observed(learner, None, [], timeout_seconds=30)  # room for a loaded machine to start it
     assert run.timed_out, run.how_it_ended()
     assert "rank 0 was not in a collective (at blocked.py:9 in wait)" in run.how_it_ended(), run.how_it_ended()
+
+
+def test_traces_that_grew_lately_are_moving_and_the_first_look_is_not_movement(tmp_path, monkeypatch):
+    monkeypatch.setattr(grading, "PROGRESS_FLOOR", 0.3)
+    trace(tmp_path, 0, {"e": "start"}, IN_A_COLLECTIVE)
+    stall = grading.Stall(tmp_path, 1, seconds=60)
+    stall()
+    assert not stall.moving()  # what was there at the first look says nothing about progress
+    trace(tmp_path, 0, {"e": "coll", "phase": "exit", "seq": 1, "op": "all_reduce"})
+    stall()
+    assert stall.moving()
+    time.sleep(0.4)
+    stall()
+    assert not stall.moving()
+
+
+SLOW = """
+import time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+while True:  # correct and endless at this limit: every rank in the same collectives, in order
+    dist.all_reduce(torch.ones(4))
+    time.sleep(0.2)
+"""
+
+
+@pytest.mark.torchrun
+def test_a_run_still_making_progress_at_its_limit_is_slow_not_a_hang(tmp_path):
+    """A room grading at once on shared cores: correct code that ran out of time is said to be slow, with the
+    longer limit as the fix, never the learner's hang."""
+    learner = tmp_path / "slow.py"
+    learner.write_text(SLOW)
+    run = grading.observed(learner, 2, [], timeout_seconds=20)
+    assert run.timed_out and run.still_moving and not run.hung, run.how_it_ended()
+    assert "was still running when its 20 s limit stopped it" in run.how_it_ended()
+    assert "slow, not hung" in run.how_it_ended()
+    assert "waits" not in run.how_it_ended()  # no rank is blamed
+    check = grading.ended(run)
+    assert check.fix == grading.SLOW_HINT and "--timeout" in check.fix
+
+
+def test_a_rooms_check_limit_is_the_default_and_a_bad_one_is_one_line(tmp_path, monkeypatch):
+    from lab.course import records
+
+    monkeypatch.delenv(records.CHECK_TIMEOUT_ENV, raising=False)
+    assert records.check_timeout() == 120
+    monkeypatch.setenv(records.CHECK_TIMEOUT_ENV, "300")
+    assert records.check_timeout() == 300
+    learner = tmp_path / "convert.py"
+    learner.write_text("print('never run')\n")
+    done = subprocess.run(
+        [PYTHON, "-m", "lab", "exercise", "check", "convert", str(learner)],
+        env={**os.environ, records.CHECK_TIMEOUT_ENV: "soon"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "lab: error: LAB_CHECK_TIMEOUT='soon': give seconds, 5 or more (or unset it for 120)"
+    ], done.stderr

@@ -35,10 +35,10 @@ def check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
         type=at_least(5, "{} s"),
-        default=120,
         metavar="S",
-        help="seconds each run may take before it is called hung and stopped (default: 120: alone a run takes "
-        "seconds, but a room's seats share the cores)",
+        help="seconds each run may take before it is stopped (default: 120, or $LAB_CHECK_TIMEOUT: 300 in a room's "
+        "seat, whose runs share the cores; a run stopped while still making progress is said to be slow, not hung, "
+        "and a hang is stopped after 30 s without progress whatever the limit)",
     )
     p.add_argument("--json", type=output_file, metavar="PATH", help="write the checklist as JSON")
     p.add_argument(

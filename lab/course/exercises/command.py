@@ -111,12 +111,13 @@ def check(args: argparse.Namespace) -> int:
     class_name = getattr(args, "class_name", None)
     if class_name and args.name != "own-ddp":
         raise LabError(f"--class: {args.name} grades a file, not a class (--class is own-ddp's)")
+    timeout = args.timeout if args.timeout is not None else records.check_timeout()
     with tempfile.TemporaryDirectory(prefix="lab-class-") as tmp:
         path, options = graded(args, class_name, Path(tmp))
         grade = importlib.import_module(module_name(args.name)).check
         print(f"lab exercise check {args.name}: running {path} under torchrun, watched ...", file=sys.stderr)
         started = time.time()
-        checks = grading.not_measured_after_failure(_grade(grade, path, args.timeout, options))
+        checks = grading.not_measured_after_failure(_grade(grade, path, timeout, options))
     seconds = time.time() - started
     records.write(args.name, checks, started)
     verdict = overall(c.verdict for c in checks)

@@ -55,6 +55,7 @@ class Run:
     ranks: list[trace.Rank] = field(default_factory=list)
     timeout_seconds: float = 0.0
     stalled: bool = False  # stopped before its limit: no rank's trace moved for STALL_SECONDS, one in a collective
+    still_moving: bool = False  # stopped at its limit while its ranks' traces still moved: slow (a loaded machine)
 
     @property
     def ok(self) -> bool:
@@ -72,7 +73,7 @@ class Run:
         finished or went elsewhere: the backend's error is the consequence). Every rank in the same collective,
         which raised (a barrier after destroy_process_group), is that collective's error, not a hang."""
         if self.timed_out:
-            return True
+            return not self.still_moving
         waits = [r.waiting() for r in self.ranks]
         if not any(waits):
             return False
@@ -84,6 +85,11 @@ class Run:
             return f"{self.label}{over} ended cleanly in {self.seconds:.1f} s"
         if self.stalled:
             return f"{self.label} made no progress for {STALL_SECONDS:g} s and was stopped: {hang(self)}"
+        if self.timed_out and self.still_moving:
+            return (
+                f"{self.label} was still running when its {self.timeout_seconds:g} s limit stopped it (every rank "
+                f"alive, its collectives still moving: slow, not hung)"
+            )
         if self.timed_out:
             return f"{self.label} did not end within {self.timeout_seconds:g} s and was stopped: {hang(self)}"
         error = child_output.last_error_line(self.output) or "no error line"
@@ -184,6 +190,11 @@ def reference_limit(timeout_seconds: float) -> float:
 # A run is stopped as hung, before its limit, once no rank's trace has moved for this long while one of them waits in a
 # collective: the exercises' runs take seconds, so a hang is graded in half a minute, not at the limit.
 STALL_SECONDS = 30.0
+# A run its limit stopped while its traces still moved at their own pace (within 3 of its usual gaps between moves,
+# at least PROGRESS_FLOOR and at most PROGRESS_SECONDS ago), every rank alive, was slow, not hung: a room's seats
+# grading at once share the cores, and correct code that ran out of time is not the learner's hang.
+PROGRESS_FLOOR = 3.0
+PROGRESS_SECONDS = 10.0
 ASK_BEFORE_LIMIT = 1.0  # seconds before a run's limit at which its ranks' stacks are asked (the stop follows at once)
 
 
@@ -197,10 +208,21 @@ class Stall:
     ) -> None:
         self.folder, self.world_size, self.seconds = folder, world_size, seconds or STALL_SECONDS
         self.fired = False
+        self.moved_at: float | None = None  # when the traces last grew after the first look (None: never)
+        self._gaps: list[float] = []  # seconds between the traces' moves, as seen
         self._size, self._since = -1, time.monotonic()
         # Just before the runner's limit stops the run, each rank's stack is asked too: a rank that is in no
         # collective (computing, or stuck in torch's teardown) is then named at its line.
         self._ask_at = None if limit_seconds is None else self._since + max(0.0, limit_seconds - ASK_BEFORE_LIMIT)
+
+    def moving(self) -> bool:
+        """The traces grew lately, at their own pace: within 3 of their usual gaps (the median), at least
+        PROGRESS_FLOOR and at most PROGRESS_SECONDS ago. A hang stops them: its last move grows old."""
+        if self.moved_at is None:
+            return False
+        usual = sorted(self._gaps)[len(self._gaps) // 2] if self._gaps else 0.0
+        window = min(PROGRESS_SECONDS, max(PROGRESS_FLOOR, 3 * usual))
+        return time.monotonic() - self.moved_at < window
 
     def __call__(self) -> bool:
         size = sum(p.stat().st_size for p in self.folder.glob("rank-*.jsonl"))
@@ -209,6 +231,10 @@ class Stall:
             self._ask_at = None
             stacks.ask(self.folder, {r.rank: r.pid for r in trace.read(self.folder, self.world_size) if r.pid})
         if size != self._size:
+            if self._size >= 0:
+                if self.moved_at is not None:
+                    self._gaps.append(now - self.moved_at)
+                self.moved_at = now
             self._size, self._since = size, now
             return False
         if now - self._since < self.seconds:
@@ -250,7 +276,9 @@ def observed(
             stop_when=stall,
         )
         seconds = time.monotonic() - started
+        moving = done.timed_out and not stall.fired and stall.moving()
         ranks = trace.read(Path(tmp), n)
+        still_moving = moving and all(r.events and not r.ended and not r.of("error") for r in ranks)
     return Run(
         label or (f"{n} ranks" if world_size else "1 process"),
         n,
@@ -261,6 +289,7 @@ def observed(
         ranks,
         timeout_seconds,
         stall.fired,
+        still_moving,
     )
 
 
@@ -272,7 +301,8 @@ def each_world(worlds: tuple[int, ...], run_on: Callable[[int], Run]) -> tuple[d
     for n in worlds:
         hung = next((m for m, run in runs.items() if run.timed_out), None)
         if hung is not None:
-            skipped.append(Check(f"runs on {n} ranks", NOT_RUN, f"not run: it hung on {hung} ranks"))
+            how = "ran past its limit" if runs[hung].still_moving else "hung"
+            skipped.append(Check(f"runs on {n} ranks", NOT_RUN, f"not run: it {how} on {hung} ranks"))
             continue
         runs[n] = run_on(n)
     return runs, skipped
@@ -285,10 +315,18 @@ HANG_HINT = (
 )
 
 
+SLOW_HINT = (
+    "nothing hung: the run needed more than its limit here (a busy machine: a room's seats share the cores); check "
+    "again with a longer one, --timeout S (a real hang is still stopped after 30 s without progress)"
+)
+
+
 def ended(run: Run, name: str = "ends cleanly") -> Check:
     if run.ok:
         return Check(name, HELD, run.how_it_ended())
     show_output(run)
+    if run.still_moving:
+        return Check(name, FAILED, run.how_it_ended(), SLOW_HINT)
     fix = mistakes.hint(run.output) or (HANG_HINT if run.hung else OUTPUT_HINT)
     return Check(name, FAILED, run.how_it_ended(), fix)
 

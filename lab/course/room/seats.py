@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lab.course.records import LESSON_RUNS_ENV, PUSHGATEWAY_ENV
+from lab.course.records import CHECK_TIMEOUT_ENV, LESSON_RUNS_ENV, PUSHGATEWAY_ENV, ROOM_CHECK_TIMEOUT_SECONDS
 from lab.course.room.plan import Seat
 from lab.errors import LabError
 from lab.run.cluster import runner
@@ -221,7 +221,12 @@ def environment(
     seat: Seat, home: Path, pushgateway: str = "", prometheus_url: str = "", gpu_queue: str = ""
 ) -> dict[str, str]:
     """What the seat's server (and every kernel, lesson command and run under it) starts with, on any spawner."""
-    env = {SEAT_ENV: seat.name, "CUDA_VISIBLE_DEVICES": seat.cuda_visible_devices, LESSON_RUNS_ENV: str(runs_dir(home))}
+    env = {
+        SEAT_ENV: seat.name,
+        "CUDA_VISIBLE_DEVICES": seat.cuda_visible_devices,
+        LESSON_RUNS_ENV: str(runs_dir(home)),
+        CHECK_TIMEOUT_ENV: f"{ROOM_CHECK_TIMEOUT_SECONDS:g}",  # a class grading at once shares the cores
+    }
     if gpu_queue:  # the room's whole GPUs, leased by the seat's multi-rank checks (lab.run.cluster.gpu_queue)
         env[QUEUE_ENV] = gpu_queue
     if not seat.cpus:  # shared cores: each process one thread's worth of the seat's share, at least 1
