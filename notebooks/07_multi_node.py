@@ -48,7 +48,7 @@ import yaml
 from lab.course.teaching import lesson
 
 folder = lesson.output_dir("07-multi-node")
-plan = lesson.plan()  # with fewer than 2 GPUs, one CPU worker per "node": two nodes cannot share one GPU
+plan = lesson.plan(queue=False)  # fewer than 2 GPUs: a CPU worker per "node" (the room's GPU queue is for short runs)
 config = plan.config
 per_node = plan.ranks // 2 if plan.gpu else 1
 print(plan.why)

@@ -139,15 +139,11 @@ def _place(event: dict[str, Any]) -> dict[str, Any] | None:
     return {"file": found[1], "line": int(found[2]), "function": found[3]} if found else {"text": where}
 
 
-def device_env(world_size: int, leased: gpu_queue.Lease | None = None) -> dict[str, str]:
-    """Each rank a GPU of its own where there are enough (the learner's NCCL path): the seat's, or those leased
-    from the room's queue; else none visible (gloo)."""
+def device_env(world_size: int) -> dict[str, str]:
+    """Each rank a GPU of its own where the seat has enough (the learner's NCCL path); else none visible (gloo),
+    unless the room's queue lends them (gpu_queue.on_leased)."""
     env = launch.worker_env(world_size)
-    if leased is not None and leased.launcher:  # a Slurm step: Slurm sets CUDA_VISIBLE_DEVICES to its GPUs
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-    elif leased is not None:
-        env["CUDA_VISIBLE_DEVICES"] = leased.visible
-    elif cores.gpu_count() < world_size:
+    if cores.gpu_count() < world_size:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
@@ -260,8 +256,9 @@ def observed(
     with tempfile.TemporaryDirectory(prefix="lab-exercise-") as tmp, gpus_for(world_size, timeout_seconds) as leased:
         target = ["-m", OBSERVER, "--trace", tmp, *(["--probe", probe] if probe else []), str(file), "--", *args]
         command = [sys.executable, *target] if world_size is None else launch.torchrun_command(n, target)
-        command = [*(leased.launcher if leased else ()), *command]  # a Slurm lease: a step of its allocation
-        env = device_env(n, leased)
+        env = device_env(n)
+        if leased is not None:  # on the leased GPUs (a Slurm lease: a step of its allocation)
+            command, env = gpu_queue.on_leased(leased, command, env)
         env["PYTHONUNBUFFERED"] = "1"
         started = time.monotonic()  # after the queue's wait: a run's limit counts from its start on its GPUs
         stall = Stall(Path(tmp), n, limit_seconds=timeout_seconds)

@@ -130,6 +130,16 @@ class RoomPlan:
     def names(self) -> list[str]:
         return [s.name for s in self.seats]
 
+    def lessons(self, seat: Seat) -> str:
+        """Its own GPUs, else each run on GPUs leased from the queue, else the CPU way (lesson.plan's rule).
+        >>> room = RoomPlan(Host(("MIG-a", "6", "7"), (0,), GIB), (Seat("a", ("MIG-a",)),), queue=("6", "7"))
+        >>> room.lessons(room.seats[0])
+        '1-6 on 2 GPUs leased from the queue a run (NCCL, GPU sizes), 7 the CPU way'
+        """
+        if (seat.mig or len(seat.devices) < QUEUE_RANKS) and len(self.queue) >= QUEUE_RANKS:
+            return f"1-6 on {QUEUE_RANKS} GPUs leased from the queue a run (NCCL, GPU sizes), 7 the CPU way"
+        return seat.lessons()
+
     def multi_rank(self, seat: Seat) -> str:
         """Where the seat's multi-rank exercise checks run.
 

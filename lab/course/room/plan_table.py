@@ -35,7 +35,7 @@ def table(plan: RoomPlan) -> str:
         cores = core_list(s.cpus) if s.cpus else f"shared ({s.cpu_share:.2f})"
         rows.append(
             f"| {s.name} | {s.cuda_visible_devices or 'none'} | {cores} | "
-            f"{s.memory_bytes / GIB:.1f} GiB | {s.lessons()} | {plan.multi_rank(s)} |"
+            f"{s.memory_bytes / GIB:.1f} GiB | {plan.lessons(s)} | {plan.multi_rank(s)} |"
         )
     host = plan.host
     rows.append("")
@@ -46,7 +46,8 @@ def table(plan: RoomPlan) -> str:
             f"queue: GPUs {','.join(plan.queue)}, whole, no seat's: each exercise check's multi-rank run leases "
             f"{QUEUE_RANKS} of them for its run; {len(users)} seats checking at once: the last waits ~{longest:.0f} s "
             f"(mean {mean:.0f} s), at {plan.check_seconds:g} s of GPUs a check (--check-seconds, assumed: the "
-            f"check prints its wait and seconds; plan again with the day's figure)"
+            f"check prints its wait and seconds; plan again with the day's figure); the lessons' runs lease the "
+            f"same GPUs, one run at a time, and add their own time (not measured here: no GPU)"
         )
     planned = {m.group(1) for m in map(PLANNED_SLICE.match, host.devices) if m}
     whole = [d for d in host.devices if not is_slice(d)]

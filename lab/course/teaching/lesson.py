@@ -18,16 +18,18 @@ lab.course.teaching.lesson.NotWhatYouShouldSee: two and two make five
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from lab.course import records
-from lab.run.cluster import cores, runner
+from lab.run.cluster import cores, gpu_queue, runner
 from lab.verdict import FAILED, HELD, NOT_RUN, Check
 
 # Where lessons write their runs: runs/lessons/ in the checkout (the repository with `make notebook`, /lab in
@@ -35,6 +37,8 @@ from lab.verdict import FAILED, HELD, NOT_RUN, Check
 ROOT_ENV = records.LESSON_RUNS_ENV
 # The folder of the lesson this kernel runs (output_dir's, fresh): where expect() records its checks.
 _folder: Path | None = None
+# This kernel's lesson chose to stay off the room's GPU queue (plan(queue=False)): none of its commands lease.
+_off_the_queue = False
 
 
 class NotWhatYouShouldSee(AssertionError):
@@ -106,6 +110,7 @@ class Plan:
     gpu: bool  # the commands run on GPUs, at GPU sizes (the `workshop-gpu` config)
     env: dict[str, str]  # added to every command's environment by run() and start()
     why: str  # one line for the lesson's first cell
+    leased: int = 0  # GPUs each of the lesson's GPU commands leases from the room's queue (0: none, its own)
 
     @property
     def config(self) -> str:
@@ -121,9 +126,12 @@ def visible_gpus() -> int:
     return cores.gpu_count()
 
 
-def plan(gpus: int | None = None) -> Plan:
+def plan(gpus: int | None = None, queue: bool = True) -> Plan:
     """The one decision every lesson's first cell makes: how many ranks, on GPUs or CPU processes, for `gpus`
-    (default: the GPUs this machine shows).
+    (default: the GPUs this machine shows). A seat of fewer than 2 GPUs in a room with a GPU queue
+    (lab.run.cluster.gpu_queue) runs its lesson's commands on 2 GPUs leased from it, one command at a time;
+    `queue=False` keeps this kernel's lesson off the queue from then on, for every command it runs (lesson 7's two
+    "nodes" run in the background for minutes).
 
     >>> p = plan(gpus=1); (p.ranks, p.gpu, p.env, p.config)
     (2, False, {'CUDA_VISIBLE_DEVICES': ''}, 'smoke')
@@ -136,6 +144,18 @@ def plan(gpus: int | None = None) -> Plan:
     ranks = cores.default_ranks(gpus, fewest_gpus=2)
     if gpus >= 2:
         return Plan(gpus, ranks, True, {}, f"{gpus} GPUs: one process per GPU (NCCL), GPU sizes")
+    global _off_the_queue
+    _off_the_queue = _off_the_queue or not queue
+    if not _off_the_queue and gpu_queue.configured() is not None:
+        return Plan(
+            gpus,
+            QUEUE_RANKS,
+            True,
+            {},
+            f"the room's GPU queue: each of this lesson's runs leases {QUEUE_RANKS} whole GPUs from it (NCCL, GPU "
+            "sizes), waiting its turn, and gives them back when it ends",
+            leased=QUEUE_RANKS,
+        )
     if gpus == 1:
         return Plan(
             1,
@@ -189,10 +209,48 @@ def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
     return runner.start(args, env=command_env(env))
 
 
-def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Finished:
+QUEUE_RANKS = 2  # the GPUs a lesson's command leases from the room's queue (DDP's smallest world)
+# The lab commands that run on the GPUs (a lesson's `lab memory` runs only with --measure); `lab exercise check`
+# leases its own for each run, and `lab report`, `lab choose`, `lab hang` use none.
+GPU_COMMANDS = ("train", "bench", "launch", "predict", "pitfall", "workshop", "rerun")
+
+
+def uses_gpus(args: Sequence[str]) -> bool:
+    """Whether a lesson's command runs on the GPUs: a lab command that trains or measures.
+
+    >>> uses_gpus(["python", "-m", "lab", "train", "--config", "smoke"]), uses_gpus(["python", "-m", "lab", "report"])
+    (True, False)
+    >>> uses_gpus(["python", "-m", "lab", "memory", "--measure"]), uses_gpus(["python", "-m", "lab", "exercise"])
+    (True, False)
+    """
+    found = [i for i in range(len(args) - 2) if args[i] == "-m" and args[i + 1] == "lab"]
+    if not found:
+        return False
+    command = args[found[0] + 2]
+    return command in GPU_COMMANDS or (command == "memory" and "--measure" in args)
+
+
+@contextlib.contextmanager
+def gpus_from_the_queue(count: int) -> Iterator[gpu_queue.Lease | None]:
+    """`count` GPUs from the room's queue for one command (None for 0), said in the cell with the wait."""
+    if not count:
+        yield None
+        return
+    print(f"(waiting for {count} GPUs from the room's queue ...)", flush=True)
+    with gpu_queue.lease(count) as leased:
+        if leased is None:
+            raise NotWhatYouShouldSee(
+                f"the room's queue has fewer than {count} GPUs: ask the instructor (lab room plan --queue-gpus)"
+            )
+        print(f"(GPUs {leased.visible} from {leased.source} after {leased.waited_seconds:.0f} s)", flush=True)
+        yield leased
+
+
+def run(*args: str, check: bool = True, env: dict[str, str] | None = None, gpus: bool | None = None) -> Finished:
     """Run a command, print its output as it comes (stderr folded in), and return it; `check`: a failure stops
     the cell with the command's exit code and its last lines. Interrupting the kernel stops the command's whole
-    process group (torchrun and its workers) before the cell stops."""
+    process group (torchrun and its workers) before the cell stops. Where the plan leases GPUs from the room's
+    queue, a command that runs on GPUs (`gpus`, default uses_gpus) runs on GPUs leased for it alone."""
     print(f"$ {' '.join(args)}", flush=True)
     lines: list[str] = []
 
@@ -200,9 +258,14 @@ def run(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Fi
         print(line, end="", flush=True)
         lines.append(line)
 
-    done = runner.run(
-        list(args), env=command_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, each_line=show, echo=False
-    )
+    on_gpus = uses_gpus(args) if gpus is None else gpus
+    with gpus_from_the_queue(plan().leased if on_gpus else 0) as leased:
+        command, full_env = list(args), command_env(env)
+        if leased is not None:
+            command, full_env = gpu_queue.on_leased(leased, command, full_env)
+        done = runner.run(
+            command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, each_line=show, echo=False
+        )
     if check and done.returncode != 0:
         tail = "".join(lines[-15:])
         _record(Check(f"{' '.join(args)}", FAILED, f"exited {done.returncode}"))
