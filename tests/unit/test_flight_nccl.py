@@ -15,9 +15,11 @@ in the shape torch 2.14's `_dump_nccl_trace` pickles, and the test says so):
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -84,16 +86,19 @@ def test_both_recorders_are_read_on_this_torch_and_gloos_is_the_cpu_one():
 
 
 def test_recording_off_sets_the_buffer_to_zero_and_says_so(monkeypatch):
-    monkeypatch.delenv(flight.BUFFER_ENV, raising=False)
-    monkeypatch.setenv(flight.SWITCH_ENV, "0")
-    assert flight.enable() is None and flight.recording() is None
-    import os
-
-    assert os.environ[flight.BUFFER_ENV] == "0"  # unset would be torch's default: 2000 entries, recording
-    monkeypatch.setenv(flight.SWITCH_ENV, "1")
-    monkeypatch.delenv(flight.BUFFER_ENV, raising=False)
-    assert flight.recording() == "flight recorder"  # unset: torch 2.14 records by default, and says so
-    assert flight.enable() == "flight recorder" and os.environ[flight.BUFFER_ENV] == str(flight.BUFFER_ENTRIES)
+    # enable() writes os.environ itself (the process's groups read it when made), which monkeypatch does not undo
+    # for a variable that was unset: the whole environment is put back after, or this worker's later subprocesses
+    # would inherit TORCH_FR_BUFFER_SIZE=0 and record nothing (CI: the device check's hang-record step)
+    with mock.patch.dict(os.environ):
+        monkeypatch.delenv(flight.BUFFER_ENV, raising=False)
+        monkeypatch.setenv(flight.SWITCH_ENV, "0")
+        assert flight.enable() is None and flight.recording() is None
+        assert os.environ[flight.BUFFER_ENV] == "0"  # unset would be torch's default: 2000 entries, recording
+        monkeypatch.setenv(flight.SWITCH_ENV, "1")
+        monkeypatch.delenv(flight.BUFFER_ENV, raising=False)
+        assert flight.recording() == "flight recorder"  # unset: torch 2.14 records by default, and says so
+        assert flight.enable() == "flight recorder" and os.environ[flight.BUFFER_ENV] == str(flight.BUFFER_ENTRIES)
+        monkeypatch.undo()
 
 
 def _snap(dump: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
