@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from lab.course.room import plan_table  # noqa: E402
 from tests.infra.slurm_cluster import GPU_NODES, GPUS_PER_NODE, SlurmCluster, missing_tools  # noqa: E402
 
-WAITED = re.compile(r"from Slurm \(job (\d+) on (\w+), partition gpu\) after (\d+) s")
+WAITED = re.compile(r"from Slurm \(job (\d+) on (\S+), partition gpu\) after (\d+) s")
 
 
 def main() -> int:
@@ -76,6 +76,9 @@ def main() -> int:
         gpus = len(GPU_NODES) * GPUS_PER_NODE
         each = statistics.mean(held) if held else float("nan")
         predicted, predicted_mean = plan_table.queue_waits(args.seats, gpus, each)
+        if not waits:
+            print("no check said its wait for Slurm's GPUs: see each seat's line above", file=sys.stderr)
+            return 1
         print(
             f"{args.seats} checks of {args.exercise} at once through Slurm ({gpus} GPUs, 2 a run): {passed} passed; "
             f"longest wait {max(waits)} s (plan {predicted:.0f} s at {each:.1f} s a check), mean "

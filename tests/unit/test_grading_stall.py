@@ -128,6 +128,23 @@ def test_traces_that_grew_lately_are_moving_and_the_first_look_is_not_movement(t
     assert not stall.moving()
 
 
+def test_a_rank_whose_trace_stands_still_is_no_progress_however_busy_another_is(tmp_path, monkeypatch):
+    """A real hang beside a busy rank: rank 0 waits in a collective for good while rank 1 loops and writes."""
+    monkeypatch.setattr(grading, "PROGRESS_FLOOR", 0.3)
+    trace(tmp_path, 0, {"e": "start"}, IN_A_COLLECTIVE)
+    trace(tmp_path, 1, {"e": "start"})
+    stall = grading.Stall(tmp_path, 2, seconds=60)
+    stall()
+    for _ in range(3):
+        time.sleep(0.15)
+        trace(tmp_path, 1, {"e": "loss", "v": 1.0})
+        stall()
+    assert not stall.moving()  # rank 0's trace never moved
+    trace(tmp_path, 0, {"e": "coll", "phase": "exit", "seq": 1, "op": "all_reduce"})
+    stall()
+    assert stall.moving()  # both ranks moved within the window
+
+
 SLOW = """
 import time
 import torch

@@ -63,6 +63,9 @@ def test_a_gpu_command_runs_on_two_leased_gpus_after_its_turn_and_others_lease_n
     assert all(h is None for h in gpu_queue.holders(seat_of_one_slice).values())  # given back when it ended
     # a command that runs on no GPU (lab report, choose, the notebook's own) keeps the seat's own slice
     assert "visible=MIG-slice-of-seat1" in lesson.run(sys.executable, "-c", SAYS_ITS_DEVICES).stdout
+    # and a cell that hides the GPUs from its command (lesson 4's CPU prediction) leases none and keeps them hidden
+    hidden = lesson.run(sys.executable, "-c", SAYS_ITS_DEVICES, gpus=True, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert "visible=\n" in hidden.stdout
     # and which lab commands those are
     assert lesson.uses_gpus([sys.executable, "-m", "lab", "bench", "scaling", "--mode", "strong"])
     assert not lesson.uses_gpus([sys.executable, "-m", "lab", "exercise", "check", "convert"])  # leases its own

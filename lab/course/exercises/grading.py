@@ -174,6 +174,16 @@ def gpus_for(world_size: int | None, hold_seconds: float | None = None) -> Itera
         yield leased
 
 
+def trace_root(leased: gpu_queue.Lease | None) -> str | None:
+    """Where a run's traces go: the system's temporary folder, but under the home folder for a Slurm step (a site
+    with job_container/tmpfs gives each job a /tmp of its own, where the grader would never see them)."""
+    if leased is None or not leased.launcher:
+        return None
+    root = Path.home() / ".cache" / "lab-checks"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return str(root)
+
+
 # The grader's own runs (a reference, the unchanged starter) cannot hang: they get this long however short the
 # learner's limit, so a loaded machine (a room's seats grading at once on shared cores) slows a check, never fails it.
 REFERENCE_SECONDS = 600.0
@@ -206,23 +216,31 @@ class Stall:
         self.fired = False
         self.moved_at: float | None = None  # when the traces last grew after the first look (None: never)
         self._gaps: list[float] = []  # seconds between the traces' moves, as seen
+        self._rank_moved: dict[str, float] = {}  # each rank's trace: when it last grew after the first look
+        self._rank_sizes: dict[str, int] | None = None
+        self._looked = time.monotonic()  # the last look: the run's stop follows it, its teardown is not the run's
         self._size, self._since = -1, time.monotonic()
         # Just before the runner's limit stops the run, each rank's stack is asked too: a rank that is in no
         # collective (computing, or stuck in torch's teardown) is then named at its line.
         self._ask_at = None if limit_seconds is None else self._since + max(0.0, limit_seconds - ASK_BEFORE_LIMIT)
 
     def moving(self) -> bool:
-        """The traces grew lately, at their own pace: within 3 of their usual gaps (the median), at least
-        PROGRESS_FLOOR and at most PROGRESS_SECONDS ago. A hang stops them: its last move grows old."""
-        if self.moved_at is None:
+        """Every rank's trace grew lately, at the run's own pace, as of the last look: within 3 of the usual gaps
+        between moves (the median), at least PROGRESS_FLOOR and at most PROGRESS_SECONDS before it. A hang stops a
+        rank's trace (the one waiting), however busy another rank is."""
+        if self.moved_at is None or len(self._rank_moved) < self.world_size:
             return False
         usual = sorted(self._gaps)[len(self._gaps) // 2] if self._gaps else 0.0
         window = min(PROGRESS_SECONDS, max(PROGRESS_FLOOR, 3 * usual))
-        return time.monotonic() - self.moved_at < window
+        return all(self._looked - moved < window for moved in self._rank_moved.values())
 
     def __call__(self) -> bool:
-        size = sum(p.stat().st_size for p in self.folder.glob("rank-*.jsonl"))
-        now = time.monotonic()
+        sizes = {p.name: p.stat().st_size for p in self.folder.glob("rank-*.jsonl")}
+        size = sum(sizes.values())
+        now = self._looked = time.monotonic()
+        if self._rank_sizes is not None:
+            self._rank_moved.update({r: now for r, n in sizes.items() if n != self._rank_sizes.get(r, -1)})
+        self._rank_sizes = sizes
         if self._ask_at is not None and now >= self._ask_at:
             self._ask_at = None
             stacks.ask(self.folder, {r.rank: r.pid for r in trace.read(self.folder, self.world_size) if r.pid})
@@ -253,7 +271,10 @@ def observed(
 ) -> Run:
     """Run `file` watched on `world_size` ranks (None: one plain process, no torchrun) with `args`."""
     n = world_size or 1
-    with tempfile.TemporaryDirectory(prefix="lab-exercise-") as tmp, gpus_for(world_size, timeout_seconds) as leased:
+    with (
+        gpus_for(world_size, timeout_seconds) as leased,
+        tempfile.TemporaryDirectory(prefix="lab-exercise-", dir=trace_root(leased)) as tmp,
+    ):
         target = ["-m", OBSERVER, "--trace", tmp, *(["--probe", probe] if probe else []), str(file), "--", *args]
         command = [sys.executable, *target] if world_size is None else launch.torchrun_command(n, target)
         env = device_env(n)

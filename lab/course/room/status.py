@@ -251,7 +251,7 @@ def slurm_queue_text(partition: str, jobs: list[dict[str, str]]) -> str:
       seat5: PENDING
     """
     running = [j for j in jobs if j["state"] == "RUNNING"]
-    waiting = len(jobs) - len(running)
+    waiting = sum(j["state"] == "PENDING" for j in jobs)  # COMPLETING and the like are neither
     lines = [f"the GPU queue (Slurm's partition {partition}): checks on GPUs {len(running)}, waiting {waiting}"]
     for job in jobs:
         where = f" on {job['node']}, {job['time']}" if job["state"] == "RUNNING" else ""

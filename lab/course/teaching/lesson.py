@@ -222,11 +222,15 @@ def uses_gpus(args: Sequence[str]) -> bool:
     (True, False)
     >>> uses_gpus(["python", "-m", "lab", "memory", "--measure"]), uses_gpus(["python", "-m", "lab", "exercise"])
     (True, False)
+    >>> uses_gpus(["python", "-m", "lab", "predict", "--validate"])
+    False
     """
     found = [i for i in range(len(args) - 2) if args[i] == "-m" and args[i + 1] == "lab"]
     if not found:
         return False
     command = args[found[0] + 2]
+    if command == "predict" and "--validate" in args:  # published inputs alone: nothing runs
+        return False
     return command in GPU_COMMANDS or (command == "memory" and "--measure" in args)
 
 
@@ -259,6 +263,8 @@ def run(*args: str, check: bool = True, env: dict[str, str] | None = None, gpus:
         lines.append(line)
 
     on_gpus = uses_gpus(args) if gpus is None else gpus
+    if (env or {}).get("CUDA_VISIBLE_DEVICES") == "":  # the cell hides every GPU from it: a CPU run, leasing none
+        on_gpus = False
     with gpus_from_the_queue(plan().leased if on_gpus else 0) as leased:
         command, full_env = list(args), command_env(env)
         if leased is not None:
@@ -273,9 +279,9 @@ def run(*args: str, check: bool = True, env: dict[str, str] | None = None, gpus:
     return Finished(args, done.returncode, "".join(lines), None)
 
 
-def lab(*args: str, check: bool = True, env: dict[str, str] | None = None) -> Finished:
-    """`lab ARGS`, with this kernel's Python (the lab installed beside it)."""
-    return run(sys.executable, "-m", "lab", *args, check=check, env=env)
+def lab(*args: str, check: bool = True, env: dict[str, str] | None = None, gpus: bool | None = None) -> Finished:
+    """`lab ARGS`, with this kernel's Python (the lab installed beside it); `gpus` as run() takes it."""
+    return run(sys.executable, "-m", "lab", *args, check=check, env=env, gpus=gpus)
 
 
 def results(path: str | os.PathLike) -> dict:

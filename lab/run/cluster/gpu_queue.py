@@ -90,8 +90,10 @@ class Lease:
 def on_leased(leased: Lease, command: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """`command` and `env` made to run on the leased GPUs: as a step of Slurm's allocation (Slurm sets
     CUDA_VISIBLE_DEVICES), or with CUDA_VISIBLE_DEVICES naming the queue's GPUs."""
-    if leased.launcher:
-        return [*leased.launcher, *command], {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    if leased.launcher:  # a step of the allocation: Slurm sets the devices; a seat job's own Slurm variables go
+        return [*leased.launcher, *command], {
+            k: v for k, v in slurm_gpus.clean_env(env).items() if k != "CUDA_VISIBLE_DEVICES"
+        }
     return command, {**env, "CUDA_VISIBLE_DEVICES": leased.visible}
 
 

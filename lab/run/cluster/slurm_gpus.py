@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from lab.errors import LabError
@@ -38,10 +39,25 @@ def partition_of(queue: str) -> str | None:
     return queue[len(PREFIX) :] if queue.startswith(PREFIX) else None
 
 
+def clean_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without the Slurm job variables of a seat that is itself a Slurm job (--spawner slurm): srun and salloc
+    read SLURM_MEM_PER_NODE, SLURM_CPU_BIND, SLURM_JOB_ID ... as if given on their command line. SLURM_CONF stays.
+
+    >>> sorted(clean_env({"SLURM_CONF": "c", "SLURM_MEM_PER_NODE": "9", "SRUN_X": "1", "PATH": "/bin"}))
+    ['PATH', 'SLURM_CONF']
+    """
+    return {k: v for k, v in env.items() if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SRUN_", "SALLOC_"))}
+
+
 def _slurm(argv: list[str], timeout: float | None = 60) -> subprocess.CompletedProcess[str]:
     if shutil.which(argv[0]) is None:
         raise LabError(f"{argv[0]} not found: the GPU queue through Slurm needs Slurm's client commands on this host")
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, check=False, env=clean_env(os.environ)
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise LabError(f"{argv[0]} did not answer within {timeout:g} s: is slurmctld up? (scontrol ping)") from exc
 
 
 def gpus_per_node(partition: str, said_as: str | None = None) -> int:
@@ -73,7 +89,8 @@ class Allocation:
     devices: tuple[str, ...]  # the GPUs' indices on the node (scontrol's IDX), as the step's CUDA_VISIBLE_DEVICES
 
     def launcher(self, count: int) -> tuple[str, ...]:
-        """The prefix that runs a command as a step of this allocation, on its GPUs, with the caller's environment."""
+        """The prefix that runs a command as a step of this allocation, on its GPUs, with the caller's environment
+        (less a seat job's own Slurm variables: gpu_queue.on_leased). One Ctrl-C ends the step (--quit-on-interrupt)."""
         return (
             "srun",
             f"--jobid={self.job_id}",
@@ -82,35 +99,68 @@ class Allocation:
             f"--cpus-per-task={count}",
             f"--gpus={count}",
             "--kill-on-bad-exit=1",
+            "--quit-on-interrupt",
             "--export=ALL",
             "--quiet",
         )
 
 
 def allocate(partition: str, count: int, who: str, hold_seconds: float | None) -> tuple[Allocation, float]:
-    """`count` GPUs of one node of `partition`, waited for in Slurm's queue; the allocation and the wait."""
+    """`count` GPUs of one node of `partition`, waited for in Slurm's queue; the allocation and the wait. Whatever
+    ends the wait or the placement's read (Ctrl-C, an error), the request is cancelled: pending or granted, no
+    allocation outlives its caller's interest (the job's name is this process's own)."""
     minutes = math.ceil(((hold_seconds or 3600.0) + GRACE_SECONDS) / 60)
+    limit = _time_limit_minutes(partition)
+    name = f"{JOB_NAME}{who}.{os.getpid()}"
     started = time.monotonic()
-    done = _slurm(
-        [
-            "salloc",
-            f"--partition={partition}",
-            "--nodes=1",
-            "--ntasks=1",
-            f"--cpus-per-task={count}",
-            f"--gpus={count}",
-            f"--job-name={JOB_NAME}{who}",
-            f"--time={minutes}",
-            "--no-shell",
-        ],
-        timeout=None,  # the queue's wait is the point; Ctrl-C makes salloc revoke the request
-    )
-    waited = time.monotonic() - started
-    granted = re.search(r"Granted job allocation (\d+)", done.stderr)
-    if done.returncode != 0 or not granted:
-        raise LabError(f"salloc --partition={partition} --gpus={count}: {done.stderr.strip() or 'no allocation'}")
-    node, devices = _placement(granted[1])
+    try:
+        done = _slurm(
+            [
+                "salloc",
+                f"--partition={partition}",
+                "--nodes=1",
+                "--ntasks=1",
+                f"--cpus-per-task={count}",
+                f"--gpus={count}",
+                f"--job-name={name}",
+                f"--time={min(minutes, limit) if limit else minutes}",
+                "--no-shell",
+            ],
+            timeout=None,  # the queue's wait is the point
+        )
+        waited = time.monotonic() - started
+        granted = re.search(r"Granted job allocation (\d+)", done.stderr)
+        if done.returncode != 0 or not granted:
+            raise LabError(f"salloc --partition={partition} --gpus={count}: {done.stderr.strip() or 'no allocation'}")
+        node, devices = _placement(granted[1])
+    except BaseException:
+        subprocess.run(
+            ["scancel", f"--name={name}"], capture_output=True, check=False, timeout=60, env=clean_env(os.environ)
+        )
+        raise
     return Allocation(granted[1], node, devices), waited
+
+
+def _time_limit_minutes(partition: str) -> int | None:
+    """The partition's time limit in minutes (sinfo's %l: "1:00:00", "2-00:00:00", "30"), None for none.
+
+    >>> [_minutes(t) for t in ("1:00:00", "2-00:00:00", "30", "infinite", "45:30")]
+    [60, 2880, 30, None, 45]
+    """
+    lines = _slurm(["sinfo", "--noheader", f"--partition={partition}", "--format=%l"]).stdout.split()
+    found = [m for m in map(_minutes, lines) if m]
+    return min(found) if found else None
+
+
+def _minutes(limit: str) -> int | None:
+    days, _, clock = limit.rpartition("-") if "-" in limit else ("0", "", limit)
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or not days.isdigit():
+        return None  # infinite, UNLIMITED, n/a
+    if len(parts) > 3:
+        return None
+    hours, minutes = (parts[0], parts[1]) if len(parts) == 3 else ("0", parts[0])  # H:M:S, M:S or M
+    return int(days) * 1440 + int(hours) * 60 + int(minutes)
 
 
 def _placement(job_id: str) -> tuple[str, tuple[str, ...]]:
@@ -120,7 +170,7 @@ def _placement(job_id: str) -> tuple[str, tuple[str, ...]]:
     (('0', '1', '4'), ('3',))
     """
     text = _slurm(["scontrol", "show", "job", "--details", job_id]).stdout
-    placed = re.search(r"\bNodes=(\S+) CPU_IDs=\S+.*?GRES=\S*?\(IDX:([0-9,\-]+)\)", text)
+    placed = re.search(r"\bNodes=(\S+) CPU_IDs=\S+.*?GRES=\S*?gpu[^(,\s]*\(IDX:([0-9,\-]+)\)", text)
     if not placed:
         return "?", ()
     return placed[1], _indices(placed[2])
@@ -145,7 +195,8 @@ def holders(partition: str) -> list[dict[str, str]]:
     for line in done.stdout.splitlines():
         name, state, node, elapsed, gres = (line.split("|") + [""] * 5)[:5]
         if name.startswith(JOB_NAME):
-            found.append({"who": name[len(JOB_NAME) :], "state": state, "node": node, "time": elapsed, "gres": gres})
+            who = name[len(JOB_NAME) :].rpartition(".")[0] or name[len(JOB_NAME) :]  # lab-check-SEAT.PID
+            found.append({"who": who, "state": state, "node": node, "time": elapsed, "gres": gres})
     return found
 
 

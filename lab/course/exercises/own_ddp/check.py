@@ -103,7 +103,7 @@ def runs_on(n: int, run: Run) -> Check:
     missing = _missing(run)
     if missing:
         return Check(check.name, FAILED, f"the file has no class {missing}", "keep the class's name: MyDDP")
-    if check.passes:
+    if check.passes or run.still_moving:  # slow, not hung: ended()'s line and hint already say so
         return check
     if any(r.waiting() for r in run.ranks):
         hint = (
@@ -124,6 +124,8 @@ def _cause(m: Measured, number: int) -> str | None:
     for n, run in m.runs.items():
         if _missing(run):
             return f"not measured: the file has no class {_missing(run)}"
+        if run.still_moving:
+            return f"not measured: {run.how_it_ended()}"
         if any(r.waiting() for r in run.ranks):
             return f"not measured: on {n} ranks {hang(run)}"
         reached = m.stage(n, number)
