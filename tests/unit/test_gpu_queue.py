@@ -185,16 +185,19 @@ def test_serve_makes_the_queue_beside_the_room_for_local_seats_and_gives_them_it
     ]  # pytest's own folders are 0700
     if closed:
         with pytest.raises(LabError, match=f"{closed[-1]} lets others no search"):
-            serve._open_queue(room, RoomSettings(spawner="local"), state)
+            serve._queue_folder(room, RoomSettings(spawner="local"), state)
+        assert not (tmp_path / "room-gpu-queue").exists()  # refused before anything is made
     modes = {p: p.stat().st_mode for p in closed}
     try:
         for p in closed:
             p.chmod(p.stat().st_mode | 0o001)
-        folder = serve._open_queue(room, RoomSettings(spawner="local"), state)
+        where = serve._queue_folder(room, RoomSettings(spawner="local"), state)
     finally:
         for p, mode in modes.items():
             p.chmod(mode)
-    assert folder == str(tmp_path / "room-gpu-queue") and gpu_queue.devices(Path(folder)) == ("2", "3")
+    assert where == tmp_path / "room-gpu-queue"
+    folder = str(gpu_queue.prepare(where, room.queue))
+    assert gpu_queue.devices(Path(folder)) == ("2", "3")
     modes = {p.name: p.stat().st_mode & 0o777 for p in Path(folder).iterdir()}
     assert modes == {"queue.lock": 0o666, "gpu-2.lock": 0o666, "gpu-3.lock": 0o666}  # any seat locks them
     assert Path(folder).stat().st_mode & 0o777 == 0o755  # none adds or removes a GPU
@@ -203,7 +206,7 @@ def test_serve_makes_the_queue_beside_the_room_for_local_seats_and_gives_them_it
     assert env["LAB_CHECK_TIMEOUT"] == "300"  # a class grading at once shares the cores: its checks get longer
     assert gpu_queue.QUEUE_ENV not in seats.environment(room.seats[0], tmp_path / "home")
     # a container's or a Slurm job's seat cannot reach this host's locks: said, and no folder given
-    assert serve._open_queue(room, RoomSettings(spawner="docker"), state) == ""
+    assert serve._queue_folder(room, RoomSettings(spawner="docker"), state) is None
     assert "serves local seats only" in capsys.readouterr().out
 
 

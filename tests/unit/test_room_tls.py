@@ -93,3 +93,23 @@ def test_a_wrong_certificate_or_key_is_one_line_before_anything_is_made(tmp_path
     )
     assert lone.returncode == 2 and "--tls-cert and --tls-key go together" in lone.stderr, lone.stderr
     assert not Path(room).exists()
+    # a certificate for the day is made only once every check has passed: a bad class list leaves none behind
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lab",
+            "room",
+            "serve",
+            "--room-dir",
+            str(room),
+            "--tls-self-signed",
+            "--class",
+            str(tmp_path / "no-class.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "no-class.txt: cannot be read" in refused.stderr, refused.stderr
+    assert not Path(room).exists()

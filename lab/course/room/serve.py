@@ -92,15 +92,19 @@ def run(args: argparse.Namespace) -> int:
         slurm_account=args.slurm_account or "",
         slurm_qos=args.slurm_qos or "",
     )
-    settings = _with_tls(args, settings, state)  # a certificate given is checked before anything is made
-    if args.queue_partition:  # so is Slurm's partition
+    # Every check before anything is made: a certificate given, Slurm's partition, the class list, the queue's folder.
+    given = _given_tls(args)
+    if args.queue_partition:
         settings = replace(settings, gpu_queue=_slurm_queue(args.queue_partition))
-    places = roster.read(args.class_list, plan.names) if args.class_list else []  # so is the class list
+    places = roster.read(args.class_list, plan.names) if args.class_list else []
+    queue_folder = _queue_folder(plan, settings, state) if plan.queue and not settings.gpu_queue else None
+    settings = _with_tls(args, settings, state, given)
     if settings.spawner in ("local", "slurm"):  # seats as system users (of the cluster's nodes too, under Slurm)
         _make_seats(plan, Path(settings.home_root))
         print(answers.said(answers.close()), flush=True)  # before any seat's server starts
-    if plan.queue and not settings.gpu_queue:  # a local queue, where Slurm's is not the room's
-        settings = replace(settings, gpu_queue=_open_queue(plan, settings, state))
+    if queue_folder is not None:
+        settings = replace(settings, gpu_queue=str(gpu_queue.prepare(queue_folder, plan.queue)))
+        print(f"the GPU queue: {queue_folder} (GPUs {','.join(plan.queue)}, leased by the seats' multi-rank checks)")
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)  # the hub's database, cookie secret and the instructor's password
     room_plan.save(plan, state / "plan.json")
@@ -136,14 +140,21 @@ def run(args: argparse.Namespace) -> int:
     return 0 if done.returncode == 0 else 1
 
 
-def _with_tls(args: argparse.Namespace, settings: RoomSettings, state: Path) -> RoomSettings:
-    """The certificate the proxy serves: the instructor's (checked), or one made for the day; none without either."""
+def _given_tls(args: argparse.Namespace) -> tuple[Path, Path] | None:
+    """The instructor's certificate and key, checked (None where none is given). LabError in one line."""
     if bool(args.tls_cert) != bool(args.tls_key) and not args.tls_self_signed:
         raise LabError("--tls-cert and --tls-key go together: the certificate and its private key (PEM files)")
     if args.tls_self_signed and args.tls_key:
         raise LabError("--tls-key goes with --tls-cert; --tls-self-signed makes its own key")
-    if args.tls_cert:
-        cert, key = tls.checked(args.tls_cert, args.tls_key)
+    return tls.checked(args.tls_cert, args.tls_key) if args.tls_cert else None
+
+
+def _with_tls(
+    args: argparse.Namespace, settings: RoomSettings, state: Path, given: tuple[Path, Path] | None
+) -> RoomSettings:
+    """The certificate the proxy serves: the instructor's (`given`), or one made for the day; none without either."""
+    if given is not None:
+        cert, key = given
     elif args.tls_self_signed:
         cert, key = tls.day_certificate(state, settings.bind)
         print(
@@ -156,25 +167,24 @@ def _with_tls(args: argparse.Namespace, settings: RoomSettings, state: Path) -> 
     return replace(settings, ssl_cert=str(cert), ssl_key=str(key))
 
 
-def _open_queue(plan: room_plan.RoomPlan, settings: RoomSettings, state: Path) -> str:
-    """The plan's GPU queue made beside the room's folder (which is the owner's alone), for the local seats; its
-    folder, or "" where the seats cannot use it (said)."""
+def _queue_folder(plan: room_plan.RoomPlan, settings: RoomSettings, state: Path) -> Path | None:
+    """Where the plan's GPU queue goes (beside the room's folder, which is the owner's alone), checked before it is
+    made: the local seats must reach it. None where the seats cannot use it (said)."""
     if settings.spawner != "local":
         print(
             f"note: the plan's queue (GPUs {','.join(plan.queue)}) serves local seats only: a {settings.spawner} "
             f"seat's checks run on its own devices or the CPU (or give --queue-partition: the queue through Slurm)",
             flush=True,
         )
-        return ""
-    folder = gpu_queue.prepare(state.parent / f"{state.name}-gpu-queue", plan.queue)
+        return None
+    folder = state.parent / f"{state.name}-gpu-queue"
     for parent in reversed(folder.parents):
-        if not parent.stat().st_mode & stat.S_IXOTH:
+        if parent.exists() and not parent.stat().st_mode & stat.S_IXOTH:
             raise LabError(
                 f"{folder}: the seats cannot reach the room's GPU queue: {parent} lets others no search (x); "
                 f"chmod o+x {parent}, or give --room-dir a folder the seats can reach"
             )
-    print(f"the GPU queue: {folder} (GPUs {','.join(plan.queue)}, leased by the seats' multi-rank checks)", flush=True)
-    return str(folder)
+    return folder
 
 
 def _slurm_queue(partition: str) -> str:
