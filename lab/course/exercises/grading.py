@@ -166,8 +166,7 @@ def gpus_for(world_size: int | None, hold_seconds: float | None = None) -> Itera
             )
         else:
             print(
-                f"lab exercise check: GPUs {leased.visible} from {leased.source} after {leased.waited_seconds:.0f} s "
-                f"(the limit counts from here)",
+                f"lab exercise check: {leased.said} (the limit counts from here)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -214,42 +213,39 @@ class Stall:
     ) -> None:
         self.folder, self.world_size, self.seconds = folder, world_size, seconds or STALL_SECONDS
         self.fired = False
-        self.moved_at: float | None = None  # when the traces last grew after the first look (None: never)
-        self._gaps: list[float] = []  # seconds between the traces' moves, as seen
-        self._rank_moved: dict[str, float] = {}  # each rank's trace: when it last grew after the first look
-        self._rank_sizes: dict[str, int] | None = None
-        self._looked = time.monotonic()  # the last look: the run's stop follows it, its teardown is not the run's
-        self._size, self._since = -1, time.monotonic()
+        self._sizes: dict[str, int] | None = None  # each rank's trace file's size at the last look (None: no look)
+        self._moved: dict[str, float] = {}  # each rank's trace: when it last grew after the first look
+        self._gaps: list[float] = []  # seconds between the traces' moves (any rank's), as seen
+        self._looked = self._since = time.monotonic()  # the last look, and the last move (or the start)
         # Just before the runner's limit stops the run, each rank's stack is asked too: a rank that is in no
         # collective (computing, or stuck in torch's teardown) is then named at its line.
         self._ask_at = None if limit_seconds is None else self._since + max(0.0, limit_seconds - ASK_BEFORE_LIMIT)
 
     def moving(self) -> bool:
-        """Every rank's trace grew lately, at the run's own pace, as of the last look: within 3 of the usual gaps
-        between moves (the median), at least PROGRESS_FLOOR and at most PROGRESS_SECONDS before it. A hang stops a
-        rank's trace (the one waiting), however busy another rank is."""
-        if self.moved_at is None or len(self._rank_moved) < self.world_size:
+        """Every rank's trace grew lately, at the run's own pace, as of the last look (the stop follows it; its
+        teardown is not the run's): within 3 of the usual gaps between moves (the median), at least PROGRESS_FLOOR
+        and at most PROGRESS_SECONDS before it. A hang stops a rank's trace (the one waiting), however busy another
+        rank is."""
+        if len(self._moved) < self.world_size:
             return False
         usual = sorted(self._gaps)[len(self._gaps) // 2] if self._gaps else 0.0
         window = min(PROGRESS_SECONDS, max(PROGRESS_FLOOR, 3 * usual))
-        return all(self._looked - moved < window for moved in self._rank_moved.values())
+        return all(self._looked - moved < window for moved in self._moved.values())
 
     def __call__(self) -> bool:
         sizes = {p.name: p.stat().st_size for p in self.folder.glob("rank-*.jsonl")}
-        size = sum(sizes.values())
         now = self._looked = time.monotonic()
-        if self._rank_sizes is not None:
-            self._rank_moved.update({r: now for r, n in sizes.items() if n != self._rank_sizes.get(r, -1)})
-        self._rank_sizes = sizes
+        grown = [] if self._sizes is None else [r for r, n in sizes.items() if n != self._sizes.get(r, -1)]
+        first, self._sizes = self._sizes is None, sizes
         if self._ask_at is not None and now >= self._ask_at:
             self._ask_at = None
             stacks.ask(self.folder, {r.rank: r.pid for r in trace.read(self.folder, self.world_size) if r.pid})
-        if size != self._size:
-            if self._size >= 0:
-                if self.moved_at is not None:
-                    self._gaps.append(now - self.moved_at)
-                self.moved_at = now
-            self._size, self._since = size, now
+        if grown:
+            if self._moved:
+                self._gaps.append(now - max(self._moved.values()))
+            self._moved.update(dict.fromkeys(grown, now))
+        if first or grown:
+            self._since = now
             return False
         if now - self._since < self.seconds:
             return False

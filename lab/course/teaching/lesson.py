@@ -246,7 +246,7 @@ def gpus_from_the_queue(count: int) -> Iterator[gpu_queue.Lease | None]:
             raise NotWhatYouShouldSee(
                 f"the room's queue has fewer than {count} GPUs: ask the instructor (lab room plan --queue-gpus)"
             )
-        print(f"(GPUs {leased.visible} from {leased.source} after {leased.waited_seconds:.0f} s)", flush=True)
+        print(f"({leased.said})", flush=True)
         yield leased
 
 

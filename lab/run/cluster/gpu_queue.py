@@ -81,6 +81,11 @@ class Lease:
     def visible(self) -> str:
         return ",".join(self.devices)
 
+    @property
+    def said(self) -> str:
+        """What a learner reads when the GPUs come: which, from where, after how long."""
+        return f"GPUs {self.visible} from {self.source} after {self.waited_seconds:.0f} s"
+
     def release(self) -> None:
         for fd in self._files:
             os.close(fd)  # closing the file releases its flock
