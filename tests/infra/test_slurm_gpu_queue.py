@@ -184,7 +184,7 @@ def test_a_partition_slurm_lacks_is_one_line_and_too_many_ranks_run_on_the_cpu(s
             pass
     with gpu_queue.lease(GPUS_PER_NODE + 1, QUEUE) as leased:  # more than one node has: the caller says so
         assert leased is None
-    assert slurm_gpus.gpus_per_node("gpu") == GPUS_PER_NODE
+    assert slurm_gpus.partition("gpu") == slurm_gpus.Partition("gpu", GPUS_PER_NODE, None)  # MaxTime=INFINITE
 
 
 def test_a_room_served_with_a_partition_slurm_lacks_stops_in_one_line_before_making_anything(tmp_path, seat_env):

@@ -189,7 +189,7 @@ def _queue_folder(plan: room_plan.RoomPlan, settings: RoomSettings, state: Path)
 
 def _slurm_queue(partition: str) -> str:
     """The queue as Slurm's partition, checked now (a room whose every check would fail to get GPUs stops here)."""
-    per_node = slurm_gpus.gpus_per_node(partition, f"--queue-partition {partition}")
+    per_node = slurm_gpus.partition(partition, f"--queue-partition {partition}").gpus_per_node
     if per_node < room_plan.QUEUE_RANKS:
         raise LabError(
             f"--queue-partition {partition}: its nodes have {per_node} GPU(s) in Slurm's Gres; a multi-rank check "

@@ -134,12 +134,13 @@ def lease(
 
 
 @contextlib.contextmanager
-def _slurm_lease(count: int, partition: str, who: str, hold_seconds: float | None) -> Iterator[Lease | None]:
-    if count < 1 or count > slurm_gpus.gpus_per_node(partition, f"{QUEUE_ENV}={slurm_gpus.PREFIX}{partition}"):
+def _slurm_lease(count: int, name: str, who: str, hold_seconds: float | None) -> Iterator[Lease | None]:
+    partition = slurm_gpus.partition(name, f"{QUEUE_ENV}={slurm_gpus.PREFIX}{name}")
+    if count < 1 or count > partition.gpus_per_node:
         yield None
         return
     with slurm_gpus.allocation(partition, count, who, hold_seconds) as (granted, waited):
-        source = f"Slurm (job {granted.job_id} on {granted.node}, partition {partition})"
+        source = f"Slurm (job {granted.job_id} on {granted.node}, partition {name})"
         yield Lease(granted.devices, waited, launcher=granted.launcher(count), source=source)
 
 

@@ -60,21 +60,30 @@ def _slurm(argv: list[str], timeout: float | None = 60) -> subprocess.CompletedP
         raise LabError(f"{argv[0]} did not answer within {timeout:g} s: is slurmctld up? (scontrol ping)") from exc
 
 
-def gpus_per_node(partition: str, said_as: str | None = None) -> int:
-    """The most GPUs one node of `partition` has (its Gres, as sinfo prints it: "gpu:8", "gpu:h100:8(S:0-1)");
-    `said_as`: how the user gave the partition, for the line that says it is not there.
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    gpus_per_node: int  # the most GPUs one node has (its Gres)
+    time_limit_minutes: int | None  # None: no limit
+
+
+def partition(name: str, said_as: str | None = None) -> Partition:
+    """What a lease needs of partition `name`, in one sinfo: the most GPUs one node has (its Gres, as sinfo prints
+    it: "gpu:8", "gpu:h100:8(S:0-1)") and its time limit. `said_as`: how the user gave the partition, for the line
+    that says it is not there.
 
     >>> _gres_count("gpu:h100:8(S:0-1),nic:2"), _gres_count("gpu:2"), _gres_count("(null)")
     (8, 2, 0)
     """
-    done = _slurm(["sinfo", "--noheader", f"--partition={partition}", "--format=%G"])
-    lines = done.stdout.split()
-    if done.returncode != 0 or not lines:
+    done = _slurm(["sinfo", "--noheader", f"--partition={name}", "--format=%G|%l"])
+    rows = [line.split("|", 1) for line in done.stdout.split()]
+    if done.returncode != 0 or not rows:
         raise LabError(
-            f"{said_as or PREFIX + partition}: Slurm has no partition {partition!r} "
+            f"{said_as or PREFIX + name}: Slurm has no partition {name!r} "
             f"({done.stderr.strip() or 'sinfo lists no node in it'}); give one whose nodes have GPUs (sinfo -o '%P %G')"
         )
-    return max(_gres_count(line) for line in lines)
+    limits = [m for m in (_minutes(row[-1]) for row in rows) if m]
+    return Partition(name, max(_gres_count(row[0]) for row in rows), min(limits) if limits else None)
 
 
 def _gres_count(gres: str) -> int:
@@ -105,19 +114,19 @@ class Allocation:
         )
 
 
-def allocate(partition: str, count: int, who: str, hold_seconds: float | None) -> tuple[Allocation, float]:
+def allocate(partition: Partition, count: int, who: str, hold_seconds: float | None) -> tuple[Allocation, float]:
     """`count` GPUs of one node of `partition`, waited for in Slurm's queue; the allocation and the wait. Whatever
     ends the wait or the placement's read (Ctrl-C, an error), the request is cancelled: pending or granted, no
     allocation outlives its caller's interest (the job's name is this process's own)."""
     minutes = math.ceil(((hold_seconds or 3600.0) + GRACE_SECONDS) / 60)
-    limit = _time_limit_minutes(partition)
+    limit = partition.time_limit_minutes
     name = f"{JOB_NAME}{who}.{os.getpid()}"
     started = time.monotonic()
     try:
         done = _slurm(
             [
                 "salloc",
-                f"--partition={partition}",
+                f"--partition={partition.name}",
                 "--nodes=1",
                 "--ntasks=1",
                 f"--cpus-per-task={count}",
@@ -131,7 +140,9 @@ def allocate(partition: str, count: int, who: str, hold_seconds: float | None) -
         waited = time.monotonic() - started
         granted = re.search(r"Granted job allocation (\d+)", done.stderr)
         if done.returncode != 0 or not granted:
-            raise LabError(f"salloc --partition={partition} --gpus={count}: {done.stderr.strip() or 'no allocation'}")
+            raise LabError(
+                f"salloc --partition={partition.name} --gpus={count}: {done.stderr.strip() or 'no allocation'}"
+            )
         node, devices = _placement(granted[1])
     except BaseException:
         subprocess.run(
@@ -141,18 +152,12 @@ def allocate(partition: str, count: int, who: str, hold_seconds: float | None) -
     return Allocation(granted[1], node, devices), waited
 
 
-def _time_limit_minutes(partition: str) -> int | None:
-    """The partition's time limit in minutes (sinfo's %l: "1:00:00", "2-00:00:00", "30"), None for none.
+def _minutes(limit: str) -> int | None:
+    """A time limit as sinfo's %l prints it, in minutes; None for none.
 
     >>> [_minutes(t) for t in ("1:00:00", "2-00:00:00", "30", "infinite", "45:30")]
     [60, 2880, 30, None, 45]
     """
-    lines = _slurm(["sinfo", "--noheader", f"--partition={partition}", "--format=%l"]).stdout.split()
-    found = [m for m in map(_minutes, lines) if m]
-    return min(found) if found else None
-
-
-def _minutes(limit: str) -> int | None:
     days, _, clock = limit.rpartition("-") if "-" in limit else ("0", "", limit)
     parts = clock.split(":")
     if not all(p.isdigit() for p in parts) or not days.isdigit():
@@ -201,7 +206,9 @@ def holders(partition: str) -> list[dict[str, str]]:
 
 
 @contextlib.contextmanager
-def allocation(partition: str, count: int, who: str, hold_seconds: float | None) -> Iterator[tuple[Allocation, float]]:
+def allocation(
+    partition: Partition, count: int, who: str, hold_seconds: float | None
+) -> Iterator[tuple[Allocation, float]]:
     """An allocation for the block, cancelled after it however the block ends."""
     granted, waited = allocate(partition, count, who, hold_seconds)
     try:
