@@ -338,6 +338,14 @@ def test_an_instructor_seat_is_one_more_seat_with_no_gpu_and_the_admin_may_start
     assert room.seat("instructor").devices == () and room.seat("seat4").devices == ("6", "7")
     assert len({s.memory_bytes for s in room.seats}) == 1  # a share like any seat's, of 5
     assert "| instructor | none |" in plan_table.table(room)
+    # planned slices: the command that plans the room again with their UUIDs keeps its learners and its options
+    sliced = room_plan.make_plan(
+        room_plan.Host(room_plan.planned_slices(4, 7) + ("4", "5", "6", "7"), tuple(range(112)), 2048 * GIB),
+        seats=24,
+        queue_gpus=4,
+        instructor=room_plan.INSTRUCTOR,
+    )
+    assert "lab room plan --seats 24 --queue-gpus 4 --instructor-seat   #" in plan_table.table(sliced)
     assert RoomSettings().admin == room_plan.INSTRUCTOR  # the hub's admin is the seat's user
     for plan in (room, room_plan.make_plan(DGX, seats=4)):
         spawner = SimpleNamespace(

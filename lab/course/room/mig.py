@@ -107,9 +107,10 @@ def too_many_seats(seats: int, devices: tuple[str, ...]) -> str:
     )
 
 
-def mig_commands(devices: tuple[str, ...], seats: int, queue: int = 0) -> list[str]:
-    """How to make the slices a plan of `seats` names among the host's `devices` before they exist (run on the
-    server as root, its GPUs idle); [] when none is only planned. `queue`: whole GPUs kept for the room's queue."""
+def mig_commands(devices: tuple[str, ...], seats: int, options: str = "") -> list[str]:
+    """How to make the slices a plan of `seats` learners' seats names among the host's `devices` before they exist
+    (run on the server as root, its GPUs idle); [] when none is only planned. `options`: the plan's others, to
+    plan it again with the slices' UUIDs (" --queue-gpus 4 --instructor-seat")."""
     planned = [m for m in map(PLANNED_SLICE.match, devices) if m]
     if not planned:
         return []
@@ -118,10 +119,9 @@ def mig_commands(devices: tuple[str, ...], seats: int, queue: int = 0) -> list[s
     profile, name = MIG_SPLITS[per_gpu]
     ids = ",".join([str(profile)] * per_gpu)
     gpu_list = ",".join(map(str, gpus))
-    kept = f" --queue-gpus {queue}" if queue else ""
     return [
         f"sudo nvidia-smi -i {gpu_list} -mig 1   # MIG mode on (with the GPUs idle)",
         f"sudo nvidia-smi mig -i {gpu_list} -cgi {ids} -C   # {per_gpu} x {name} on each (an H100's names)",
         "nvidia-smi -L   # the slices' MIG-... UUIDs",
-        f".venv/bin/lab room plan --seats {seats}{kept}   # the plan with those UUIDs",
+        f".venv/bin/lab room plan --seats {seats}{options}   # the plan with those UUIDs",
     ]

@@ -130,13 +130,13 @@ class RoomPlan:
     def names(self) -> list[str]:
         return [s.name for s in self.seats]
 
+    def leases(self, seat: Seat) -> bool:
+        """The seat's multi-rank runs lease the queue's GPUs: too few whole GPUs of its own, and a queue to lease."""
+        return (seat.mig or len(seat.devices) < QUEUE_RANKS) and len(self.queue) >= QUEUE_RANKS
+
     def lessons(self, seat: Seat) -> str:
-        """Its own GPUs, else each run on GPUs leased from the queue, else the CPU way (lesson.plan's rule).
-        >>> room = RoomPlan(Host(("MIG-a", "6", "7"), (0,), GIB), (Seat("a", ("MIG-a",)),), queue=("6", "7"))
-        >>> room.lessons(room.seats[0])
-        '1-6 on 2 GPUs leased from the queue a run (NCCL, GPU sizes), 7 the CPU way'
-        """
-        if (seat.mig or len(seat.devices) < QUEUE_RANKS) and len(self.queue) >= QUEUE_RANKS:
+        """Its own GPUs, else each run on GPUs leased from the queue, else the CPU way (lesson.plan's rule)."""
+        if self.leases(seat):
             return f"1-6 on {QUEUE_RANKS} GPUs leased from the queue a run (NCCL, GPU sizes), 7 the CPU way"
         return seat.lessons()
 
@@ -144,13 +144,13 @@ class RoomPlan:
         """Where the seat's multi-rank exercise checks run.
 
         >>> room = RoomPlan(Host(("MIG-a", "MIG-b", "6", "7"), (0,), GIB), (Seat("a", ("MIG-a",)),), queue=("6", "7"))
-        >>> room.multi_rank(room.seats[0]), room.multi_rank(Seat("b", ("0", "1")))
-        ('on 2 GPUs leased from the queue (6,7)', 'on its 2 GPUs')
+        >>> room.multi_rank(room.seats[0]), room.multi_rank(Seat("b", ("0", "1"))), room.lessons(room.seats[0])[:30]
+        ('on 2 GPUs leased from the queue (6,7)', 'on its 2 GPUs', '1-6 on 2 GPUs leased from the ')
         """
+        if self.leases(seat):
+            return f"on {QUEUE_RANKS} GPUs leased from the queue ({','.join(self.queue)})"
         if len(seat.devices) >= QUEUE_RANKS and not seat.mig:
             return f"on its {len(seat.devices)} GPUs"
-        if len(self.queue) >= QUEUE_RANKS:
-            return f"on {QUEUE_RANKS} GPUs leased from the queue ({','.join(self.queue)})"
         return "the CPU way (2 gloo processes): no queue of whole GPUs (--queue-gpus)"
 
 

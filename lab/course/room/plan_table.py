@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lab.course.room.host import GIB, core_list
 from lab.course.room.mig import PLANNED_SLICE, is_slice, mig_commands
-from lab.course.room.plan import QUEUE_RANKS, RoomPlan, from_args, save
+from lab.course.room.plan import CHECK_SECONDS, INSTRUCTOR, QUEUE_RANKS, RoomPlan, from_args, save
 
 
 def queue_waits(seats: int, gpus: int, seconds: float, ranks: int = QUEUE_RANKS) -> tuple[float, float]:
@@ -38,9 +38,17 @@ def table(plan: RoomPlan) -> str:
             f"{s.memory_bytes / GIB:.1f} GiB | {plan.lessons(s)} | {plan.multi_rank(s)} |"
         )
     host = plan.host
+    learners = sum(s.name != INSTRUCTOR for s in plan.seats)
+    replan = "".join(  # the options that planned this room again, once its slices have their UUIDs
+        [
+            f" --queue-gpus {len(plan.queue)}" if plan.queue else "",
+            f" --check-seconds {plan.check_seconds:g}" if plan.check_seconds != CHECK_SECONDS else "",
+            " --instructor-seat" if learners < len(plan.seats) else "",
+        ]
+    )
     rows.append("")
     if plan.queue:
-        users = [s for s in plan.seats if "queue" in plan.multi_rank(s)]
+        users = [s for s in plan.seats if plan.leases(s)]
         longest, mean = queue_waits(len(users), len(plan.queue), plan.check_seconds)
         rows.append(
             f"queue: GPUs {','.join(plan.queue)}, whole, no seat's: each exercise check's multi-rank run leases "
@@ -63,7 +71,7 @@ def table(plan: RoomPlan) -> str:
         f"({host.reserve_bytes / GIB:.1f} GiB kept for the hub and the system)"
     )
     rows += [f"note: {n}" for n in plan.notes]
-    commands = mig_commands(plan.host.devices, len(plan.seats), len(plan.queue))
+    commands = mig_commands(plan.host.devices, learners, replan)
     if commands:
         rows += ["", "the MIG slices are planned, not made: on the server, as root, before the room arrives:"]
         rows += [f"    {c}" for c in commands]
