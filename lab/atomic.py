@@ -63,15 +63,21 @@ def replacing(path: str | Path, durable: bool = False) -> Iterator[Path]:
         _fsync(path.parent)  # the rename itself is a change of the directory
 
 
-def write_bytes(path: str | Path, data: bytes | bytearray | memoryview, durable: bool = False) -> None:
-    """Replace `path` with `data`. A write error (a full disk) raises the OSError with its reason."""
-    with replacing(path, durable) as tmp, open(tmp, "wb") as f:
-        f.write(data)
+def write_bytes(
+    path: str | Path, data: bytes | bytearray | memoryview, durable: bool = False, mode: int | None = None
+) -> None:
+    """Replace `path` with `data`. A write error (a full disk) raises the OSError with its reason. `mode`: the new
+    file's permissions from its creation on (a secret, 0o600, is never readable by others, not for a moment)."""
+    with replacing(path, durable) as tmp:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode), "wb") as f:
+            f.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)  # exactly `mode`, whatever the umask took away
 
 
-def write_text(path: str | Path, text: str, durable: bool = False) -> None:
-    """Replace `path` with `text`, encoded as UTF-8."""
-    write_bytes(path, text.encode(), durable)
+def write_text(path: str | Path, text: str, durable: bool = False, mode: int | None = None) -> None:
+    """Replace `path` with `text`, encoded as UTF-8 (`mode` as write_bytes takes it)."""
+    write_bytes(path, text.encode(), durable, mode)
 
 
 def _fsync(path: Path) -> None:

@@ -75,15 +75,9 @@ def save(places: list[Place], folder: Path, url: str, fingerprint: str = "") -> 
         {"learner": p.learner, "seat": p.seat, "hash": bcrypt.hashpw(p.password.encode(), bcrypt.gensalt()).decode()}
         for p in places
     ]
-    folder.mkdir(parents=True, exist_ok=True)
     data, slips = folder / CLASS_FILE, folder / SLIPS_FILE
-    for path in (data, slips):
-        path.touch(mode=0o600)
-        path.chmod(0o600)
-    atomic.write_text(data, json.dumps({"accounts": accounts}, indent=1) + "\n")
-    atomic.write_text(slips, page(places, url, fingerprint))
-    for path in (data, slips):
-        path.chmod(0o600)  # atomic.write_text replaces the file: its mode again
+    atomic.write_text(data, json.dumps({"accounts": accounts}, indent=1) + "\n", mode=0o600)
+    atomic.write_text(slips, page(places, url, fingerprint), mode=0o600)
     return data, slips
 
 

@@ -13,6 +13,7 @@ import ipaddress
 import socket
 from pathlib import Path
 
+from lab import atomic
 from lab.errors import LabError
 
 DAY_CERT, DAY_KEY = "room-cert.pem", "room-key.pem"  # in the room's folder (the owner's alone)
@@ -51,14 +52,11 @@ def day_certificate(folder: Path, bind: str) -> tuple[Path, Path]:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
-    folder.mkdir(parents=True, exist_ok=True)
     cert_path, key_path = folder / DAY_CERT, folder / DAY_KEY
-    key_path.touch(mode=0o600)
-    key_path.chmod(0o600)
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem = serialization.Encoding.PEM
+    private = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    atomic.write_bytes(key_path, private, mode=0o600)
+    atomic.write_bytes(cert_path, cert.public_bytes(pem))
     return cert_path, key_path
 
 
