@@ -12,7 +12,6 @@ no GPU is behind them, so the runs train on nothing: they say which devices Slur
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,20 +25,16 @@ from lab.course.room import plan_table
 from lab.errors import LabError
 from lab.run.cluster import gpu_queue, slurm_gpus
 from tests.infra.slurm_cluster import GPU_NODES, GPUS_PER_NODE, SlurmCluster
+from tests.together import run_together
 
 QUEUE = "slurm:gpu"
 
 # A seat's check as a process: wait in Slurm's queue for 2 GPUs, run a step on them that says what Slurm gave it
-# and holds them HOLD seconds, say when. With a fourth argument, a folder: it says it is ready there and asks when
-# the folder's `go` appears (a class checking at once, whatever each interpreter's start-up took).
+# and holds them HOLD seconds, say when. A class checking at once: tests.together.run_together.
 CHECK = """
 import json, os, subprocess, sys, time
 from pathlib import Path
 from lab.run.cluster import gpu_queue
-if len(sys.argv) > 4:
-    Path(sys.argv[4], str(os.getpid())).touch()
-    while not Path(sys.argv[4], "go").exists():
-        time.sleep(0.01)
 asked = time.time()
 with gpu_queue.lease(2, sys.argv[1], who=sys.argv[2], hold_seconds=120) as leased:
     got = time.time()
@@ -68,25 +63,7 @@ def seat_env(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> dict[str
 
 
 def _checks(tmp_path: Path, env: dict[str, str], seats: int, hold: float) -> list[dict]:
-    ready = tmp_path / "ready"
-    ready.mkdir()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHECK, QUEUE, f"seat{i + 1}", str(hold), str(ready)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for i in range(seats)
-    ]
-    deadline = time.monotonic() + 120
-    while len(list(ready.iterdir())) < seats and time.monotonic() < deadline:
-        time.sleep(0.05)
-    (ready / "go").touch()
-    out = [p.communicate(timeout=600) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [err[-800:] for _, err in out]
-    return [json.loads(stdout) for stdout, _ in out]
+    return run_together(CHECK, [[QUEUE, f"seat{i + 1}", str(hold)] for i in range(seats)], tmp_path / "ready", env)
 
 
 def _pairs(spans: list[tuple[float, float]]) -> list[tuple[tuple[float, float], tuple[float, float]]]:

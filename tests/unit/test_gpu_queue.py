@@ -11,7 +11,6 @@ names (no GPU here: a lease hands out CUDA_VISIBLE_DEVICES entries, and the test
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -27,18 +26,14 @@ from lab.course.room.host import GIB, Host
 from lab.course.room.status import queue_text
 from lab.errors import LabError
 from lab.run.cluster import gpu_queue
+from tests.together import run_together
 
 # A seat's check as a process: wait in the queue for 2 GPUs, hold them HOLD seconds, say what it had and when.
-# With a fourth argument, a folder: it says it is ready there, then asks when the folder's `go` appears (a class
-# checking at once, whatever each interpreter's start-up took).
+# A class checking at once: tests.together.run_together.
 CHECK = """
 import json, os, sys, time
 from pathlib import Path
 from lab.run.cluster import gpu_queue
-if len(sys.argv) > 4:
-    Path(sys.argv[4], str(os.getpid())).touch()
-    while not Path(sys.argv[4], "go").exists():
-        time.sleep(0.01)
 asked = time.time()
 with gpu_queue.lease(2, Path(sys.argv[1]), who=sys.argv[2]) as leased:
     got = time.time()
@@ -49,23 +44,9 @@ with gpu_queue.lease(2, Path(sys.argv[1]), who=sys.argv[2]) as leased:
 
 
 def _checks(folder: Path, seats: int, hold: float) -> list[dict]:
-    ready = folder.parent / "ready"
-    ready.mkdir()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHECK, str(folder), f"seat{i + 1}", str(hold), str(ready)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(seats)
-    ]
-    deadline = time.monotonic() + 120
-    while len(list(ready.iterdir())) < seats and time.monotonic() < deadline:
-        time.sleep(0.05)
-    (ready / "go").touch()
-    out = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), out
-    return [json.loads(line) for line in out]
+    return run_together(
+        CHECK, [[str(folder), f"seat{i + 1}", str(hold)] for i in range(seats)], folder.parent / "ready"
+    )
 
 
 def test_a_class_checking_at_once_is_served_in_turn_as_the_plan_predicts(tmp_path):
