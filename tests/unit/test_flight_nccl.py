@@ -29,34 +29,46 @@ from lab.run.cluster import flight, hang
 DDP_FILE = str(Path(torch.__file__).parent / "nn" / "parallel" / "distributed.py")  # torch's frame: not the caller
 
 
+def _entry(seq: int, name: str, sizes: list, frames: list[dict[str, Any]], **state: Any) -> dict[str, Any]:
+    """One collective of group 0 as the recorders pickle it (torch 2.10 and later)."""
+    return {
+        "pg_id": 0,
+        "process_group": ("0", "default_pg"),
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "is_p2p": False,
+        "profiling_name": name,
+        "input_sizes": sizes,
+        "input_dtypes": ["Float"] * len(sizes),
+        "frames": frames,
+        "time_created_ns": seq,
+        **state,
+    }
+
+
+def _dump(entries: list[dict[str, Any]], enqueued: int, completed: int) -> dict[str, Any]:
+    status = {"last_enqueued_collective": enqueued, "last_completed_collective": completed}
+    return {"version": "2.10", "pg_status": {"0": status}, "entries": entries}
+
+
 def _nccl_dump(enqueued: int, completed: int, ops: dict[int, str] | None = None) -> dict[str, Any]:
     """An NCCL recorder's dump: pg 0's status and one entry per enqueued collective, each with the frames that
     called it (innermost first)."""
     ops = ops or {}
     entries = [
-        {
-            "pg_id": 0,
-            "process_group": ("0", "default_pg"),
-            "collective_seq_id": seq,
-            "p2p_seq_id": 0,
-            "is_p2p": False,
-            "profiling_name": f"nccl:{ops.get(seq, 'all_reduce')}",
-            "input_sizes": [[1024]],
-            "input_dtypes": ["Float"],
-            "frames": [
+        _entry(
+            seq,
+            f"nccl:{ops.get(seq, 'all_reduce')}",
+            [[1024]],
+            [
                 {"filename": DDP_FILE, "line": 1, "name": "_run_ddp"},
                 {"filename": "train.py", "line": 40 + seq, "name": "step"},
             ],
-            "time_created_ns": seq,
-            "state": "scheduled" if seq > completed else "completed",
-        }
+            state="scheduled" if seq > completed else "completed",
+        )
         for seq in range(1, enqueued + 1)
     ]
-    return {
-        "version": "2.10",
-        "pg_status": {"0": {"last_enqueued_collective": enqueued, "last_completed_collective": completed}},
-        "entries": entries,
-    }
+    return _dump(entries, enqueued, completed)
 
 
 def test_the_snapshot_reads_ncclss_recorder_where_the_cpu_one_holds_nothing(monkeypatch):
@@ -142,24 +154,17 @@ def _gloo_dump(ops: list[str], retired: int, last_completed: int) -> dict[str, A
     (gloo records no events), `retired` once its worker ran it, and the group's last completed as the last worker
     to finish wrote it."""
     entries = [
-        {
-            "pg_id": 0,
-            "process_group": ("0", "default_pg"),
-            "collective_seq_id": seq,
-            "p2p_seq_id": 0,
-            "is_p2p": False,
-            "profiling_name": f"gloo:{op}",
-            "input_sizes": [[1000]] if op == "all_reduce" else [],
-            "input_dtypes": ["Float"] if op == "all_reduce" else [],
-            "frames": [{"filename": "plain_hang.py", "line": 34 if op == "all_reduce" else 35, "name": "main"}],
-            "time_created_ns": seq,
-            "state": "scheduled",
-            "retired": seq <= retired,
-        }
+        _entry(
+            seq,
+            f"gloo:{op}",
+            [[1000]] if op == "all_reduce" else [],
+            [{"filename": "plain_hang.py", "line": 34 if op == "all_reduce" else 35, "name": "main"}],
+            state="scheduled",
+            retired=seq <= retired,
+        )
         for seq, op in enumerate(ops, 1)
     ]
-    status = {"last_enqueued_collective": len(ops), "last_completed_collective": last_completed}
-    return {"version": "2.10", "pg_status": {"0": status}, "entries": entries}
+    return _dump(entries, len(ops), last_completed)
 
 
 def test_a_gloo_rank_is_placed_by_its_entries_retired_not_a_worker_threads_late_write(monkeypatch):
