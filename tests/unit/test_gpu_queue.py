@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.course.exercises import grading
+from lab.course.exercises import grading, on_queue
 from lab.course.room import plan as room_plan
 from lab.course.room import plan_table
 from lab.course.room.host import GIB, Host
@@ -98,11 +98,16 @@ def test_no_queue_or_too_small_a_queue_runs_without_one_and_a_wrong_folder_is_on
     assert gpu_queue.devices(gpu_queue.prepare(folder, ("2", "3"))) == ("2", "3")  # planned again: the old go
 
 
-# A learner's multi-rank script that says which devices each rank was given.
+# A learner's multi-rank script that says which devices each rank was given, then makes a process group of gloo
+# (no GPU here: the check says the leased GPUs went unused).
 SAYS_ITS_DEVICES = """
 import os, sys
 from pathlib import Path
+import torch.distributed as dist
 Path(sys.argv[1], "rank-" + os.environ["RANK"]).write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
 """
 
 
@@ -128,9 +133,10 @@ def test_a_multi_rank_check_runs_on_leased_gpus_and_its_limit_counts_from_their_
     waited = float(err.split("from the room's queue after ")[1].split(" s")[0])
     assert waited > 30, err  # it waited out the other's 40 s, longer than its own 30 s limit, and was not stopped
     assert "(the limit counts from here)" in err
+    assert "note: 2 ranks ran over gloo, not on the leased GPUs 6,7 (torch saw no GPU there)" in err
     # a seat with GPUs of its own enough for its ranks takes nothing from the queue
     monkeypatch.setattr(grading.cores, "gpu_count", lambda: 2)
-    with grading.gpus_for(2) as leased:
+    with on_queue.gpus_for(2) as leased:
         assert leased is None
 
 

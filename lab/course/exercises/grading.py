@@ -24,19 +24,18 @@ lab exercise check demo
 
 from __future__ import annotations
 
-import contextlib
 import io
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from lab.course.exercises import mistakes, stacks, trace
+from lab.course.exercises import mistakes, on_queue, stacks, trace
 from lab.run.cluster import child_output, cores, gpu_queue, launch, runner
 from lab.run.cluster import hang as diagnosis
 from lab.verdict import FAILED, HELD, NOT_APPLICABLE, NOT_RUN, Check
@@ -148,41 +147,6 @@ def device_env(world_size: int) -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def gpus_for(world_size: int | None, hold_seconds: float | None = None) -> Iterator[gpu_queue.Lease | None]:
-    """A multi-rank run's GPUs from the room's queue (lab.run.cluster.gpu_queue; through Slurm where the room's
-    queue is a partition), where the seat has fewer of its own than ranks and the room keeps one; None otherwise.
-    Said on stderr, with the wait: the learner sees why the check had not started."""
-    if not world_size or world_size < 2 or cores.gpu_count() >= world_size or gpu_queue.configured() is None:
-        yield None
-        return
-    print(f"lab exercise check: waiting for {world_size} GPUs from the room's queue ...", file=sys.stderr, flush=True)
-    with gpu_queue.lease(world_size, hold_seconds=hold_seconds) as leased:
-        if leased is None:
-            print(
-                f"lab exercise check: the room's queue has fewer than {world_size} GPUs: this run is on the CPU",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            print(
-                f"lab exercise check: {leased.said} (the limit counts from here)",
-                file=sys.stderr,
-                flush=True,
-            )
-        yield leased
-
-
-def trace_root(leased: gpu_queue.Lease | None) -> str | None:
-    """Where a run's traces go: the system's temporary folder, but under the home folder for a Slurm step (a site
-    with job_container/tmpfs gives each job a /tmp of its own, where the grader would never see them)."""
-    if leased is None or not leased.launcher:
-        return None
-    root = Path.home() / ".cache" / "lab-checks"
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return str(root)
-
-
 # The grader's own runs (a reference, the unchanged starter) cannot hang: they get this long however short the
 # learner's limit, so a loaded machine (a room's seats grading at once on shared cores) slows a check, never fails it.
 REFERENCE_SECONDS = 600.0
@@ -268,8 +232,8 @@ def observed(
     """Run `file` watched on `world_size` ranks (None: one plain process, no torchrun) with `args`."""
     n = world_size or 1
     with (
-        gpus_for(world_size, timeout_seconds) as leased,
-        tempfile.TemporaryDirectory(prefix="lab-exercise-", dir=trace_root(leased)) as tmp,
+        on_queue.gpus_for(world_size, timeout_seconds) as leased,
+        tempfile.TemporaryDirectory(prefix="lab-exercise-", dir=on_queue.trace_root(leased)) as tmp,
     ):
         target = ["-m", OBSERVER, "--trace", tmp, *(["--probe", probe] if probe else []), str(file), "--", *args]
         command = [sys.executable, *target] if world_size is None else launch.torchrun_command(n, target)
@@ -293,7 +257,7 @@ def observed(
         moving = done.timed_out and not stall.fired and stall.moving()
         ranks = trace.read(Path(tmp), n)
         still_moving = moving and all(r.events and not r.ended and not r.of("error") for r in ranks)
-    return Run(
+    run = Run(
         label or (f"{n} ranks" if world_size else "1 process"),
         n,
         done.returncode,
@@ -305,6 +269,8 @@ def observed(
         stall.fired,
         still_moving,
     )
+    on_queue.say_if_unused(leased, run.backend, run.label)
+    return run
 
 
 def each_world(worlds: tuple[int, ...], run_on: Callable[[int], Run]) -> tuple[dict[int, Run], list[Check]]:
