@@ -19,7 +19,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab import atomic
 from lab.course import records
@@ -28,6 +28,9 @@ from lab.course.room import plan as room_plan
 from lab.course.room import seats
 from lab.errors import LabError
 from lab.run.cluster import gpu_queue, slurm_gpus
+
+if TYPE_CHECKING:
+    from lab.course.room.settings import RoomSettings
 
 GIB = 2**30
 
@@ -195,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def draw(args: argparse.Namespace, plan: room_plan.RoomPlan, settings: Any) -> None:
+def draw(args: argparse.Namespace, plan: room_plan.RoomPlan, settings: RoomSettings) -> None:
     """The room now: every seat by lesson, by exercise, and the queue's GPUs (and the JSON, where asked)."""
     expected = lessons()
     rows = [seat_status(seat, seat_home(seat.name, settings.spawner), expected) for seat in plan.seats]
