@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -64,52 +63,21 @@ def test_a_wrong_certificate_or_key_is_one_line_before_anything_is_made(tmp_path
             tls.checked(*args)
     assert tls.checked(str(other_cert), str(other_key))[0] == other_cert.resolve()
     room = tmp_path / "room"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lab",
-            "room",
-            "serve",
-            "--room-dir",
-            str(room),
-            "--tls-cert",
-            str(cert),
-            "--tls-key",
-            str(other_key),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1 and "not the key of --tls-cert" in done.stderr, done.stderr
-    assert not room.exists() and "Traceback" not in done.stderr
-    lone = subprocess.run(
-        [sys.executable, "-m", "lab", "room", "serve", "--room-dir", str(room), "--tls-cert", str(cert)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert lone.returncode == 2 and "--tls-cert and --tls-key go together" in lone.stderr, lone.stderr
-    assert not Path(room).exists()
+
+    def serve(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, "-m", "lab", "room", "serve", "--room-dir", str(room), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr  # one line, exit 2
+        assert not room.exists() and "Traceback" not in done.stderr  # refused before anything is made
+        return done
+
+    assert "not the key of --tls-cert" in serve("--tls-cert", str(cert), "--tls-key", str(other_key)).stderr
+    assert "--tls-cert and --tls-key go together" in serve("--tls-cert", str(cert)).stderr
     # a certificate for the day is made only once every check has passed: a bad class list leaves none behind
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lab",
-            "room",
-            "serve",
-            "--room-dir",
-            str(room),
-            "--tls-self-signed",
-            "--class",
-            str(tmp_path / "no-class.txt"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    assert (
+        "no-class.txt: cannot be read" in serve("--tls-self-signed", "--class", str(tmp_path / "no-class.txt")).stderr
     )
-    assert refused.returncode == 2 and "no-class.txt: cannot be read" in refused.stderr, refused.stderr
-    assert not Path(room).exists()
