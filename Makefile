@@ -74,17 +74,27 @@ room-proxy: $(ROOM_PROXY)
 # missing from .venv (neither is after $(STAMP) and `make horovod`, whose build is about 2.5 of CI's minutes); the
 # lowest-torch venv has neither and skips them, saying why.
 # CI=true (.ci/run sets it): the container test's engine cache (~6 GB, nothing reuses it on a fresh machine) is
-# deleted before the second venv (~6 GB) is installed. With both, a CI machine's disk ran out (stop 21).
-# The set-up runs side by side (-j): Horovod's build (about 2.5 minutes of both cores) while the apt installs and npm
-# wait on the network and the lint gate reads the tree. Then the tests on TEST_WORKERS pytest-xdist workers, a
-# test file each at a time (a file's fixtures are its own; tests/conftest.py orders the longest files first).
-TEST_WORKERS ?= 2
+# deleted after the main pass. The set-up runs side by side (-j): Horovod's build (about 2.5 minutes of both cores)
+# while the apt installs and npm wait on the network and the lint gate reads the tree. Then the tests on TEST_WORKERS
+# pytest-xdist workers, a test file each at a time (a file's fixtures are its own; tests/conftest.py orders the
+# longest files first): 3 on 2 cores, because a third of a test's time is a wait (a timeout, a container, a scheduler)
+# with the cores idle: the main pass took 2,036 s with 3 workers where 2 took 2,304 s (docs/tests.md).
+# The lowest-torch venv (~6 GB from PyPI, about 2 minutes of download) is installed during the main pass where the
+# disk has room for it beside the engine's cache (LOWEST_EARLY_GB free at the start; a CI machine's disk once ran out
+# with both, stop 21), else after the pass and the cache's deletion, as before.
+TEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+LOWEST_EARLY_GB ?= 24
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j4 lint test-tools horovod jupyter-settings room-proxy
+	$(MAKE) --no-print-directory -j2 test-main $(if $(shell [ "$$(df --output=avail -BG . | tail -1 | tr -dc 0-9)" -ge $(LOWEST_EARLY_GB) ] && echo early),$(LOWEST_STAMP))
+	$(MAKE) --no-print-directory test-torch-lowest
+
+# make test's main pass: every test, on .venv (the pinned torch), DeepSpeed and Horovod required.
+.PHONY: test-main
+test-main: $(STAMP)
 	LAB_REQUIRE_DEEPSPEED=1 LAB_REQUIRE_HOROVOD=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 	@if [ "$${CI:-}" = true ]; then scripts/container-base.sh clean || echo "make test: could not delete the container cache"; fi
-	$(MAKE) test-torch-lowest
 
 # The inner loop: the pure and single-process tests and lab/'s doctests, without the cost tiers pyproject.toml
 # registers (torchrun, infra, notebook, slow; tests/conftest.py marks the folders). About 50 s on 2 cores.

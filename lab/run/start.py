@@ -83,13 +83,16 @@ def _launch_train(args: argparse.Namespace, cfg: Config) -> int:
 
 
 def check_training(cfg: Config, world_size: int | None) -> None:
-    """Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report."""
+    """Refuse here what every worker would refuse: one line and exit 2 instead of torchrun's failure report. Torch is
+    imported only to read a checkpoint named by path: a launcher's front process starts its workers without it."""
     from lab.run import config, data
-    from lab.run.training import checkpoint, plan
+    from lab.run.training import plan
 
     if world_size is not None:
         config.check_layout(cfg, world_size)
     if cfg.checkpoint.resume not in ("auto", "never"):
+        from lab.run.training import checkpoint
+
         checkpoint.check_resumable(cfg.checkpoint.resume)
     data.check_source(cfg.data)
     known = data.generated_train_size(cfg.data)

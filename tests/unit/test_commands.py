@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -81,3 +83,18 @@ def test_the_old_name_of_the_device_check_runs_it_and_says_where_it_went(monkeyp
     assert alias.handler is not None
     assert alias.handler(argparse.Namespace(deadline=7)) == 0 and ran == [7]
     assert "`lab bench gpu-check` is now `lab gpu-check`" in capsys.readouterr().err
+
+
+def test_a_launchers_front_checks_the_run_without_importing_torch():
+    """`lab train --nproc-per-node N` checks the config, the data and the step plan once, then starts torchrun: its
+    own process never trains, so importing torch there (about 1.2 s of a core) would only delay every rank's start."""
+    probe = (
+        "import sys\n"
+        "from lab.run import config, start\n"
+        "from lab.run.cluster import launch\n"
+        "from lab.run.training import runs\n"
+        "start.check_training(config.load('smoke', []), 2)\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -160,8 +160,9 @@ def reference_limit(timeout_seconds: float) -> float:
 # collective: the exercises' runs take seconds, so a hang is graded in half a minute, not at the limit.
 STALL_SECONDS = 30.0
 # A run its limit stopped while its traces still moved at their own pace (within 3 of its usual gaps between moves,
-# at least PROGRESS_FLOOR and at most PROGRESS_SECONDS ago), every rank alive, was slow, not hung: a room's seats
-# grading at once share the cores, and correct code that ran out of time is not the learner's hang.
+# at least PROGRESS_FLOOR and at most PROGRESS_SECONDS ago), every rank alive and the ranks not in crossed collectives
+# (trace.crossed), was slow, not hung: a room's seats grading at once share the cores, and correct code that ran out
+# of time is not the learner's hang.
 PROGRESS_FLOOR = 3.0
 PROGRESS_SECONDS = 10.0
 ASK_BEFORE_LIMIT = 1.0  # seconds before a run's limit at which its ranks' stacks are asked (the stop follows at once)
@@ -256,7 +257,8 @@ def observed(
         seconds = time.monotonic() - started
         moving = done.timed_out and not stall.fired and stall.moving()
         ranks = trace.read(Path(tmp), n)
-        still_moving = moving and all(r.events and not r.ended and not r.of("error") for r in ranks)
+        alive = all(r.events and not r.ended and not r.of("error") for r in ranks)
+        still_moving = moving and alive and not trace.crossed(ranks)  # crossed collectives: a hang, however fresh
     run = Run(
         label or (f"{n} ranks" if world_size else "1 process"),
         n,

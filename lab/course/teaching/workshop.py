@@ -208,7 +208,7 @@ def plan(cfg: Config, config_name: str, overrides: list[str], sizes: list[int], 
 
 def _total_steps(cfg: Config) -> int:
     from lab.run import data
-    from lab.run.data.cifar import TRAIN_SIZE
+    from lab.run.data.layout import TRAIN_SIZE
     from lab.run.training.plan import plan_steps
 
     return plan_steps(cfg, 1, data.generated_train_size(cfg.data) or TRAIN_SIZE).total_steps

@@ -1,98 +1,53 @@
 """Data for the lab: real CIFAR-10 or synthetic CIFAR-shaped images, resident on the device.
 
-dataset = load(cfg.data)                 # cifar10 when found, else synthetic
+dataset = data.load(cfg.data)            # cifar10 when found, else synthetic
 print(dataset.description)               # which one, always said
+
+This module's own names are torch-free: `lab train --nproc-per-node` and `lab launch` check a run's data here
+before any process of the run imports torch (about 2.5 s of a CPU each). Dataset, load, from_files,
+write_synthetic (lab.run.data.dataset) and DeviceLoader (lab.run.data.loader) import torch, on first use (PEP 562).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
-import torch
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from lab.errors import DataError
 from lab.run.config import DataConfig
-from lab.run.data import cifar, synthetic
-from lab.run.data.loader import DeviceLoader
+from lab.run.data import layout
+
+if TYPE_CHECKING:
+    from lab.run.data.dataset import Dataset, from_files, load, write_synthetic
+    from lab.run.data.loader import DeviceLoader
 
 __all__ = ["Dataset", "DeviceLoader", "check_source", "generated_train_size", "load", "from_files", "write_synthetic"]
 
 SYNTHETIC_MARK = "lab_synthetic_seed"  # key in batches.meta of files written by `lab data synth`
 
+_WITH_TORCH = {"Dataset": "dataset", "load": "dataset", "from_files": "dataset", "write_synthetic": "dataset"}
+_WITH_TORCH["DeviceLoader"] = "loader"
 
-@dataclass(frozen=True)
-class Dataset:
-    train_images: torch.Tensor  # uint8, N x 3 x 32 x 32
-    train_labels: torch.Tensor  # int64, N
-    test_images: torch.Tensor
-    test_labels: torch.Tensor
-    source: str  # "cifar10" or "synthetic": what the model learned from, said everywhere
-    description: str
 
-    def to(self, device: torch.device) -> Dataset:
-        move = {k: getattr(self, k).to(device) for k in ("train_images", "train_labels", "test_images", "test_labels")}
-        return Dataset(**move, source=self.source, description=self.description)
+def __getattr__(name: str) -> Any:
+    if name in _WITH_TORCH:
+        return getattr(importlib.import_module(f"lab.run.data.{_WITH_TORCH[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_source(cfg: DataConfig) -> None:
     """Refuse data.source=cifar10 without its files; cheap, so launchers call it before starting processes."""
-    if cfg.source == "cifar10" and not cifar.present(cfg.root):
+    if cfg.source == "cifar10" and not layout.present(cfg.root):
         raise DataError(
-            f"data.root: no CIFAR-10 under {cifar.folder(cfg.root)}; run "
+            f"data.root: no CIFAR-10 under {layout.folder(cfg.root)}; run "
             f"`lab data prepare --root {cfg.root}` or set data.source=synthetic"
         )
 
 
-def _reads_files(cfg: DataConfig) -> bool:
-    return cfg.source == "cifar10" or (cfg.source == "auto" and cifar.present(cfg.root))
+def reads_files(cfg: DataConfig) -> bool:
+    return cfg.source == "cifar10" or (cfg.source == "auto" and layout.present(cfg.root))
 
 
 def generated_train_size(cfg: DataConfig) -> int | None:
     """The training set's size when load() will generate it (known without loading), else None."""
-    return None if _reads_files(cfg) else cfg.synthetic_train_size
-
-
-def load(cfg: DataConfig) -> Dataset:
-    check_source(cfg)
-    if _reads_files(cfg):
-        return from_files(cfg.root)
-    train = synthetic.generate(cfg.synthetic_train_size, cfg.synthetic_seed, "train")
-    test = synthetic.generate(cfg.synthetic_test_size, cfg.synthetic_seed, "test")
-    return Dataset(
-        *train,
-        *test,
-        source="synthetic",
-        description=f"synthetic CIFAR-shaped data (seed {cfg.synthetic_seed}, "
-        f"{len(train[1])} train / {len(test[1])} test images, generated)",
-    )
-
-
-def from_files(root: str | Path) -> Dataset:
-    train_images, train_labels, test_images, test_labels, meta = cifar.read(root)
-    where = cifar.folder(root)
-    counts = f"{len(train_labels)} train / {len(test_labels)} test images"
-    if SYNTHETIC_MARK in meta:
-        return Dataset(
-            train_images,
-            train_labels,
-            test_images,
-            test_labels,
-            "synthetic",
-            f"synthetic CIFAR-shaped data (seed {meta[SYNTHETIC_MARK]}, {counts}, files in {where})",
-        )
-    return Dataset(train_images, train_labels, test_images, test_labels, "cifar10", f"CIFAR-10 ({counts}, {where})")
-
-
-def write_synthetic(root: str | Path, train_size: int, test_size: int, seed: int) -> Path:
-    """`lab data synth`: synthetic data in the CIFAR-10 layout, marked as synthetic."""
-    if cifar.present(root):
-        existing = from_files(root)
-        if existing.source == "cifar10":
-            raise DataError(f"{cifar.folder(root)}: holds real CIFAR-10; refusing to overwrite it with synthetic data")
-    return cifar.write(
-        root,
-        synthetic.generate(train_size, seed, "train"),
-        synthetic.generate(test_size, seed, "test"),
-        {SYNTHETIC_MARK: seed},
-    )
+    return None if reads_files(cfg) else cfg.synthetic_train_size

@@ -17,16 +17,7 @@ import torch
 
 from lab import atomic
 from lab.errors import DataError
-
-FOLDER = "cifar-10-batches-py"
-TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
-TEST_FILE = "test_batch"
-META_FILE = "batches.meta"
-ARCHIVE = "cifar-10-python.tar.gz"
-CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-NUM_CLASSES = len(CLASSES)
-IMAGE_SHAPE = (3, 32, 32)
-TRAIN_SIZE = 50_000  # images in the five training batches
+from lab.run.data.layout import ARCHIVE, CLASSES, IMAGE_SHAPE, META_FILE, NUM_CLASSES, TEST_FILE, TRAIN_FILES, folder
 
 # Through importlib: two `from ... import _reconstruct` lines, one per numpy, are a redefinition to mypy.
 try:  # numpy >= 2
@@ -51,15 +42,6 @@ class _ArraysOnly(pickle.Unpickler):
             return _ALLOWED[(module, name)]
         except KeyError:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}") from None
-
-
-def folder(root: str | Path) -> Path:
-    return Path(root) / FOLDER
-
-
-def present(root: str | Path) -> bool:
-    """True when the data set's folder exists under `root` (its files are checked on load)."""
-    return (folder(root) / TRAIN_FILES[0]).exists()
 
 
 def _unpickle(path: Path) -> dict:

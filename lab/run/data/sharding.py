@@ -21,12 +21,16 @@ starting at r. When the samples do not split evenly, `uneven` decides:
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def order(n: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
     """The epoch's sample order, shared by all ranks."""
+    import torch  # here, not at the top: the counts below plan a run's steps in a launcher that imports no torch
+
     if not shuffle:
         return torch.arange(n)
     g = torch.Generator().manual_seed(seed + epoch)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lab.run.data.cifar import IMAGE_SHAPE, NUM_CLASSES
+from lab.run.data.layout import IMAGE_SHAPE, NUM_CLASSES
 
 _SPLIT_STREAM = {"train": 1, "test": 2}
 _CHUNK = 4096  # images generated at a time: bounds the float working memory

@@ -21,7 +21,7 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
 from lab.run.config import ModelConfig
-from lab.run.data.cifar import NUM_CLASSES
+from lab.run.data.layout import NUM_CLASSES
 
 STAGE_BLOCKS = (2, 2, 2, 2)  # ResNet-18
 

@@ -140,12 +140,12 @@ def rerun_config(
     except ConfigError as exc:  # name the record, not a temporary file
         raise ConfigError(str(exc).replace(str(yaml_path), f"{manifest_path} (config)")) from None
     if reads_files:
-        from lab.run.data import cifar  # imports torch: only for a record that read files
+        from lab.run.data import layout
 
-        if not cifar.present(cfg.data.root):
+        if not layout.present(cfg.data.root):
             raise DataError(
                 f"{manifest_path}: data: the record trained on {data.get('description')}, but "
-                f"{cifar.folder(cfg.data.root)} is not here; put the same files there, or point "
+                f"{layout.folder(cfg.data.root)} is not here; put the same files there, or point "
                 f"--set data.root=DIR at them"
             )
     return overrides, cfg, limit
