@@ -83,7 +83,7 @@ room-proxy: $(ROOM_PROXY)
 # disk has room for it beside the engine's cache (LOWEST_EARLY_GB free at the start; a CI machine's disk once ran out
 # with both, stop 21), else after the pass and the cache's deletion, as before.
 TEST_WORKERS ?= 3
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 LOWEST_EARLY_GB ?= 24
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j4 lint test-tools horovod jupyter-settings room-proxy

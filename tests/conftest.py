@@ -108,9 +108,38 @@ def runs_dir(tmp_path: Path) -> Path:
 FOLDER_TIERS = {"distributed": pytest.mark.torchrun, "infra": pytest.mark.infra, "notebooks": pytest.mark.notebook}
 
 
-# The order files run in: the infrastructure's first (the longest files: a play, an image build, a cluster), so two
-# xdist workers (make test) end together on short ones instead of one finishing an hour-long file alone.
-FOLDER_ORDER = ("infra", "distributed", "notebooks", "unit")
+# The order files run in: the longest first (a worker's seconds per file, make test on 2 cores and 3 workers,
+# 2026-12-07; the container's with its image built cold), then the rest by folder, so the xdist workers end together
+# on short files instead of one finishing a long file alone. Makefile's --no-loadscope-reorder keeps this order
+# (pytest-xdist otherwise puts the files with the most tests first, and the long files of one or two tests last).
+# A file missing here costs a minute or less; a new long one belongs here.
+FILE_SECONDS = {
+    "notebooks/test_notebooks.py": 630,
+    "infra/test_ansible.py": 500,
+    "infra/test_slurm.py": 330,
+    "infra/test_room.py": 300,
+    "distributed/test_exercise_convert.py": 290,
+    "distributed/test_exercise_own_ddp.py": 260,
+    "infra/test_container.py": 250,
+    "distributed/test_performance.py": 240,
+    "distributed/test_exercise_comm.py": 210,
+    "distributed/test_exercise_pitfalls.py": 210,
+    "distributed/test_faults.py": 190,
+    "infra/test_prometheus.py": 180,
+    "distributed/test_hang.py": 170,
+    "distributed/test_foreign_hang.py": 170,
+    "distributed/test_ddp_training.py": 150,
+    "distributed/test_fsdp.py": 150,
+    "distributed/test_benchmarks.py": 150,
+    "unit/test_cli_bad_input.py": 150,
+    "unit/test_workshop.py": 130,
+    "infra/test_telemetry.py": 130,
+    "distributed/test_deepspeed.py": 120,
+    "distributed/test_course_scripts.py": 120,
+    "distributed/test_horovod.py": 80,
+    "distributed/test_orphans.py": 80,
+}
+FOLDER_ORDER = ("notebooks", "infra", "distributed", "unit")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -120,8 +149,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if tier := FOLDER_TIERS.get(parts[0]):
                 item.add_marker(tier)
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> tuple[int, int]:
         parts = item.path.relative_to(tests).parts if item.path.is_relative_to(tests) else ()
-        return FOLDER_ORDER.index(parts[0]) if parts and parts[0] in FOLDER_ORDER else len(FOLDER_ORDER)
+        folder = FOLDER_ORDER.index(parts[0]) if parts and parts[0] in FOLDER_ORDER else len(FOLDER_ORDER)
+        return -FILE_SECONDS.get("/".join(parts), 0), folder
 
-    items.sort(key=rank)  # stable: within a folder, files and tests keep their order
+    items.sort(key=rank)  # stable: within a file and among the unlisted files of a folder, the order stays
