@@ -74,19 +74,21 @@ room-proxy: $(ROOM_PROXY)
 # missing from .venv (neither is after $(STAMP) and `make horovod`, whose build is about 2.5 of CI's minutes); the
 # lowest-torch venv has neither and skips them, saying why.
 # CI=true (.ci/run sets it): the container test's engine cache (~6 GB, nothing reuses it on a fresh machine) is
-# deleted after the main pass. The set-up runs side by side (-j): Horovod's build (about 2.5 minutes of both cores)
-# while the apt installs and npm wait on the network and the lint gate reads the tree. Then the tests on TEST_WORKERS
-# pytest-xdist workers, a test file each at a time (a file's fixtures are its own; tests/conftest.py orders the
-# longest files first): 3 on 2 cores, because a third of a test's time is a wait (a timeout, a container, a scheduler)
-# with the cores idle: the main pass took 2,036 s with 3 workers where 2 took 2,304 s (docs/tests.md).
+# deleted after the main pass. The set-up runs side by side (-j): the apt installs (test-tools) beside .venv's pip,
+# which keeps one core busy; then Horovod's build (about 2.5 minutes of both cores) while npm waits on the network and
+# the lint gate reads the tree. Then the tests on TEST_WORKERS pytest-xdist workers, a test file each at a time (a
+# file's fixtures are its own; tests/conftest.py orders the longest files first): 3 on 2 cores, because a test also
+# waits (a timeout, a container, a scheduler) with a core idle: the main pass took 2,036 s with 3 workers, the cores
+# 99% busy, where 2 took 2,304 s (docs/tests.md).
 # The lowest-torch venv (~6 GB from PyPI, about 2 minutes of download) is installed during the main pass where the
 # disk has room for it beside the engine's cache (LOWEST_EARLY_GB free at the start; a CI machine's disk once ran out
 # with both, stop 21), else after the pass and the cache's deletion, as before.
 TEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 LOWEST_EARLY_GB ?= 24
-test: $(STAMP)
-	$(MAKE) --no-print-directory -j4 lint test-tools horovod jupyter-settings room-proxy
+test:
+	$(MAKE) --no-print-directory -j2 $(STAMP) test-tools
+	$(MAKE) --no-print-directory -j4 lint horovod jupyter-settings room-proxy
 	$(MAKE) --no-print-directory -j2 test-main $(if $(shell [ "$$(df --output=avail -BG . | tail -1 | tr -dc 0-9)" -ge $(LOWEST_EARLY_GB) ] && echo early),$(LOWEST_STAMP))
 	$(MAKE) --no-print-directory test-torch-lowest
 
