@@ -7,7 +7,7 @@
 #
 # The flavour: NCCL where a CUDA toolkit (nvcc) and NCCL's header are found (the NGC image), else CPU/gloo.
 # HOROVOD_FLAVOUR=cpu or nccl chooses. LAB_HOROVOD_CACHE is the cache folder (default ~/.cache/lab/horovod).
-# A cached wheel installs in seconds; a build takes about 2.5 minutes on 2 cores. Never a git URL: the sdist
+# A cached wheel installs in seconds; a build takes about 2 minutes on 2 cores. Never a git URL: the sdist
 # the registry serves is what was read and patched.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -70,7 +70,10 @@ if [ "$flavour" = nccl ]; then
 fi
 echo "building horovod $version ($flavour, $HOROVOD_CMAKE_BUILD_TYPE) against torch $torch with $(basename "$python") $pytag: about 2.5 minutes on 2 cores"
 started=$(date +%s)
-"$python" -m pip wheel --quiet --no-build-isolation --no-deps "$src" -w "$work/wheel" > "$work/build.log" 2>&1 \
+# Without a parent make's MAKEFLAGS: under `make -j` it names a jobserver whose pipes pip does not pass on, and
+# Horovod's inner make then builds one file at a time ("jobserver unavailable: using -j1"; seen in make test: one
+# core idle for the whole build); its own -j (every core) applies instead.
+env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL "$python" -m pip wheel --quiet --no-build-isolation --no-deps "$src" -w "$work/wheel" > "$work/build.log" 2>&1 \
   || { grep -A6 "CMake Error\|error:" "$work/build.log" | head -40 >&2; tail -15 "$work/build.log" >&2; echo "build.sh: the horovod build failed (its log's end is above)" >&2; exit 1; }
 echo "built in $(( $(date +%s) - started )) s"
 mkdir -p "$cache"
