@@ -28,7 +28,7 @@ lab: $(STAMP)
 	$(BIN)/lab workshop --config workshop-cpu $(LAB_ARGS)
 
 # dist.strategy=horovod: Horovod 0.28.1 (its last release) from the registry's sdist with the lab's patches, built
-# against .venv's torch (about 2.5 minutes on 2 cores) and cached by torch version (docs/horovod.md).
+# against .venv's torch (about 2 minutes on 2 cores) and cached by torch version (docs/horovod.md).
 horovod: $(STAMP)
 	third_party/horovod/build.sh $(BIN)/python
 
@@ -71,11 +71,11 @@ $(ROOM_PROXY): jupyter/proxy/package.json jupyter/proxy/package-lock.json $(STAM
 room-proxy: $(ROOM_PROXY)
 
 # LAB_REQUIRE_DEEPSPEED=1, LAB_REQUIRE_HOROVOD=1: the DeepSpeed and Horovod tests fail, not skip, when either is
-# missing from .venv (neither is after $(STAMP) and `make horovod`, whose build is about 2.5 of CI's minutes); the
+# missing from .venv (neither is after $(STAMP) and `make horovod`, whose build is about 2 of CI's minutes); the
 # lowest-torch venv has neither and skips them, saying why.
 # CI=true (.ci/run sets it): the container test's engine cache (~6 GB, nothing reuses it on a fresh machine) is
 # deleted after the main pass. The set-up runs side by side (-j): the apt installs (test-tools) beside .venv's pip,
-# which keeps one core busy; then Horovod's build (about 2.5 minutes of both cores) while npm waits on the network and
+# which keeps one core busy; then Horovod's build (about 2 minutes of both cores) while npm waits on the network and
 # the lint gate reads the tree. Then the tests on TEST_WORKERS pytest-xdist workers, a test file each at a time (a
 # file's fixtures are its own; tests/conftest.py orders the longest files first): 3 on 2 cores, because a test also
 # waits (a timeout, a container, a scheduler) with a core idle: the main pass took 2,036 s with 3 workers, the cores

@@ -68,7 +68,7 @@ if [ "$flavour" = nccl ]; then
   export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_INCLUDE=$(nccl_header)
   export HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-80,90}  # A100, H100/H200
 fi
-echo "building horovod $version ($flavour, $HOROVOD_CMAKE_BUILD_TYPE) against torch $torch with $(basename "$python") $pytag: about 2.5 minutes on 2 cores"
+echo "building horovod $version ($flavour, $HOROVOD_CMAKE_BUILD_TYPE) against torch $torch with $(basename "$python") $pytag: about 2 minutes on 2 cores"
 started=$(date +%s)
 # Without a parent make's MAKEFLAGS: under `make -j` it names a jobserver whose pipes pip does not pass on, and
 # Horovod's inner make then builds one file at a time ("jobserver unavailable: using -j1"; seen in make test: one
