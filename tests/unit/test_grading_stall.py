@@ -192,3 +192,24 @@ def test_a_rooms_check_limit_is_the_default_and_a_bad_one_is_one_line(tmp_path, 
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "lab: error: LAB_CHECK_TIMEOUT='soon': give seconds, 5 or more (or unset it for 120)"
     ], done.stderr
+
+
+def _rank(rank: int, *opened: tuple[int, str], done: int = 0) -> grading.trace.Rank:
+    """A rank's trace: `done` collectives entered and left, then `opened` entered and never left (seq, op)."""
+    events: list[dict] = [{"e": "init", "backend": "gloo"}]
+    for seq in range(1, done + 1):
+        events += [
+            {"e": "coll", "phase": phase, "seq": seq, "op": "all_reduce", "where": "f.py:3"}
+            for phase in ("enter", "exit")
+        ]
+    events += [{"e": "coll", "phase": "enter", "seq": seq, "op": op, "where": "f.py:9"} for seq, op in opened]
+    return grading.trace.Rank(rank, events)
+
+
+def test_ranks_in_crossed_collectives_are_hung_however_recently_they_arrived():
+    """fix-uneven's starter on a loaded machine: rank 1 reached its barrier and rank 0 DDP's all-reduce, both #5,
+    moments before the limit. Neither can leave, so the run hung; a run whose ranks wait in the same collective, or
+    whose one rank still computes, may only be slow."""
+    assert grading.crossed([_rank(0, (5, "ddp_allreduce"), done=4), _rank(1, (5, "barrier"), done=4)])
+    assert not grading.crossed([_rank(0, (5, "all_reduce"), done=4), _rank(1, (5, "all_reduce"), done=4)])
+    assert not grading.crossed([_rank(0, (5, "ddp_allreduce"), done=4), _rank(1, done=4)])

@@ -101,9 +101,25 @@ def hang(run: Run) -> str:
     """Who waited in which collective (sequence number, operation, line), who never came or went to another
     collective, who raised or had finished: the lab's own diagnosis of a hang (lab.run.cluster.hang, the words of
     `lab hang`), read from the ranks' traces instead of the Flight Recorder."""
+    found = diagnosed(run.ranks)
+    if not any(r["state"] in ("waiting", "mismatch") for r in found["ranks"]):
+        return "no rank was inside a collective: " + found["summary"]
+    return found["summary"]
+
+
+def crossed(ranks: list[trace.Rank]) -> bool:
+    """Every rank inside a collective, not all in the same one at the same number (the diagnosis's mismatch: a
+    barrier where the others are in an all-reduce): none of them can ever leave, however recently each arrived, so a
+    run its limit stopped there hung; it was not slow."""
+    states = {r["state"] for r in diagnosed(ranks)["ranks"]}
+    return "mismatch" in states and states <= {"waiting", "mismatch"}
+
+
+def diagnosed(ranks: list[trace.Rank]) -> dict[str, Any]:
+    """lab.run.cluster.hang's diagnosis of the ranks' traces, each trace made the snapshot `lab hang` reads."""
     snapshots: dict[int, dict[str, Any]] = {}
     exits: dict[int, str] = {}
-    for r in run.ranks:
+    for r in ranks:
         if not r.events:
             exits[r.rank] = "never started"
             continue
@@ -123,10 +139,7 @@ def hang(run: Run) -> str:
             ],
             "where": _place({"where": r.stack} if r.stack else r.events[-1]),
         }
-    found = diagnosis.diagnose(snapshots, len(run.ranks), exits)
-    if not any(r["state"] in ("waiting", "mismatch") for r in found["ranks"]):
-        return "no rank was inside a collective: " + found["summary"]
-    return found["summary"]
+    return diagnosis.diagnose(snapshots, len(ranks), exits)
 
 
 def _place(event: dict[str, Any]) -> dict[str, Any] | None:
@@ -161,7 +174,7 @@ def reference_limit(timeout_seconds: float) -> float:
 STALL_SECONDS = 30.0
 # A run its limit stopped while its traces still moved at their own pace (within 3 of its usual gaps between moves,
 # at least PROGRESS_FLOOR and at most PROGRESS_SECONDS ago), every rank alive and the ranks not in crossed collectives
-# (trace.crossed), was slow, not hung: a room's seats grading at once share the cores, and correct code that ran out
+# (crossed), was slow, not hung: a room's seats grading at once share the cores, and correct code that ran out
 # of time is not the learner's hang.
 PROGRESS_FLOOR = 3.0
 PROGRESS_SECONDS = 10.0
@@ -258,7 +271,7 @@ def observed(
         moving = done.timed_out and not stall.fired and stall.moving()
         ranks = trace.read(Path(tmp), n)
         alive = all(r.events and not r.ended and not r.of("error") for r in ranks)
-        still_moving = moving and alive and not trace.crossed(ranks)  # crossed collectives: a hang, however fresh
+        still_moving = moving and alive and not crossed(ranks)
     run = Run(
         label or (f"{n} ranks" if world_size else "1 process"),
         n,

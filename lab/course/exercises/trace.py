@@ -128,21 +128,6 @@ class Rank:
         return len({e.get("bucket") for e in self.collectives("ddp_allreduce")})
 
 
-def crossed(ranks: list[Rank]) -> bool:
-    """Every rank waits at the same place in its sequence of collectives, not all in the same one (a barrier where
-    the others are in an all-reduce): none of them can ever leave, however recently each arrived. A loaded machine's
-    run stopped at its limit is slow only where this is False.
-
-    >>> def at(op): return Rank(0, [{"e": "coll", "phase": "enter", "seq": 5, "op": op, "where": "f.py:9"}])
-    >>> crossed([at("ddp_allreduce"), at("barrier")]), crossed([at("all_reduce"), at("all_reduce")])
-    (True, False)
-    """
-    waits = [r.waiting() for r in ranks]
-    if not ranks or not all(waits):
-        return False
-    return len({w["seq"] for w in waits if w}) == 1 and len({w["op"] for w in waits if w}) > 1
-
-
 def read(folder: Path, world_size: int) -> list[Rank]:
     """Every rank's trace in rank order (a rank that never started has an empty one)."""
     ranks = []
