@@ -112,8 +112,8 @@ def launch(args: argparse.Namespace) -> int:
     if not target:
         raise LabError("nothing to run; end with `-- -m lab train --config ddp` or `-- SCRIPT.py ARGS`")
     launching.check_not_nested()
-    if args.slurm:
-        _place_from_slurm(args)
+    # under Slurm the first node serves the store: its address is the endpoint (lab.run.cluster.slurm.placement)
+    store_host = _place_from_slurm(args) if args.slurm else None
     rdzv = launching.Rendezvous(
         endpoint=args.rdzv_endpoint,
         nnodes=args.nnodes,
@@ -121,6 +121,7 @@ def launch(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         local_addr=args.local_addr,
         join_timeout=args.join_timeout,
+        store_host=store_host,
     )
     rdzv.check()
     if rdzv.endpoint is None:  # one node: a Slurm step of several tasks would start several independent jobs
@@ -155,8 +156,9 @@ def launch(args: argparse.Namespace) -> int:
         return EXIT_OK if status == 0 else EXIT_FAILED
 
 
-def _place_from_slurm(args: argparse.Namespace) -> None:
-    """`lab launch --slurm`: the rendezvous from the allocation (lab.run.cluster.slurm), said on one line."""
+def _place_from_slurm(args: argparse.Namespace) -> bool:
+    """`lab launch --slurm`: the rendezvous from the allocation (lab.run.cluster.slurm), said on one line; whether
+    this node is the first, whose torchrun serves the rendezvous store."""
     import sys
 
     from lab.run.cluster import slurm
@@ -183,6 +185,7 @@ def _place_from_slurm(args: argparse.Namespace) -> None:
         file=sys.stderr,
         flush=True,
     )
+    return job.node_id == 0
 
 
 def _refuse_foreign_launch() -> None:

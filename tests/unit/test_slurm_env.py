@@ -49,6 +49,19 @@ def test_launch_under_slurm_takes_the_rendezvous_from_the_allocation():
     assert "Slurm job 41, node 1 of 2 (dgx08, 10.0.0.8)" in proc.stderr
 
 
+def test_under_slurm_the_first_node_serves_the_rendezvous_store_and_no_other_does():
+    """torch's own guess makes every node the store's host where the endpoint is a loopback address (two "nodes"
+    on one host, as tests/infra/test_slurm.py's): the second node's store then served the first, and its exit
+    took the store away before it could say why it failed. The allocation says which node is first."""
+    first = {**STEP_ON_N2, "SLURM_NODEID": "0", "SLURMD_NODENAME": "dgx07", "SLURM_PROCID": "0"}
+    said = {}
+    for node, env in (("first", first), ("second", STEP_ON_N2)):
+        proc = _lab("launch", "--slurm", "--nproc-per-node", "8", "--dry-run", "--", "-m", "lab", "train", env=env)
+        assert proc.returncode == 0, proc.stderr
+        said[node] = proc.stdout
+    assert "--rdzv-conf is_host=1 " in said["first"] and "--rdzv-conf is_host=0 " in said["second"], said
+
+
 @pytest.mark.parametrize(
     "env, args, says",
     [

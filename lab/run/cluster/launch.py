@@ -6,10 +6,10 @@
 >>> " ".join(torchrun_command(8, ["-m", "lab", "train"], rdzv, torchrun="torchrun"))
 'torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id r1 --max-restarts 1
 -m lab train'
->>> rdzv = Rendezvous(endpoint="head:29400", nnodes="2", run_id="r1", join_timeout=60)
+>>> rdzv = Rendezvous(endpoint="head:29400", nnodes="2", run_id="r1", join_timeout=60, store_host=False)
 >>> " ".join(torchrun_command(1, ["train.py"], rdzv, torchrun="torchrun"))
 'torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint head:29400 --rdzv-id r1 --rdzv-conf
-join_timeout=60,read_timeout=60 train.py'
+join_timeout=60,read_timeout=60,is_host=0 train.py'
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ from lab.errors import LabError
 from lab.run.cluster import child_output, cores, runner, torchrun_env
 
 NODE_ADDRESS_VARIABLE = "LAB_NODE_ADDRESS"  # this node's --local-addr, as its workers see it
+# A rank whose peer on another node died fails at once under gloo, before the peer's node has said why (a rank
+# killed by a signal, say), and srun --kill-on-bad-exit stops every node at the first failure it hears: a node
+# whose workers only lost a peer (or the store, with the head) waits this long after its own line, so that the
+# node with the cause is heard first and says it.
+PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|RendezvousConnectionError")
+PEER_LOST_GRACE_SECONDS = 10
 TORCHRUN_JOIN_TIMEOUT = 600  # seconds: torchrun's own default for a rendezvous to complete
 
 
@@ -41,6 +47,9 @@ class Rendezvous:
     max_restarts: int = 0  # times torchrun restarts the worker group after a failure
     local_addr: str | None = None  # this node's address when it has several
     join_timeout: int | None = None  # seconds for every node to arrive (torchrun's default: 600)
+    # whether this node's torchrun serves the rendezvous store; None: torch guesses from the endpoint's address,
+    # and any node guesses yes where the endpoint is a loopback address (several "nodes" on one host)
+    store_host: bool | None = None
 
     @property
     def min_nodes(self) -> int:
@@ -119,9 +128,14 @@ def torchrun_command(
         ]
         if rdzv.run_id:
             cmd += ["--rdzv-id", rdzv.run_id]
+        conf = []
         if rdzv.join_timeout:
             # read_timeout bounds a non-head node's wait to reach the head's store at all
-            cmd += ["--rdzv-conf", f"join_timeout={rdzv.join_timeout},read_timeout={rdzv.join_timeout}"]
+            conf += [f"join_timeout={rdzv.join_timeout}", f"read_timeout={rdzv.join_timeout}"]
+        if rdzv.store_host is not None:
+            conf.append(f"is_host={int(rdzv.store_host)}")
+        if conf:
+            cmd += ["--rdzv-conf", ",".join(conf)]
     if rdzv.max_restarts:
         cmd += ["--max-restarts", str(rdzv.max_restarts)]
     if rdzv.local_addr:
@@ -228,13 +242,23 @@ def run(
     ):
         print(rendezvous_failure(rdzv, roll_call.arrived), file=sys.stderr, flush=True)
     elif multi_node and status != 0:
-        node = f" ({rdzv.local_addr})" if rdzv.local_addr else ""
-        print(
-            f"lab launch: this node's workers{node} failed, torchrun exit {status}: {failure_reason(tail)}",
-            file=sys.stderr,
-            flush=True,
-        )
+        _say_node_failed(rdzv, status, failure_reason(tail))
     return status
+
+
+def _say_node_failed(rdzv: Rendezvous, status: int, reason: str) -> None:
+    """This node's one line; where its ranks only lost a peer, a wait for the node that knows why (PEER_LOST)."""
+    node = f" ({rdzv.local_addr})" if rdzv.local_addr else ""
+    print(f"lab launch: this node's workers{node} failed, torchrun exit {status}: {reason}", file=sys.stderr)
+    if PEER_LOST.search(reason):
+        print(
+            f"lab launch: a peer on another node went first; waiting {PEER_LOST_GRACE_SECONDS} s for its node to "
+            f"say why",
+            file=sys.stderr,
+        )
+        sys.stderr.flush()
+        time.sleep(PEER_LOST_GRACE_SECONDS)
+    sys.stderr.flush()
 
 
 def failure_reason(lines: list[str]) -> str:
