@@ -32,7 +32,7 @@ NODE_ADDRESS_VARIABLE = "LAB_NODE_ADDRESS"  # this node's --local-addr, as its w
 # killed by a signal, say), and srun --kill-on-bad-exit stops every node at the first failure it hears: a node
 # whose workers only lost a peer (or the store, with the head) waits this long after its own line, so that the
 # node with the cause is heard first and says it.
-PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|RendezvousConnectionError")
+PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|remote process exit|RendezvousConnectionError")
 PEER_LOST_GRACE_SECONDS = 10
 TORCHRUN_JOIN_TIMEOUT = 600  # seconds: torchrun's own default for a rendezvous to complete
 
@@ -247,7 +247,18 @@ def run(
 
 
 def _say_node_failed(rdzv: Rendezvous, status: int, reason: str) -> None:
-    """This node's one line; where its ranks only lost a peer, a wait for the node that knows why (PEER_LOST)."""
+    """This node's one line; where its ranks only lost a peer, a wait for the node that knows why (PEER_LOST:
+    gloo's words, NCCL's ncclRemoteError, torchrun's agent losing the head's store).
+
+    >>> [bool(PEER_LOST.search(r)) for r in (
+    ...     "RuntimeError: [../pair.cc:545] Read error [10.0.0.7]:49827: Connection reset by peer. This is ...",
+    ...     "RuntimeError: [../pair.cc:561] Connection closed by peer [10.0.0.7]:11399",
+    ...     "DistBackendError: NCCL error in: ..., remote process exited or there was a network error",
+    ...     "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store ...",
+    ...     "rank 1 (local_rank: 0): Signal 9 (SIGKILL) received by PID 42",
+    ...     "ValueError: loss is nan")]
+    [True, True, True, True, False, False]
+    """
     node = f" ({rdzv.local_addr})" if rdzv.local_addr else ""
     print(f"lab launch: this node's workers{node} failed, torchrun exit {status}: {reason}", file=sys.stderr)
     if PEER_LOST.search(reason):
