@@ -260,16 +260,16 @@ def _say_node_failed(rdzv: Rendezvous, status: int, reason: str) -> None:
     [True, True, True, True, False, False]
     """
     node = f" ({rdzv.local_addr})" if rdzv.local_addr else ""
-    print(f"lab launch: this node's workers{node} failed, torchrun exit {status}: {reason}", file=sys.stderr)
-    if PEER_LOST.search(reason):
+    said = f"lab launch: this node's workers{node} failed, torchrun exit {status}: {reason}"
+    print(said, file=sys.stderr, flush=True)
+    if PEER_LOST.search(reason):  # said before the wait: srun may stop this node during it
         print(
             f"lab launch: a peer on another node went first; waiting {PEER_LOST_GRACE_SECONDS} s for its node to "
             f"say why",
             file=sys.stderr,
+            flush=True,
         )
-        sys.stderr.flush()
         time.sleep(PEER_LOST_GRACE_SECONDS)
-    sys.stderr.flush()
 
 
 def failure_reason(lines: list[str]) -> str:
