@@ -192,6 +192,9 @@ def refuse_shared_gpu(store: tdist.Store, node_rank: int, local_rank: int, local
         )
 
 
+RANK0_SPEAKS_SECONDS = 3.0  # after a timeout, the others' wait before they exit (explain_timeout)
+
+
 class CollectiveTimeout(RuntimeError):
     """A collective waited longer than dist.timeout_seconds; the message names the ranks that did not answer."""
 
@@ -226,6 +229,10 @@ def explain_timeout(ctx: DistContext) -> CollectiveTimeout:
         )
     if not ctx.is_primary:
         if "successfully reached monitoredBarrier" in failure:  # rank 0 answered and found someone missing
+            # Rank 0 learned it at the same moment and is saying it (its summary, its error). The first rank to exit
+            # makes torchrun stop the rest, so this one leaves a moment later: a rank 0 stopped before it printed
+            # left the run's reason unsaid once these ranks exited faster (lab/frozen_imports.py).
+            time.sleep(RANK0_SPEAKS_SECONDS)
             return CollectiveTimeout(f"{what}; rank 0's error names the rank(s) that stopped answering")
         return CollectiveTimeout(f"{what}; rank 0 did not answer within {2 * limit:g} s more: stuck or dead")
     found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", failure)

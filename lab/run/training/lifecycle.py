@@ -243,6 +243,10 @@ def _fit(r: RunStart) -> dict[str, Any]:
             r.run_dir.write_summary(
                 r.summary(r.trainer.results(), status="failed", error=f"{type(exc).__name__}: {exc}")
             )
+            if isinstance(exc, dist.CollectiveTimeout):
+                # Said now, before the group goes: tearing it down ends the waiting ranks, the first rank to exit
+                # makes torchrun stop this one, and its traceback (which says it again) may never be printed
+                r.console.say(f"run {r.run_dir.run_id} failed: {exc}")
         raise
 
 
