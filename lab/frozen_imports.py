@@ -1,14 +1,13 @@
 """torch's and torchvision's import-time objects frozen out of Python's cyclic garbage collector (`gc.freeze`) as
 soon as each import is done, in the processes whose program is the lab's own: `lab ...`, `python -m lab ...` and
-every `python -m lab.<module>` rank, job or torchrun agent (lab.run.cluster.torchrun) it starts; not in a kernel
-or pytest, and no longer once a lab module that runs someone else's script says so (`leave_alone`: `lab launch --
-SCRIPT.py`'s lab.run.cluster.watched, the grader's lab.course.exercises.observe).
+every `python -m lab.<module>` rank or job it starts, but not the two that run someone else's script in their
+`__main__` (lab.run.cluster.watched, lab.course.exercises.observe), a kernel, or pytest.
 
 Why: a collection of the oldest generation walks every object alive, and the interpreter's last one, at exit,
 walks them all. torch's import leaves about 300,000 of them (its operators' wrappers, decompositions,
 registrations), so that walk costs each process about a CPU-second at exit. Frozen objects are never walked again
 (CPython's documentation recommends it for what a process loads before its real work): an import and exit takes
-0.67 of the CPU, a 2-rank `lab train` 0.81 (BENCHMARKS.md, "frozen imports").
+0.75 of the CPU, a 2-rank `lab train` 0.84 (BENCHMARKS.md, "frozen imports").
 
 What it costs, and why only the lab's own programs: a frozen object is never collected, so a cycle it is part of
 is never finalised. That includes the module dictionaries that exist at the freeze, `__main__`'s among them: a
@@ -20,7 +19,7 @@ collected and finalised at exit as before. A learner's or user's script is never
 (True, True)
 >>> lab_is_main(["python3", "-m", "lab.course.pitfalls.set_epoch"]), lab_is_main(["python3", "-m", "labx"])
 (True, False)
->>> lab_is_main(["python3", "/venv/bin/torchrun", "train.py"]), lab_is_main(["python3", "train.py"])
+>>> lab_is_main(["python3", "-m", "lab.course.exercises.observe", "mine.py"]), lab_is_main(["python3", "train.py"])
 (False, False)
 >>> lab_is_main(["python3", "-X", "dev", "-c", "import lab"]), lab_is_main(["python3", "-m", "pytest"])
 (False, False)
@@ -39,6 +38,7 @@ from typing import Any
 
 HEAVY = frozenset({"torch", "torchvision"})  # the imports whose objects are worth freezing (measured: torch's ~1 s)
 OFF_ENV = "LAB_FREEZE_IMPORTS"  # =0: leave the collector as Python sets it (to compare, or to rule this out)
+RUNS_OTHERS = frozenset({"lab.run.cluster.watched", "lab.course.exercises.observe"})  # someone's script as __main__
 _TAKES_VALUE = frozenset({"-W", "-X", "-Q"})  # the interpreter's options whose value is the next argument
 
 
@@ -48,7 +48,7 @@ def lab_is_main(argv: Sequence[str]) -> bool:
     for arg in args:
         if arg == "-m":
             module = next(args, "")
-            return module == "lab" or module.startswith("lab.")
+            return (module == "lab" or module.startswith("lab.")) and module not in RUNS_OTHERS
         if arg.startswith("-c") or arg == "-":
             return False
         if arg in _TAKES_VALUE:
@@ -68,16 +68,8 @@ class _ThenFreeze(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        # No collection during the import either: each one of the oldest generation would walk what the import
-        # has made so far, and an import makes next to no garbage
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            self._loader.exec_module(module)
-        finally:
-            gc.freeze()
-            if was_enabled:
-                gc.enable()
+        self._loader.exec_module(module)
+        gc.freeze()
 
     def __getattr__(self, name: str) -> Any:  # resource readers and the like: the real loader's
         return getattr(self._loader, name)
@@ -113,10 +105,3 @@ def install(argv: Sequence[str] | None = None) -> bool:
             gc.freeze()
         sys.meta_path.insert(0, _FreezeAfter())
     return True
-
-
-def leave_alone() -> None:
-    """No freezing in this process from now on: a lab module that runs someone else's script as `__main__` calls it
-    before the script runs, so the script's globals (made after anything frozen so far) are finalised at exit as
-    under plain Python, whatever it imports."""
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _FreezeAfter)]
