@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -329,9 +331,6 @@ def _eight_free_ports() -> int:
     """The first of 8 consecutive ports that are free now, below the kernel's ephemeral range: the ports after a
     free ephemeral one (as this test took them once) are the range other tests' connections draw from, and on a
     loaded CI machine one of the 8 was taken before its rank bound it (the run rightly went on without it)."""
-    import random
-    import socket
-
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(200):
         base = random.randrange(10000, low - 8)

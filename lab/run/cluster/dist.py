@@ -229,9 +229,9 @@ def explain_timeout(ctx: DistContext) -> CollectiveTimeout:
         )
     if not ctx.is_primary:
         if "successfully reached monitoredBarrier" in failure:  # rank 0 answered and found someone missing
-            # Rank 0 learned it at the same moment and is saying it (its summary, its error). The first rank to exit
-            # makes torchrun stop the rest, so this one leaves a moment later: a rank 0 stopped before it printed
-            # left the run's reason unsaid when these ranks exited faster (seen with a faster interpreter exit).
+            # Rank 0 learned it at the same moment and is saying it (its summary, then its line: lifecycle._fit).
+            # The first rank to exit makes torchrun stop the rest, so this one leaves a moment later; without the
+            # wait a rank 0 stopped before it printed left the run's reason unsaid (2 runs in 3 on torch 2.6).
             time.sleep(RANK0_SPEAKS_SECONDS)
             return CollectiveTimeout(f"{what}; rank 0's error names the rank(s) that stopped answering")
         return CollectiveTimeout(f"{what}; rank 0 did not answer within {2 * limit:g} s more: stuck or dead")
