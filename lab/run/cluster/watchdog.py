@@ -8,9 +8,10 @@ waits in whatever synchronizes (`loss.item()`), not in the collective's call. A 
 GIL, so the thread runs while the main thread waits. One sample a second costs nothing the step would notice
 (BENCHMARKS.md: the recording's cost).
 
-A rank that torchrun stops (SIGTERM, after another rank died) records itself first: SIGTERM's handler cannot run
-while the main thread waits in a collective, but the signal's byte reaches this thread through
-signal.set_wakeup_fd, and the thread writes the snapshot and ends the process as SIGTERM would.
+A rank that torchrun stops (SIGTERM, after another rank died) records itself first, whichever thread hears it:
+SIGTERM's handler cannot run while the main thread waits in a collective, but the signal's byte reaches this thread
+through signal.set_wakeup_fd, and the thread writes the snapshot and ends the process as SIGTERM would; where the
+main thread is free (a peer's closed connection raised in it), the handler writes it before it ends the process.
 
 The ranks meet through files (`<folder>/hang/`): the run directory for `lab train`, shared by the nodes of a
 cluster that shares it; a rank on a node that does not share it still writes its own and is named by the others
@@ -39,6 +40,7 @@ STOP = "stop"  # in <folder>/hang/: a named hang outlived its stop time (a watch
 STOPPED_EXIT = 3  # the exit of a rank ended that way
 POLL_SECONDS = 1.0
 GATHER_SECONDS = 5.0  # how long the asking rank waits for the others' snapshots
+STOPPED_BY_SIGTERM = "stopped by SIGTERM (torchrun stops the others when a rank fails)"  # a record's reason
 
 
 def default_folder() -> Path:
@@ -66,7 +68,9 @@ class Watchdog:
         self._dumped_at = 0.0
         self._started_at = 0.0
         self._stopping = False  # this rank asked every rank to end: it ends last
-        self._dumping = threading.Lock()
+        # the main thread's failure path, its SIGTERM handler (which can run inside that path) and this thread's
+        # SIGTERM may all come to dump: reentrant, so a handler that interrupts the main thread's dump still writes
+        self._dumping = threading.RLock()
         self._wakeup: tuple[int, int] | None = None  # the pipe SIGTERM's byte arrives on
         self._restore: tuple[Any, int] | None = None  # SIGTERM's handler and the wakeup fd before ours
 
@@ -125,7 +129,7 @@ class Watchdog:
             return
         self._wakeup = (read_end, write_end)
         self._restore = (signal.SIG_DFL, previous_fd)
-        signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGTERM, self._terminated)
 
     def stop_every_rank(self) -> None:
         """Every rank that shares the folder ends within a poll (STOPPED_EXIT, its record kept); this one, which
@@ -138,7 +142,7 @@ class Watchdog:
     def dump(self, reason: str, overwrite: bool = True, failed: bool = False) -> Path | None:
         """This rank's snapshot into the folder; never raises (it runs on the way out of a failure).
         `overwrite=False`: kept where this rank already wrote one (a stall's is the one that says where)."""
-        with self._dumping:  # the main thread's failure path and this thread's SIGTERM may both come here
+        with self._dumping:
             if not overwrite and self._dumped_at:
                 return None
             try:
@@ -161,9 +165,19 @@ class Watchdog:
             return not self._stop.wait(POLL_SECONDS)
         ready, _, _ = select.select([self._wakeup[0]], [], [], POLL_SECONDS)
         if ready and signal.SIGTERM in os.read(self._wakeup[0], 64) and not self._stop.is_set():
-            self.dump("stopped by SIGTERM (torchrun stops the others when a rank fails)", overwrite=False)
+            self.dump(STOPPED_BY_SIGTERM, overwrite=False)
             os._exit(128 + signal.SIGTERM)
         return not self._stop.is_set()
+
+    def _terminated(self, signum: int, frame: Any) -> None:
+        """SIGTERM in the main thread, when it was free to take it: this rank's record, then the way out SIGTERM's
+        default would have been. Why here and not only in the with-block's failure path: that path records an
+        error, not SystemExit, and it stops this watchdog before the thread reads the signal's byte, so a rank
+        whose collective had raised (a dead peer's closed connection) and that took SIGTERM before or during its
+        record left none and was named dead (exit code 143) among the waiting (a clean clone, 2026-12-06). Taken
+        inside an except block (the signal interrupted the failure path), the last collective raised: `failed`."""
+        self.dump(STOPPED_BY_SIGTERM, overwrite=False, failed=sys.exc_info()[0] is not None)
+        raise SystemExit(128 + signum)
 
     def _run(self) -> None:
         last_key, since, stalled = None, time.monotonic(), False
@@ -223,12 +237,6 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _terminated(signum: int, frame: Any) -> None:
-    """SIGTERM in the main thread, when it was free to take it: the way out SIGTERM's default would have been,
-    after the with-block's failure path recorded this rank."""
-    raise SystemExit(128 + signum)
 
 
 def main_position() -> tuple[int, int, int] | None:
