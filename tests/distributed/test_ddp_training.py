@@ -34,7 +34,7 @@ def test_two_process_batchnorm_run_learns(runs_dir):
         "--set",
         "train.log_every=8",
     )
-    assert "-m torch.distributed.run --standalone --nproc-per-node 2 -m lab train" in proc.stdout  # the line it ran
+    assert "-m lab.run.cluster.torchrun --standalone --nproc-per-node 2 -m lab train" in proc.stdout  # the line it ran
     run_dir = runs_dir / "learn"
     rows = metrics(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())

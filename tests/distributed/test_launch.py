@@ -119,7 +119,7 @@ def test_dry_run_prints_the_command_the_lab_builds():
         ]
     )
     # this Python's torch, not a torchrun script that a system Python may lack or take from another install
-    assert proc.stdout.split()[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert proc.stdout.split()[:3] == [sys.executable, "-m", "lab.run.cluster.torchrun"]
     assert proc.stdout.split()[3:] == [
         "--nnodes",
         "2",

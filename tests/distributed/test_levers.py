@@ -89,7 +89,7 @@ def test_accum_steps_that_do_not_divide_the_batch_per_rank_exit_2_before_torchru
     proc = lab("bench", "levers", *TINY, "--nproc-per-node", "2", "--accum-steps", "3", check=False)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--accum-steps 3" in proc.stderr and "batch per rank, 32" in proc.stderr
-    assert "torch.distributed.run" not in proc.stdout  # torchrun, as the lab starts it, never started
+    assert "lab.run.cluster.torchrun" not in proc.stdout  # torchrun, as the lab starts it, never started
 
 
 # ----------------------------------------------------------------------------- no GPU needed

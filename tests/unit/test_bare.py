@@ -81,7 +81,7 @@ def test_a_command_that_needs_a_missing_package_names_it_and_the_pip_command_in_
     )
     assert figure.returncode == 2 and figure.stderr.count("\n") == 1
     assert "matplotlib is not installed (pip install matplotlib)" in figure.stderr
-    assert "torch.distributed.run" not in figure.stdout  # refused before any job started
+    assert "lab.run.cluster.torchrun" not in figure.stdout  # refused before any job started
 
 
 def test_on_a_terminal_without_tqdm_the_console_prints_lines_instead_of_a_bar(monkeypatch, capsys):

@@ -49,7 +49,7 @@ def test_the_parts_run_elsewhere_are_planned_as_the_commands_those_tests_run(tmp
     for command in pitfalls:
         assert command[command.index("--nproc-per-node") + 1] == "2" and command[-2] == "--json"
     [allreduce] = commands["allreduce"]
-    target = allreduce.index("lab")  # after torchrun's own `-m torch.distributed.run`
+    target = allreduce.index("lab")  # after torchrun's own `-m lab.run.cluster.torchrun`
     assert allreduce[target - 1 : target + 3] == ["-m", "lab", "bench", "allreduce"]
     assert allreduce[-1] == str(tmp_path / "allreduce.json")
     for mode, command in zip(("strong", "weak"), commands["scaling"]):

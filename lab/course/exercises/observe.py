@@ -48,8 +48,11 @@ import signal
 import sys
 from typing import Any
 
+from lab import frozen_imports
 from lab.course.exercises import norm_batches, stacks
 from lab.course.exercises.recorder import Handle, Recorder, Tee, end, peak_bytes, state_bytes
+
+frozen_imports.leave_alone()  # the learner's script is __main__ here: its globals finalised at exit, as by python
 
 # Collectives a learner calls through torch.distributed: recorded once each (a collective torch runs inside
 # another, all_gather_object's all_gather, is not counted twice).

@@ -99,9 +99,11 @@ def torchrun_executable() -> list[str]:
     """torchrun as this Python's module: the torch this process imports, whatever is beside it or on PATH.
 
     A system or NGC Python often has no `torchrun` script beside it, and the one on PATH may belong to another
-    Python (another torch, or none); `python -m torch.distributed.run` is what that script runs.
+    Python (another torch, or none); `python -m torch.distributed.run` is what that script runs, and
+    `lab.run.cluster.torchrun` runs the same `main` as the lab's own program (its import of torch frozen, as the
+    ranks' are: lab/frozen_imports.py).
     """
-    return [sys.executable, "-m", "torch.distributed.run"]
+    return [sys.executable, "-m", "lab.run.cluster.torchrun"]
 
 
 def torchrun_command(

@@ -30,6 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lab import frozen_imports
+
+frozen_imports.leave_alone()  # anyone's script is __main__ here: its globals finalised at exit, as by python
+
 MODULE = "lab.run.cluster.watched"
 
 
