@@ -210,8 +210,10 @@ def test_a_stuck_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
 
 
 def test_a_rank_slowed_from_outside_is_named_the_straggler(tmp_path):
-    """Rank 1 of 2 runs a third of the time (SIGSTOP/SIGCONT from here, a noisy neighbour's effect): the others
-    wait for it in DDP's all-reduce, and the run names it, by the waits DDP's reducer timed (no code planted)."""
+    """Rank 1 of 2 runs a fifth of the time (SIGSTOP/SIGCONT from here, a noisy neighbour's effect): the others
+    wait for it in DDP's all-reduce, and the run names it, by the waits DDP's reducer timed (no code planted).
+    A fifth, not a third: with the suite's other ranks on the same 2 cores, rank 0 is slowed by them too, and at
+    a third the test failed twice here beside other torchrun tests (2026-12-06 and 12-07), passing alone."""
     cmd = [*LAB, "train", "--nproc-per-node", "2", *TINY, "--set", "train.global_batch_size=32"]
     cmd += ["--set", "data.synthetic_train_size=3200", "--set", "train.log_every=2", "--set", "train.epochs=1"]
     cmd += ["--set", "run.id=slow", "--set", f"run.output_dir={tmp_path}"]
@@ -224,7 +226,7 @@ def test_a_rank_slowed_from_outside_is_named_the_straggler(tmp_path):
         while proc.poll() is None and not slowed.is_set():
             try:
                 os.kill(pid, signal.SIGSTOP)
-                time.sleep(0.04)
+                time.sleep(0.08)
                 os.kill(pid, signal.SIGCONT)
                 time.sleep(0.02)
             except ProcessLookupError:

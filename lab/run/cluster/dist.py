@@ -281,6 +281,10 @@ def initialized(cfg: DistConfig) -> Iterator[DistContext]:
     ctx = init(cfg)
     try:
         yield ctx
+        # Inside the failure path's reach: a rank left alone at this barrier (a peer stuck in a collective it skipped)
+        # is recorded when it times out, as in the block; outside it, such a rank was named dead without a record
+        # where its watchdog had not sampled a stall yet (2 ranks of 6 runs side by side on 2 cores, 6 of 6).
+        barrier(ctx)
     except BaseException as exc:
         # What this rank's collectives were, for the diagnosis after the run; not for a refusal (a LabError, said
         # at once: a dump's fraction of a second could let torchrun stop this rank before it is printed) nor an
@@ -290,7 +294,6 @@ def initialized(cfg: DistConfig) -> Iterator[DistContext]:
             ctx.watch.dump(f"raised {type(exc).__name__}: {said}", overwrite=False, failed=True)
         teardown(ctx)
         raise
-    barrier(ctx)
     if ctx.backend == "gloo":
         time.sleep(GLOO_SETTLE_SECONDS)
     teardown(ctx)
