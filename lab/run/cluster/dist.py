@@ -281,9 +281,10 @@ def initialized(cfg: DistConfig) -> Iterator[DistContext]:
     ctx = init(cfg)
     try:
         yield ctx
-        # Inside the failure path's reach: a rank left alone at this barrier (a peer stuck in a collective it skipped)
-        # is recorded when it times out, as in the block; outside it, such a rank was named dead without a record
-        # where its watchdog had not sampled a stall yet (2 ranks of 6 runs side by side on 2 cores, 6 of 6).
+        # Inside the failure path's reach: a rank left alone at this barrier (a peer stuck in a collective this rank
+        # skipped) is recorded when it times out, as in the block. Outside it, with its watchdog late to sample the
+        # stall on loaded cores, such a rank was named dead with no record: 6 of 6 planted runs side by side on 2
+        # cores, 0 of 6 since (tests/distributed/test_hang.py's skip case).
         barrier(ctx)
     except BaseException as exc:
         # What this rank's collectives were, for the diagnosis after the run; not for a refusal (a LabError, said
