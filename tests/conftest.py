@@ -12,6 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
+# The Makefile's PYTHON (what the venvs are made from: `make test PYTHON=...`, .ci/run sets it) is not the PYTHON that
+# scripts/gpu-check.sh runs its check with, and the tests of the check's own choice of interpreter must not inherit
+# it: CI's, /usr/bin/python3 without torch, made one fail (2026-12-07). A test that wants one passes it.
+os.environ.pop("PYTHON", None)
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 TIMEOUT = 600  # seconds: a hung collective must fail the test, not CI
 
