@@ -196,6 +196,7 @@ def test_a_stuck_rank_fails_the_run_within_the_timeout_and_is_named(tmp_path):
     # rank 0's watchdog named the wait before the timeout (lab.run.cluster.hang), in the run directory and the report
     # The watchdogs' diagnosis, in the run directory and the report. Which collective the others wait in depends on
     # where SIGSTOP caught rank 1 (tests/distributed/test_hang.py plants each case exactly): a collective is named.
+    assert (tmp_path / "stuck" / "hang.json").exists(), output[-6000:]
     hung = json.loads((tmp_path / "stuck" / "hang.json").read_text())
     assert hung["summary"] in output and any(r["state"] == "waiting" for r in hung["ranks"]), hung["summary"]
     assert hung["records"] == (["flight recorder"] if flight.has_flight_recorder() else ["lab record"])
