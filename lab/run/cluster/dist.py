@@ -23,7 +23,7 @@ from typing import Any, TypeVar, cast
 import torch
 import torch.distributed as tdist
 
-from lab.errors import LabError, LaunchError
+from lab.errors import LaunchError
 from lab.run.cluster import cores, expected_gpus, flight, horovod_env, slurm, torchrun_env, watchdog
 from lab.run.config import DistConfig
 
@@ -290,7 +290,7 @@ def initialized(cfg: DistConfig) -> Iterator[DistContext]:
         # What this rank's collectives were, for the diagnosis after the run; not for a refusal (a LabError, said
         # at once: a dump's fraction of a second could let torchrun stop this rank before it is printed) nor an
         # interrupt.
-        if ctx.watch is not None and isinstance(exc, Exception) and not isinstance(exc, LabError):
+        if ctx.watch is not None and watchdog.raised_failure(exc):
             said = str(exc).splitlines()[0][:300] if str(exc) else ""
             ctx.watch.dump(f"raised {type(exc).__name__}: {said}", overwrite=False, failed=True)
         teardown(ctx)

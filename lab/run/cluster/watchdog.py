@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lab import atomic
+from lab.errors import LabError
 from lab.run.cluster import flight, hang
 
 REQUEST = "request"  # in <folder>/hang/: a rank stalled; every rank writes its snapshot
@@ -176,7 +177,7 @@ class Watchdog:
         whose collective had raised (a dead peer's closed connection) and that took SIGTERM before or during its
         record left none and was named dead (exit code 143) among the waiting (a clean clone, 2026-12-06). Taken
         inside an except block (the signal interrupted the failure path), the last collective raised: `failed`."""
-        self.dump(STOPPED_BY_SIGTERM, overwrite=False, failed=sys.exc_info()[0] is not None)
+        self.dump(STOPPED_BY_SIGTERM, overwrite=False, failed=raised_failure(sys.exc_info()[1]))
         raise SystemExit(128 + signum)
 
     def _run(self) -> None:
@@ -229,6 +230,13 @@ class Watchdog:
         print(hang.render(diagnosis, header), file=sys.stderr, flush=True)
         if self.on_diagnosis is not None:
             self.on_diagnosis(diagnosis)
+
+
+def raised_failure(exc: BaseException | None) -> bool:
+    """Whether an exception on a rank's way out is a failure its record keeps, the last collective taken as the one
+    that raised: an error; not a refusal (a LabError, said at once) nor an interrupt. One rule for the with-block's
+    failure path (lab.run.cluster.dist.initialized) and for a SIGTERM that interrupts it."""
+    return isinstance(exc, Exception) and not isinstance(exc, LabError)
 
 
 def _mtime(path: Path) -> float:
